@@ -1,0 +1,185 @@
+"""Byte sources: one interface over paths, in-memory bytes and binary file objects.
+
+Every reader in ptfile reads through a :class:`Source`, whose ``pread`` is an
+exact positioned read that names what it reads: a short read is a
+:class:`~ptfile.errors.FormatError` saying what was being read and where, never
+an ``EOFError`` or a silently short result.
+
+* :class:`BytesSource` wraps bytes-like data (also used for non-seekable
+  streams, which are read whole first: a ZIP can only be parsed from its end).
+* :class:`FileSource` wraps a seekable binary file object; offsets are relative
+  to the position the file had when it was opened (torch reads from the
+  current position too).
+* :class:`MmapSource` maps a file read-only (``ACCESS_READ``), copy-on-write
+  (``ACCESS_COPY``, torch's ``MAP_PRIVATE``) or shared (``ACCESS_WRITE``,
+  ``MAP_SHARED``).  Its :meth:`view` slices are zero-copy.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap as _mmap
+import os
+from typing import IO, BinaryIO, Final, Protocol, Union, runtime_checkable
+
+from .errors import FormatError
+
+__all__ = [
+    "BytesSource",
+    "FileLike",
+    "FileSource",
+    "MmapSource",
+    "Source",
+    "open_source",
+]
+
+FileLike = Union[str, "os.PathLike[str]", IO[bytes], BinaryIO]
+
+#: Access modes of :class:`MmapSource`, by torch's names for them.
+MMAP_ACCESS: Final = {
+    "r": _mmap.ACCESS_READ,
+    "private": _mmap.ACCESS_COPY,
+    "shared": _mmap.ACCESS_WRITE,
+}
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Random access to the bytes of one input."""
+
+    size: int
+    name: str | None
+
+    def pread(self, offset: int, n: int, what: str) -> bytes:
+        """Return exactly ``n`` bytes at ``offset`` or raise FormatError naming ``what``."""
+        ...
+
+    def view(self, offset: int, n: int, what: str) -> memoryview:
+        """Return ``n`` bytes at ``offset`` without copying where possible."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _check_range(size: int, offset: int, n: int, what: str) -> None:
+    if offset < 0 or n < 0 or offset + n > size:
+        raise FormatError(
+            f"truncated input reading {what}: needs bytes {offset:#x}..{offset + n:#x}, "
+            f"input has {size:#x}",
+            offset=offset,
+        )
+
+
+class BytesSource:
+    """In-memory bytes (``bytes``, ``bytearray``, ``memoryview``, ``mmap``)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview, name: str | None = None) -> None:
+        self._view = memoryview(data).cast("B")
+        self.size = len(self._view)
+        self.name = name
+
+    def pread(self, offset: int, n: int, what: str) -> bytes:
+        _check_range(self.size, offset, n, what)
+        return bytes(self._view[offset : offset + n])
+
+    def view(self, offset: int, n: int, what: str) -> memoryview:
+        _check_range(self.size, offset, n, what)
+        return self._view[offset : offset + n]
+
+    def close(self) -> None:
+        """Drop the reference to the data (views already handed out stay valid)."""
+
+
+class FileSource:
+    """A seekable binary file object; offsets count from its position at open time."""
+
+    def __init__(self, fp: IO[bytes], name: str | None = None) -> None:
+        self._fp = fp
+        self._base = fp.tell()
+        end = fp.seek(0, io.SEEK_END)
+        self.size = max(0, end - self._base)
+        self.name = name
+
+    def pread(self, offset: int, n: int, what: str) -> bytes:
+        _check_range(self.size, offset, n, what)
+        self._fp.seek(self._base + offset)
+        parts = []
+        remaining = n
+        while remaining:
+            chunk = self._fp.read(remaining)
+            if not chunk:
+                raise FormatError(f"file ended early reading {what}", offset=offset)
+            parts.append(chunk)
+            remaining -= len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def view(self, offset: int, n: int, what: str) -> memoryview:
+        return memoryview(self.pread(offset, n, what))
+
+    def close(self) -> None:
+        """The caller owns the file object; nothing to release."""
+
+
+class MmapSource:
+    """A memory-mapped file; :meth:`view` returns zero-copy slices of the map."""
+
+    def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
+        self.name = os.fspath(path)
+        mode = "r+b" if access == "shared" else "rb"
+        with open(path, mode) as fp:  # noqa: PTH123 - a real OS file is needed for mmap
+            self.size = os.fstat(fp.fileno()).st_size
+            if self.size == 0:
+                self._map: _mmap.mmap | None = None
+                self._view = memoryview(b"")
+            else:
+                self._map = _mmap.mmap(fp.fileno(), 0, access=MMAP_ACCESS[access])
+                self._view = memoryview(self._map)
+
+    def pread(self, offset: int, n: int, what: str) -> bytes:
+        _check_range(self.size, offset, n, what)
+        return bytes(self._view[offset : offset + n])
+
+    def view(self, offset: int, n: int, what: str) -> memoryview:
+        _check_range(self.size, offset, n, what)
+        return self._view[offset : offset + n]
+
+    def close(self) -> None:
+        """Release our own view; the map closes once no array uses it anymore."""
+        self._view.release()
+
+
+def is_path(f: object) -> bool:
+    """True for ``str`` and ``os.PathLike`` arguments."""
+    return isinstance(f, (str, os.PathLike))
+
+
+def open_source(f: FileLike, *, mmap: bool = False, access: str = "private") -> Source:
+    """Open ``f`` (a path, bytes-like object or binary file object) for random access.
+
+    Non-seekable streams are read whole into memory first.
+    """
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        return BytesSource(f)
+    if is_path(f):
+        path = os.fspath(f)  # type: ignore[arg-type]
+        if mmap:
+            return MmapSource(path, access)
+        with open(path, "rb") as fp:  # noqa: PTH123
+            return BytesSource(fp.read(), name=path)
+    fp = f  # a file object
+    if mmap and hasattr(fp, "fileno"):
+        try:
+            fp.fileno()  # type: ignore[union-attr]
+        except (OSError, io.UnsupportedOperation):
+            pass
+        else:
+            name = getattr(fp, "name", None)
+            if isinstance(name, str) and os.path.exists(name) and fp.tell() == 0:  # type: ignore[union-attr]
+                return MmapSource(name, access)
+    seekable = getattr(fp, "seekable", None)
+    if callable(seekable) and seekable():
+        if isinstance(fp, io.BytesIO):
+            base = fp.tell()
+            return BytesSource(fp.getbuffer()[base:])
+        return FileSource(fp, name=getattr(fp, "name", None))  # type: ignore[arg-type]
+    return BytesSource(fp.read())  # type: ignore[union-attr]

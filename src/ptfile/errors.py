@@ -1,0 +1,111 @@
+"""The whole exception hierarchy of ptfile, and nothing else.
+
+The contract
+------------
+For any input bytes, :func:`ptfile.load` (and every other reader in ptfile)
+either succeeds or raises a :class:`PtfileError`.  Damage is a
+:class:`FormatError` (or :class:`LimitExceededError` when a ceiling of
+:class:`ptfile.Limits` is hit), policy is :class:`UnsafeGlobalError`, valid
+files ptfile cannot represent are :class:`UnsupportedFeatureError`.  No
+``struct.error``, ``IndexError``, ``KeyError``, ``EOFError`` or
+``UnicodeDecodeError`` may escape; low-level exceptions are caught at the layer
+boundary and re-raised with the offset and member being read, chained with
+``from``.
+
+Every class also inherits the builtin exception a caller would already catch
+(``ValueError`` for damage, ``pickle.UnpicklingError`` for pickle problems,
+``NotImplementedError`` for unsupported features, ``TypeError`` for objects
+``save`` cannot write), so code written for ``torch.load`` keeps working.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+__all__ = [
+    "ArchiveError",
+    "FormatError",
+    "LimitExceededError",
+    "PickleStreamError",
+    "PtfileError",
+    "PtfileWarning",
+    "SaveError",
+    "StorageError",
+    "UnknownFormatError",
+    "UnsafeGlobalError",
+    "UnsupportedFeatureError",
+]
+
+
+class PtfileError(Exception):
+    """Base of everything ptfile raises on purpose."""
+
+
+class FormatError(PtfileError, ValueError):
+    """The input is not a well-formed checkpoint.
+
+    ``offset`` is the byte offset (in the file, or in ``member`` when given)
+    where the problem was found; ``member`` the archive record being read.
+    """
+
+    def __init__(self, message: str, *, offset: int | None = None, member: str | None = None):
+        where = []
+        if member is not None:
+            where.append(f"record {member!r}")
+        if offset is not None:
+            where.append(f"offset {offset:#x}")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+        self.offset = offset
+        self.member = member
+
+
+class UnknownFormatError(FormatError):
+    """No reader recognised the leading bytes of the input."""
+
+
+class ArchiveError(FormatError):
+    """ZIP damage: end records, central directory, local headers, bounds, overlaps."""
+
+
+class PickleStreamError(FormatError, pickle.UnpicklingError):
+    """A pickle stream is malformed: unknown opcode, stack underflow, bad memo, truncation."""
+
+
+class StorageError(FormatError):
+    """A storage record is missing or short, or a tensor view does not fit its storage."""
+
+
+class UnsafeGlobalError(PtfileError, pickle.UnpicklingError):
+    """A pickle names a global outside the allowlist (policy, not damage)."""
+
+    def __init__(self, message: str, *, module: str, name: str, offset: int | None = None):
+        super().__init__(message)
+        self.module = module
+        self.name = name
+        self.offset = offset
+
+
+class LimitExceededError(PtfileError, ValueError):
+    """A ceiling of :class:`ptfile.Limits` was hit before anything was allocated."""
+
+    def __init__(self, limit: str, maximum: int, actual: int, what: str = ""):
+        text = f"{what}: " if what else ""
+        super().__init__(
+            f"{text}{actual} exceeds Limits.{limit} = {maximum}; "
+            f"pass ptfile.Limits({limit}=...) to raise it"
+        )
+        self.limit = limit
+        self.maximum = maximum
+        self.actual = actual
+
+
+class UnsupportedFeatureError(PtfileError, NotImplementedError):
+    """The input is well-formed but uses something ptfile cannot represent."""
+
+
+class SaveError(PtfileError, TypeError):
+    """``save`` was given an object (or a combination of objects) it cannot write."""
+
+
+class PtfileWarning(UserWarning):
+    """Oddities ptfile tolerates, as torch does (e.g. a CRC mismatch)."""

@@ -1,0 +1,41 @@
+"""Every ceiling ptfile applies to untrusted input, in one frozen dataclass.
+
+Each count, length and offset read from a file is checked against one of these
+before it is used or anything is allocated for it.  The defaults admit every
+real checkpoint we know of (the largest public ones have ~10^6 tensors and
+multi-hundred-GiB storages) while keeping memory bounded by the file size plus
+a small constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["DEFAULT_LIMITS", "Limits"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Ceilings for untrusted input.  Override any of them with ``Limits(name=value)``."""
+
+    #: Size of one pickle (``data.pkl``).  Real state dicts of a million tensors
+    #: pickle to ~100 MiB; 2 GiB leaves a wide margin.
+    max_pickle_bytes: int = 2**31
+    #: Opcodes in one pickle: a pickle cannot have more opcodes than bytes, so
+    #: this only matters when the byte ceiling is raised.
+    max_opcodes: int = 2**31
+    #: Memo index: a valid memo index is below the number of opcodes seen so
+    #: far; anything larger would make the unpickler allocate a huge memo table.
+    max_memo_index: int = 2**31
+    #: Nesting of MARKs (tuples/lists/dicts under construction at once).
+    #: torch state dicts nest < 10 deep; deep nesting is only an attack.
+    max_depth: int = 1000
+    #: Records in one archive.  torch handles ~10^6-tensor checkpoints.
+    max_records: int = 10_000_000
+    #: Length of one record name or pickle GLOBAL line.
+    max_name_length: int = 65_535
+    #: Rank of a tensor; torch's own limit is 64 dimensions.
+    max_ndim: int = 64
+
+DEFAULT_LIMITS: Final = Limits()

@@ -58,6 +58,10 @@ class Source(Protocol):
         """Return ``n`` bytes at ``offset`` without copying where possible."""
         ...
 
+    def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
+        """Return a new writable copy of ``n`` bytes at ``offset`` (one copy, no more)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -86,6 +90,9 @@ class BytesSource:
         _check_range(self.size, offset, n, what)
         return self._view[offset : offset + n]
 
+    def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
+        return bytearray(self.view(offset, n, what))
+
     def close(self) -> None:
         """Drop the reference to the data (views already handed out stay valid)."""
 
@@ -93,8 +100,9 @@ class BytesSource:
 class FileSource:
     """A seekable binary file object; offsets count from its position at open time."""
 
-    def __init__(self, fp: IO[bytes], name: str | None = None) -> None:
+    def __init__(self, fp: IO[bytes], name: str | None = None, *, owned: bool = False) -> None:
         self._fp = fp
+        self._owned = owned
         self._base = fp.tell()
         end = fp.seek(0, io.SEEK_END)
         self.size = max(0, end - self._base)
@@ -116,8 +124,29 @@ class FileSource:
     def view(self, offset: int, n: int, what: str) -> memoryview:
         return memoryview(self.pread(offset, n, what))
 
+    def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
+        _check_range(self.size, offset, n, what)
+        out = bytearray(n)
+        self._fp.seek(self._base + offset)
+        view = memoryview(out)
+        done = 0
+        readinto = getattr(self._fp, "readinto", None)
+        while done < n:
+            if readinto is not None:
+                got = readinto(view[done:])
+            else:
+                chunk = self._fp.read(n - done)
+                got = len(chunk)
+                view[done : done + got] = chunk
+            if not got:
+                raise FormatError(f"file ended early reading {what}", offset=offset + done)
+            done += got
+        return out
+
     def close(self) -> None:
-        """The caller owns the file object; nothing to release."""
+        """Close the file if ptfile opened it; a caller's file object stays open."""
+        if self._owned:
+            self._fp.close()
 
 
 class MmapSource:
@@ -143,6 +172,9 @@ class MmapSource:
         _check_range(self.size, offset, n, what)
         return self._view[offset : offset + n]
 
+    def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
+        return bytearray(self.view(offset, n, what))
+
     def close(self) -> None:
         """Release our own view; the map closes once no array uses it anymore."""
         self._view.release()
@@ -164,8 +196,7 @@ def open_source(f: FileLike, *, mmap: bool = False, access: str = "private") -> 
         path = os.fspath(f)  # type: ignore[arg-type]
         if mmap:
             return MmapSource(path, access)
-        with open(path, "rb") as fp:  # noqa: PTH123
-            return BytesSource(fp.read(), name=path)
+        return FileSource(open(path, "rb"), name=path, owned=True)  # noqa: SIM115, PTH123
     fp = f  # a file object
     if mmap and hasattr(fp, "fileno"):
         try:

@@ -185,18 +185,42 @@ def is_path(f: object) -> bool:
     return isinstance(f, (str, os.PathLike))
 
 
-def open_source(f: FileLike, *, mmap: bool = False, access: str = "private") -> Source:
+def read_file(path: str) -> bytearray:
+    """The whole file in one fresh, writable buffer: one ``readinto``, no second copy."""
+    with open(path, "rb", buffering=0) as fp:  # noqa: PTH123
+        size = os.fstat(fp.fileno()).st_size
+        out = bytearray(size)
+        view = memoryview(out)
+        done = 0
+        while done < size:
+            got = fp.readinto(view[done:])
+            if not got:
+                break
+            done += got
+        if done < size:
+            del out[done:]
+        extra = fp.read()
+        return out + extra if extra else out
+
+
+def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",
+                lazy: bool = False) -> Source:
     """Open ``f`` (a path, bytes-like object or binary file object) for random access.
 
-    Non-seekable streams are read whole into memory first.
+    ``mmap`` maps a path; otherwise a path is read whole into one writable
+    buffer, unless ``lazy`` (read on demand, for metadata-only work).  File
+    objects are read from their current position; non-seekable streams are read
+    whole into memory first.
     """
     if isinstance(f, (bytes, bytearray, memoryview)):
-        return BytesSource(f)
+        return BytesSource(bytearray(f))
     if is_path(f):
         path = os.fspath(f)  # type: ignore[arg-type]
         if mmap:
             return MmapSource(path, access)
-        return FileSource(open(path, "rb"), name=path, owned=True)  # noqa: SIM115, PTH123
+        if lazy:
+            return FileSource(open(path, "rb"), name=path, owned=True)  # noqa: SIM115, PTH123
+        return BytesSource(read_file(path), name=path)
     fp = f  # a file object
     if mmap and hasattr(fp, "fileno"):
         try:
@@ -208,9 +232,8 @@ def open_source(f: FileLike, *, mmap: bool = False, access: str = "private") -> 
             if isinstance(name, str) and os.path.exists(name) and fp.tell() == 0:  # type: ignore[union-attr]
                 return MmapSource(name, access)
     seekable = getattr(fp, "seekable", None)
-    if callable(seekable) and seekable():
-        if isinstance(fp, io.BytesIO):
-            base = fp.tell()
-            return BytesSource(fp.getbuffer()[base:])
+    if lazy and callable(seekable) and seekable():
         return FileSource(fp, name=getattr(fp, "name", None))  # type: ignore[arg-type]
-    return BytesSource(fp.read())  # type: ignore[union-attr]
+    if isinstance(fp, io.BytesIO):
+        return BytesSource(bytearray(fp.getbuffer()[fp.tell():]))
+    return BytesSource(bytearray(fp.read()))  # type: ignore[union-attr]

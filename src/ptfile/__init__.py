@@ -1,0 +1,89 @@
+"""ptfile: PyTorch checkpoints (.pt/.pth/.bin) without torch.
+
+>>> import io, numpy as np, ptfile
+>>> buf = io.BytesIO()
+>>> ptfile.save({"w": np.ones((2, 3), "float32")}, buf)
+>>> ptfile.load(io.BytesIO(buf.getvalue()))["w"].numpy().sum()
+np.float32(6.0)
+"""
+
+from __future__ import annotations
+
+from .api import load, save
+from .config import (
+    MAP_PRIVATE,
+    MAP_SHARED,
+    Settings,
+    get_crc32_options,
+    get_default_load_endianness,
+    get_default_mmap_options,
+    set_crc32_options,
+    set_default_load_endianness,
+    set_default_mmap_options,
+    settings,
+)
+from .dtypes import DTYPES, DType
+from .errors import (
+    ArchiveError,
+    FormatError,
+    LimitExceededError,
+    PickleStreamError,
+    PtfileError,
+    PtfileWarning,
+    SaveError,
+    StorageError,
+    UnknownFormatError,
+    UnsafeGlobalError,
+    UnsupportedFeatureError,
+)
+from .formats import Format
+from .limits import DEFAULT_LIMITS, Limits
+from .location import register_package
+from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DTYPES",
+    "MAP_PRIVATE",
+    "MAP_SHARED",
+    "ArchiveError",
+    "DType",
+    "Device",
+    "Format",
+    "FormatError",
+    "LimitExceededError",
+    "Limits",
+    "Parameter",
+    "PickleStreamError",
+    "PtfileError",
+    "PtfileWarning",
+    "QuantizedTensor",
+    "SaveError",
+    "Settings",
+    "Size",
+    "SparseTensor",
+    "Storage",
+    "StorageError",
+    "Tensor",
+    "UnknownFormatError",
+    "UnsafeGlobalError",
+    "UnsupportedFeatureError",
+    "__version__",
+    "get_crc32_options",
+    "get_default_load_endianness",
+    "get_default_mmap_options",
+    "load",
+    "register_package",
+    "save",
+    "set_crc32_options",
+    "set_default_load_endianness",
+    "set_default_mmap_options",
+    "settings",
+]
+
+for _name in ("DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
+              "Storage", "Tensor", "Limits", "Settings", "Format"):
+    globals()[_name].__module__ = "ptfile"
+del _name

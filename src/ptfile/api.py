@@ -1,0 +1,239 @@
+"""ptfile's front door: :func:`load` and :func:`save`, with torch's signatures."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Final
+
+from . import config
+from ._io import FileLike, Source, is_path, open_source
+from .errors import FormatError, PtfileError, SaveError, UnknownFormatError, UnsupportedFeatureError
+from .formats import Format, detect
+from .formats.zipped import read_zip, write_zip
+from .limits import DEFAULT_LIMITS, Limits
+from .location import MapLocation
+
+__all__ = ["load", "save"]
+
+#: Exceptions that can only mean damaged input once they escape a reader.
+_DAMAGE: Final = (
+    ArithmeticError, AttributeError, EOFError, IndexError, KeyError, LookupError, MemoryError,
+    RecursionError, TypeError, UnicodeError, ValueError, BufferError, OSError,
+)
+_MMAP_MODES: Final = {"r": "r", "c": "private", "r+": "shared"}
+
+
+def _mmap_access(mmap: bool | str | None) -> str | None:
+    if mmap is None or mmap is False:
+        return None
+    if mmap is True:
+        flags = config.current().mmap_flags
+        return "shared" if flags == config.MAP_SHARED else "private"
+    if isinstance(mmap, str) and mmap in _MMAP_MODES:
+        return _MMAP_MODES[mmap]
+    raise ValueError(f"mmap must be a bool or one of {sorted(_MMAP_MODES)}, got {mmap!r}")
+
+
+def _read(source: Source, **kwargs: Any) -> Any:
+    head = source.pread(0, min(source.size, 512), "file signature")
+    fmt = detect(head)
+    if fmt is Format.ZIP:
+        return read_zip(source, **kwargs)
+    if fmt is Format.UNKNOWN:
+        raise UnknownFormatError(
+            f"not a PyTorch checkpoint: the file starts with {head[:8].hex(' ')}; "
+            "expected a ZIP (PK 03 04), a legacy pickle stream or a tar archive"
+        )
+    raise UnsupportedFeatureError(f"the {fmt.value} checkpoint format is not supported yet")
+
+
+def load(
+    f: FileLike,
+    map_location: MapLocation = None,
+    pickle_module: None = None,
+    *,
+    weights_only: bool = True,
+    mmap: bool | str | None = None,
+    limits: Limits | None = None,
+    skip_data: bool = False,
+    **pickle_load_args: Any,
+) -> Any:
+    """Load an object saved by ``torch.save`` (or :func:`save`) without torch.
+
+    Parameters
+    ----------
+    f
+        A path, ``os.PathLike``, bytes, or a binary file object (read from its
+        current position; non-seekable streams are read whole).
+    map_location
+        As torch takes it: a tag string, a dict from recorded tags to new ones,
+        or a callable ``(storage, location)``.  Data always lives in host memory;
+        the tags are what changes.
+    pickle_module
+        Kept for positional parity with torch; anything but ``None`` is an error.
+    weights_only
+        Only ``True``: ptfile reconstructs exactly what torch's weights-only
+        unpickler allows and never runs code from the file.
+    mmap
+        ``True`` maps the file (copy-on-write unless
+        :func:`ptfile.set_default_mmap_options` says ``MAP_SHARED``): nothing is
+        read until touched and arrays are views of the file.  ``"r"`` maps it
+        read-only, ``"c"`` copy-on-write, ``"r+"`` shared (writes reach the
+        file).  ``False`` (default) reads the file once into memory; arrays
+        are writable views of that copy.
+    limits
+        Ceilings for untrusted input (:class:`ptfile.Limits`).
+    skip_data
+        Build tensors (shape, dtype, strides) without reading any storage bytes.
+    pickle_load_args
+        ``encoding=``/``errors=`` for Python 2 pickles.
+
+    Returns
+    -------
+    The saved object, with :class:`ptfile.Tensor` leaves.
+
+    Raises
+    ------
+    FormatError
+        The input is not a well-formed checkpoint (with what, where, and what was expected).
+    UnsafeGlobalError
+        The pickle names a global outside torch's weights-only allowlist.
+    LimitExceededError, UnsupportedFeatureError
+
+    Examples
+    --------
+    >>> import io, numpy as np, ptfile
+    >>> buf = io.BytesIO(); ptfile.save({"w": np.eye(2, dtype="float32")}, buf)
+    >>> sd = ptfile.load(io.BytesIO(buf.getvalue()))
+    >>> sd["w"].shape, sd["w"].dtype
+    (torch.Size([2, 2]), torch.float32)
+    """
+    if pickle_module is not None:
+        raise TypeError("ptfile.load does not take a pickle_module: it never runs pickle code")
+    if weights_only is not True:
+        raise UnsupportedFeatureError("ptfile.load only loads weights: it never executes pickles")
+    unknown = set(pickle_load_args) - {"encoding", "errors"}
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    access = _mmap_access(mmap)
+    limits = limits or DEFAULT_LIMITS
+    try:
+        source = open_source(f, mmap=access is not None and is_path(f), access=access or "private")
+    except OSError:
+        raise
+    try:
+        return _read(source, map_location=map_location, limits=limits,
+                     settings=config.current(), skip_data=skip_data,
+                     encoding=pickle_load_args.get("encoding", "ASCII"))
+    except PtfileError:
+        raise
+    except _DAMAGE as exc:
+        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
+    finally:
+        source.close()
+
+
+def archive_prefix(f: object) -> str:
+    """torch's archive folder name: the file's stem for ASCII paths, else ``archive``."""
+    if not is_path(f):
+        return "archive"
+    name = os.path.basename(os.fspath(f))  # type: ignore[arg-type]
+    if not name.isascii():
+        return "archive"
+    stem = name[: name.rfind(".")] if "." in name else name
+    if not stem:
+        raise SaveError(f"invalid file name {name!r}: torch derives the archive folder from the "
+                        "file name's stem, which is empty")
+    return stem
+
+
+@contextlib.contextmanager
+def _atomic_target(path: str) -> Iterator[IO[bytes]]:
+    """A temporary file beside ``path``, fsynced and renamed over it only on success."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fp:
+            yield fp
+            fp.flush()
+            os.fsync(fp.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def save(
+    obj: object,
+    f: FileLike,
+    pickle_module: None = None,
+    pickle_protocol: int = 2,
+    _use_new_zipfile_serialization: bool = True,
+    _disable_byteorder_record: bool = False,
+    *,
+    archive_name: str | None = None,
+) -> None:
+    """Save ``obj`` as ``torch.save`` does, byte for byte, without torch.
+
+    ``obj`` may hold dicts, OrderedDicts (their ``_metadata`` attribute
+    included), lists, tuples, str, bytes, int, float, bool, None, ptfile
+    tensors and numpy arrays (views of one base buffer share one storage).
+    Storages are streamed from memory; a path target is written atomically
+    (temporary file, fsync, rename).
+
+    Parameters
+    ----------
+    obj
+        The object to save.
+    f
+        A path or a writable binary file object.
+    pickle_protocol
+        torch's default 2.
+    _use_new_zipfile_serialization, _disable_byteorder_record
+        torch's keywords (the legacy format is not written yet).
+    archive_name
+        Folder name inside the archive; default torch's rule (the file's stem,
+        or ``archive`` for file objects).
+
+    Raises
+    ------
+    SaveError
+        ``obj`` contains something that cannot be written.
+
+    Examples
+    --------
+    >>> import io, numpy as np, ptfile
+    >>> buf = io.BytesIO()
+    >>> ptfile.save({"w": np.arange(3, dtype="int64")}, buf)
+    >>> buf.getvalue()[:4]
+    b'PK\\x03\\x04'
+    """
+    if pickle_module is not None:
+        raise TypeError("ptfile.save does not take a pickle_module")
+    if not _use_new_zipfile_serialization:
+        raise UnsupportedFeatureError("writing the legacy (pre-1.6) format is not supported yet")
+    settings = config.current()
+    if _disable_byteorder_record:
+        settings = config.Settings(**{**_fields(settings), "byteorder_record": False})
+    prefix = archive_name or archive_prefix(f)
+    write: Callable[[Any], Any]
+    if is_path(f):
+        with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
+            write_zip(obj, fp.write, prefix, settings, pickle_protocol=pickle_protocol)
+        return
+    write = f.write  # type: ignore[union-attr]
+    write_zip(obj, write, prefix, settings, pickle_protocol=pickle_protocol)
+
+
+def _fields(settings: config.Settings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in settings.__slots__}

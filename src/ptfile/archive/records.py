@@ -1,0 +1,589 @@
+"""ZIP records: the subset of PKWARE's APPNOTE.TXT (6.3.x) that ptfile reads and writes.
+
+Section numbers refer to APPNOTE.TXT 6.3.10.  All integers are little-endian
+(4.4.1.1).  "torch" below means ``torch.save`` 2.x (PyTorchStreamWriter on
+miniz), checked byte for byte against torch 2.13.
+
+Archive layout (4.3.6)
+----------------------
+``[local file header, file data, data descriptor]... central directory
+[zip64 end of central directory record, zip64 end of central directory
+locator] end of central directory record``.
+
+Readers
+~~~~~~~
+* MUST find the end of central directory record (4.3.16, 22 bytes plus a
+  comment of at most 65,535 bytes) by searching backwards from the end of the
+  file, at most ``22 + 65535`` bytes; the last signature whose record and
+  comment fit inside the file wins.
+* MUST use the ZIP64 end of central directory record (4.3.14) found through the
+  locator (4.3.15) that immediately precedes the EOCD, when one is present.  A
+  locator pointing at something that is not a ZIP64 record is tolerated only
+  while no EOCD field holds its "see ZIP64" sentinel (0xFFFF / 0xFFFFFFFF,
+  4.4.1.4); a spanned archive (disk numbers other than 0) is not supported.
+* MUST check every count, length and offset against the bytes present before
+  using it: the central directory lies inside the file, before the end
+  records; it holds at least ``46 * entries`` bytes; every central directory
+  header (4.3.12) fits in it; every member's local header and data lie before
+  the central directory; members do not overlap.
+* MUST read a ZIP64 extended information extra field (4.5.3, header id
+  0x0001) for every central field that holds the 0xFFFFFFFF sentinel, in the
+  fixed order uncompressed size, compressed size, local header offset, disk.
+* MUST refuse encrypted members (general purpose bits 0, 6 and 13, 4.4.4) and
+  SHOULD read stored (method 0) and deflated (method 8) members only (4.4.5).
+* SHOULD decode names as UTF-8 (bit 11, Appendix D).  ptfile decodes every
+  name as UTF-8 whatever bit 11 says: torch compares names as raw bytes
+  against UTF-8 encoded strings, and ASCII names (all torch ever writes) are
+  the same in CP437.
+* MUST take the data offset of a member from its local header (4.3.7):
+  ``header offset + 30 + name length + extra length``; the local name MUST
+  equal the central one.  Local CRC and size fields are ignored (torch writes
+  zeros there and sets bit 3, 4.4.4).
+
+Writers (byte-identical to torch)
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+* Local file header: version needed 0, flags 0x0808 (bit 3 data descriptor,
+  bit 11 UTF-8) or 0x0800 for an empty member, method 0, time and date 0,
+  CRC and sizes 0.  Then the name, then a ZIP64 extra when needed, then the
+  "FB" padding extra (id 0x4246, ``pad`` bytes of ``'Z'``, present even when
+  ``pad`` is 0) that puts the data at a multiple of the storage alignment.
+* ZIP64 extra (4.5.3) when the size or the local header offset is at least
+  0xFFFFFFFF: ``[uncompressed u64, compressed u64]`` if the size is, then
+  ``[local header offset u64]`` if the offset is, in local and central headers
+  alike (in the local header this goes beyond APPNOTE, which only allows
+  sizes; miniz writes it).
+* Data descriptor (4.3.9) with its optional signature ``PK\\x07\\x08``, only
+  after non-empty members: 16 bytes, or 24 (u64 sizes) when the member has a
+  ZIP64 extra.
+* Central directory header: version made by and needed 0, same flags as the
+  local header, real CRC (0 when CRC computation is disabled), sizes and
+  offset capped at 0xFFFFFFFF with the real values in the ZIP64 extra, no
+  padding extra, no comment, attributes 0.
+* Always ZIP64 end records: ZIP64 EOCD (record size 44, made by 0x031E,
+  needed 0x002D), locator (1 disk), then the EOCD with counts capped at
+  0xFFFF and size/offset capped at 0xFFFFFFFF, no comment.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from ..errors import ArchiveError
+
+__all__ = [
+    "CENTRAL_DIRECTORY_SIGNATURE",
+    "DATA_DESCRIPTOR_SIGNATURE",
+    "EOCD_SIGNATURE",
+    "LOCAL_FILE_HEADER_SIGNATURE",
+    "PADDING_EXTRA_ID",
+    "ZIP64_EOCD_SIGNATURE",
+    "ZIP64_EXTRA_ID",
+    "ZIP64_LOCATOR_SIGNATURE",
+    "CentralDirectoryHeader",
+    "DataDescriptor",
+    "EndOfCentralDirectory",
+    "ExtraField",
+    "LocalFileHeader",
+    "Zip64EndOfCentralDirectory",
+    "Zip64Locator",
+    "descriptor_size",
+    "needs_zip64",
+    "padding_extra",
+    "parse_extra_fields",
+    "storage_data_offset",
+    "zip64_extra",
+]
+
+LOCAL_FILE_HEADER_SIGNATURE: Final = b"PK\x03\x04"
+CENTRAL_DIRECTORY_SIGNATURE: Final = b"PK\x01\x02"
+EOCD_SIGNATURE: Final = b"PK\x05\x06"
+ZIP64_EOCD_SIGNATURE: Final = b"PK\x06\x06"
+ZIP64_LOCATOR_SIGNATURE: Final = b"PK\x06\x07"
+DATA_DESCRIPTOR_SIGNATURE: Final = b"PK\x07\x08"
+
+#: ZIP64 extended information extra field (4.5.3).
+ZIP64_EXTRA_ID: Final = 0x0001
+#: torch's alignment padding extra field: the bytes ``"FB"`` read as a LE u16.
+PADDING_EXTRA_ID: Final = 0x4246
+#: torch fills the padding extra with ``'Z'``.
+PADDING_FILL: Final = b"Z"
+
+U16_MAX: Final = 0xFFFF
+#: The "value is in the ZIP64 extra" sentinel of 32-bit fields (4.4.1.4); miniz
+#: also switches to ZIP64 for values *equal* to it, hence ``>=`` everywhere.
+U32_MAX: Final = 0xFFFFFFFF
+
+FLAG_ENCRYPTED: Final = 0x0001
+FLAG_DATA_DESCRIPTOR: Final = 0x0008
+FLAG_STRONG_ENCRYPTION: Final = 0x0040
+FLAG_UTF8: Final = 0x0800
+FLAG_MASKED_HEADERS: Final = 0x2000
+#: Any of these bits means the member cannot be read without a key.
+ENCRYPTION_FLAGS: Final = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADERS
+
+METHOD_STORED: Final = 0
+METHOD_DEFLATED: Final = 8
+
+#: Version made by / needed to extract of torch's ZIP64 EOCD: 3.0 on Unix (0x031E)
+#: and 4.5 (ZIP64, 4.4.3.2).
+ZIP64_VERSION_MADE_BY: Final = 0x031E
+ZIP64_VERSION_NEEDED: Final = 0x002D
+#: Size of the ZIP64 EOCD record after its first 12 bytes (4.3.14.1).
+ZIP64_EOCD_RECORD_SIZE: Final = 44
+
+LOCAL_FILE_HEADER_STRUCT: Final = struct.Struct("<4s5H3L2H")
+CENTRAL_DIRECTORY_STRUCT: Final = struct.Struct("<4s6H3L5H2L")
+EOCD_STRUCT: Final = struct.Struct("<4s4H2LH")
+ZIP64_EOCD_STRUCT: Final = struct.Struct("<4sQ2H2L4Q")
+ZIP64_LOCATOR_STRUCT: Final = struct.Struct("<4sLQL")
+DESCRIPTOR_STRUCT: Final = struct.Struct("<4s3L")
+DESCRIPTOR64_STRUCT: Final = struct.Struct("<4sL2Q")
+EXTRA_HEADER_STRUCT: Final = struct.Struct("<2H")
+_U64 = struct.Struct("<Q")
+
+Buffer = bytes | bytearray | memoryview
+
+
+def _unpack(layout: struct.Struct, data: Buffer, pos: int, base: int, what: str) -> tuple[int, ...]:
+    """Unpack ``layout`` at ``pos``, checking length and signature; ``base`` locates ``data``."""
+    if pos < 0 or pos + layout.size > len(data):
+        raise ArchiveError(
+            f"truncated {what}: needs {layout.size} bytes, {max(0, len(data) - pos)} present",
+            offset=base + pos,
+        )
+    values = layout.unpack_from(data, pos)
+    return values
+
+
+def _check_signature(found: object, expected: bytes, what: str, offset: int) -> None:
+    if found != expected:
+        raise ArchiveError(f"bad {what} signature {found!r}, expected {expected!r}", offset=offset)
+
+
+def _tail(data: Buffer, start: int, n: int, base: int, what: str) -> bytes:
+    """The ``n`` variable-length bytes at ``start`` (name, extra or comment)."""
+    if start + n > len(data):
+        raise ArchiveError(
+            f"truncated {what}: needs {n} bytes, {max(0, len(data) - start)} present",
+            offset=base + start,
+        )
+    return bytes(data[start : start + n])
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraField:
+    """One extensible data field (4.5.1): a header id and its data."""
+
+    header_id: int
+    data: bytes
+
+    def to_bytes(self) -> bytes:
+        """Serialize as ``id u16, length u16, data``."""
+        return EXTRA_HEADER_STRUCT.pack(self.header_id, len(self.data)) + self.data
+
+
+def parse_extra_fields(extra: Buffer, *, base: int = 0) -> tuple[ExtraField, ...]:
+    """Split an extra field block into its fields (4.5.1).
+
+    Parameters
+    ----------
+    extra : bytes-like
+        The extra field block of a header.
+    base : int
+        File offset of ``extra`` (for error messages).
+
+    Raises
+    ------
+    ArchiveError
+        A field header or its data runs past the end of the block.
+
+    Examples
+    --------
+    >>> parse_extra_fields(b"FB\\x01\\x00Z")
+    (ExtraField(header_id=16966, data=b'Z'),)
+    """
+    fields = []
+    pos = 0
+    while pos < len(extra):
+        header_id, length = _unpack(EXTRA_HEADER_STRUCT, extra, pos, base, "extra field header")
+        data = _tail(extra, pos + 4, length, base, f"extra field {header_id:#06x}")
+        fields.append(ExtraField(header_id, data))
+        pos += 4 + length
+    return tuple(fields)
+
+
+def zip64_values(extra: Buffer, wanted: int, *, base: int = 0) -> tuple[int, ...]:
+    """Read ``wanted`` u64 values from the ZIP64 extra field in ``extra`` (4.5.3).
+
+    Raises
+    ------
+    ArchiveError
+        No ZIP64 field, or one too short for the sentinel fields of its header.
+    """
+    for field in parse_extra_fields(extra, base=base):
+        if field.header_id == ZIP64_EXTRA_ID:
+            if len(field.data) < 8 * wanted:
+                raise ArchiveError(
+                    f"ZIP64 extra field has {len(field.data)} bytes, needs {8 * wanted}",
+                    offset=base,
+                )
+            return struct.unpack_from(f"<{wanted}Q", field.data)
+    raise ArchiveError("header holds a ZIP64 sentinel but has no ZIP64 extra field", offset=base)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFileHeader:
+    """Local file header (4.3.7): 30 fixed bytes, then name and extra field."""
+
+    SIZE: ClassVar[int] = LOCAL_FILE_HEADER_STRUCT.size
+    version_needed: int = 0
+    flags: int = 0
+    method: int = METHOD_STORED
+    mod_time: int = 0
+    mod_date: int = 0
+    crc32: int = 0
+    compressed_size: int = 0
+    uncompressed_size: int = 0
+    name: bytes = b""
+    extra: bytes = b""
+
+    @classmethod
+    def from_bytes(cls, data: Buffer, pos: int = 0, *, base: int = 0) -> LocalFileHeader:
+        """Parse the header at ``pos`` of ``data`` (which must hold name and extra too).
+
+        Raises
+        ------
+        ArchiveError
+            Truncated header or wrong signature.
+        """
+        sig, *fixed, nlen, elen = _unpack(LOCAL_FILE_HEADER_STRUCT, data, pos, base, "local file header")
+        _check_signature(sig, LOCAL_FILE_HEADER_SIGNATURE, "local file header", base + pos)
+        name = _tail(data, pos + cls.SIZE, nlen, base, "local file name")
+        extra = _tail(data, pos + cls.SIZE + nlen, elen, base, "local extra field")
+        return cls(*fixed, name=name, extra=extra)
+
+    def to_bytes(self) -> bytes:
+        """Serialize header, name and extra field."""
+        return (
+            LOCAL_FILE_HEADER_STRUCT.pack(
+                LOCAL_FILE_HEADER_SIGNATURE,
+                self.version_needed,
+                self.flags,
+                self.method,
+                self.mod_time,
+                self.mod_date,
+                self.crc32,
+                self.compressed_size,
+                self.uncompressed_size,
+                len(self.name),
+                len(self.extra),
+            )
+            + self.name
+            + self.extra
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CentralDirectoryHeader:
+    """Central directory file header (4.3.12): 46 fixed bytes, name, extra, comment."""
+
+    SIZE: ClassVar[int] = CENTRAL_DIRECTORY_STRUCT.size
+    version_made_by: int = 0
+    version_needed: int = 0
+    flags: int = 0
+    method: int = METHOD_STORED
+    mod_time: int = 0
+    mod_date: int = 0
+    crc32: int = 0
+    compressed_size: int = 0
+    uncompressed_size: int = 0
+    disk_start: int = 0
+    internal_attributes: int = 0
+    external_attributes: int = 0
+    header_offset: int = 0
+    name: bytes = b""
+    extra: bytes = b""
+    comment: bytes = b""
+
+    @classmethod
+    def from_bytes(cls, data: Buffer, pos: int = 0, *, base: int = 0) -> CentralDirectoryHeader:
+        """Parse the header at ``pos`` of ``data`` (which must hold its variable part too).
+
+        Raises
+        ------
+        ArchiveError
+            Truncated header or wrong signature.
+        """
+        values = _unpack(CENTRAL_DIRECTORY_STRUCT, data, pos, base, "central directory header")
+        (sig, made_by, needed, flags, method, mtime, mdate, crc, csize, usize,
+         nlen, elen, clen, disk, iattr, eattr, offset) = values  # fmt: skip
+        _check_signature(sig, CENTRAL_DIRECTORY_SIGNATURE, "central directory header", base + pos)
+        start = pos + cls.SIZE
+        name = _tail(data, start, nlen, base, "central file name")
+        extra = _tail(data, start + nlen, elen, base, "central extra field")
+        comment = _tail(data, start + nlen + elen, clen, base, "file comment")
+        return cls(made_by, needed, flags, method, mtime, mdate, crc, csize, usize,
+                   disk, iattr, eattr, offset, name, extra, comment)  # fmt: skip
+
+    @property
+    def record_size(self) -> int:
+        """Bytes this header occupies in the central directory."""
+        return self.SIZE + len(self.name) + len(self.extra) + len(self.comment)
+
+    def to_bytes(self) -> bytes:
+        """Serialize header, name, extra field and comment."""
+        fixed = CENTRAL_DIRECTORY_STRUCT.pack(
+            CENTRAL_DIRECTORY_SIGNATURE,
+            self.version_made_by,
+            self.version_needed,
+            self.flags,
+            self.method,
+            self.mod_time,
+            self.mod_date,
+            self.crc32,
+            self.compressed_size,
+            self.uncompressed_size,
+            len(self.name),
+            len(self.extra),
+            len(self.comment),
+            self.disk_start,
+            self.internal_attributes,
+            self.external_attributes,
+            self.header_offset,
+        )
+        return fixed + self.name + self.extra + self.comment
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfCentralDirectory:
+    """End of central directory record (4.3.16): 22 bytes and a comment."""
+
+    SIZE: ClassVar[int] = EOCD_STRUCT.size
+    disk_number: int = 0
+    cd_disk: int = 0
+    entries_on_disk: int = 0
+    total_entries: int = 0
+    cd_size: int = 0
+    cd_offset: int = 0
+    comment: bytes = b""
+
+    @classmethod
+    def from_bytes(cls, data: Buffer, pos: int = 0, *, base: int = 0) -> EndOfCentralDirectory:
+        """Parse the record at ``pos`` of ``data``; the comment must be present in full.
+
+        Raises
+        ------
+        ArchiveError
+            Truncated record or comment, or wrong signature.
+        """
+        sig, *fixed, clen = _unpack(EOCD_STRUCT, data, pos, base, "end of central directory")
+        _check_signature(sig, EOCD_SIGNATURE, "end of central directory", base + pos)
+        comment = _tail(data, pos + cls.SIZE, clen, base, "archive comment")
+        return cls(*fixed, comment=comment)
+
+    @property
+    def uses_zip64(self) -> bool:
+        """True when a field holds the "see the ZIP64 record" sentinel (4.4.1.4)."""
+        counts = (self.disk_number, self.cd_disk, self.entries_on_disk, self.total_entries)
+        return U16_MAX in counts or U32_MAX in (self.cd_size, self.cd_offset)
+
+    def to_bytes(self) -> bytes:
+        """Serialize record and comment."""
+        return (
+            EOCD_STRUCT.pack(
+                EOCD_SIGNATURE,
+                self.disk_number,
+                self.cd_disk,
+                self.entries_on_disk,
+                self.total_entries,
+                self.cd_size,
+                self.cd_offset,
+                len(self.comment),
+            )
+            + self.comment
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Zip64EndOfCentralDirectory:
+    """ZIP64 end of central directory record (4.3.14), version 1, 56 bytes.
+
+    ``record_size`` counts the bytes after itself: 44, or more when an
+    extensible data sector follows (ptfile skips it).
+    """
+
+    SIZE: ClassVar[int] = ZIP64_EOCD_STRUCT.size
+    record_size: int = ZIP64_EOCD_RECORD_SIZE
+    version_made_by: int = ZIP64_VERSION_MADE_BY
+    version_needed: int = ZIP64_VERSION_NEEDED
+    disk_number: int = 0
+    cd_disk: int = 0
+    entries_on_disk: int = 0
+    total_entries: int = 0
+    cd_size: int = 0
+    cd_offset: int = 0
+
+    @classmethod
+    def from_bytes(cls, data: Buffer, pos: int = 0, *, base: int = 0) -> Zip64EndOfCentralDirectory:
+        """Parse the record at ``pos`` of ``data``.
+
+        Raises
+        ------
+        ArchiveError
+            Truncated record, wrong signature or a record size below 44.
+        """
+        sig, *fields = _unpack(ZIP64_EOCD_STRUCT, data, pos, base, "ZIP64 end of central directory")
+        _check_signature(sig, ZIP64_EOCD_SIGNATURE, "ZIP64 end of central directory", base + pos)
+        record = cls(*fields)
+        if record.record_size < ZIP64_EOCD_RECORD_SIZE:
+            raise ArchiveError(
+                f"ZIP64 end of central directory record size {record.record_size} < 44",
+                offset=base + pos,
+            )
+        return record
+
+    def to_bytes(self) -> bytes:
+        """Serialize the 56-byte record."""
+        return ZIP64_EOCD_STRUCT.pack(
+            ZIP64_EOCD_SIGNATURE,
+            self.record_size,
+            self.version_made_by,
+            self.version_needed,
+            self.disk_number,
+            self.cd_disk,
+            self.entries_on_disk,
+            self.total_entries,
+            self.cd_size,
+            self.cd_offset,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Zip64Locator:
+    """ZIP64 end of central directory locator (4.3.15), 20 bytes."""
+
+    SIZE: ClassVar[int] = ZIP64_LOCATOR_STRUCT.size
+    eocd64_disk: int = 0
+    eocd64_offset: int = 0
+    total_disks: int = 1
+
+    @classmethod
+    def from_bytes(cls, data: Buffer, pos: int = 0, *, base: int = 0) -> Zip64Locator:
+        """Parse the locator at ``pos`` of ``data``.
+
+        Raises
+        ------
+        ArchiveError
+            Truncated locator or wrong signature.
+        """
+        sig, *fields = _unpack(ZIP64_LOCATOR_STRUCT, data, pos, base, "ZIP64 locator")
+        _check_signature(sig, ZIP64_LOCATOR_SIGNATURE, "ZIP64 locator", base + pos)
+        return cls(*fields)
+
+    def to_bytes(self) -> bytes:
+        """Serialize the 20-byte locator."""
+        return ZIP64_LOCATOR_STRUCT.pack(
+            ZIP64_LOCATOR_SIGNATURE, self.eocd64_disk, self.eocd64_offset, self.total_disks
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DataDescriptor:
+    """Data descriptor with signature (4.3.9): 16 bytes, or 24 with ZIP64 sizes."""
+
+    crc32: int = 0
+    compressed_size: int = 0
+    uncompressed_size: int = 0
+    zip64: bool = False
+
+    @classmethod
+    def from_bytes(
+        cls, data: Buffer, pos: int = 0, *, zip64: bool = False, base: int = 0
+    ) -> DataDescriptor:
+        """Parse a descriptor with signature at ``pos``; ``zip64`` selects u64 sizes.
+
+        Raises
+        ------
+        ArchiveError
+            Truncated descriptor or missing signature.
+        """
+        layout = DESCRIPTOR64_STRUCT if zip64 else DESCRIPTOR_STRUCT
+        sig, crc, csize, usize = _unpack(layout, data, pos, base, "data descriptor")
+        _check_signature(sig, DATA_DESCRIPTOR_SIGNATURE, "data descriptor", base + pos)
+        return cls(crc, csize, usize, zip64)
+
+    def to_bytes(self) -> bytes:
+        """Serialize the descriptor (with its signature, as torch writes it)."""
+        layout = DESCRIPTOR64_STRUCT if self.zip64 else DESCRIPTOR_STRUCT
+        return layout.pack(
+            DATA_DESCRIPTOR_SIGNATURE, self.crc32, self.compressed_size, self.uncompressed_size
+        )
+
+
+# ---------------------------------------------------------------------------
+# torch's layout rules (PyTorchStreamWriter::writeRecord / getPadding, miniz)
+# ---------------------------------------------------------------------------
+
+
+def needs_zip64(header_offset: int, size: int) -> bool:
+    """True when a member gets a ZIP64 extra and a 24-byte descriptor."""
+    return size >= U32_MAX or header_offset >= U32_MAX
+
+
+def zip64_extra(header_offset: int, size: int) -> bytes:
+    """The ZIP64 extra torch writes (local and central alike); empty when not needed.
+
+    Examples
+    --------
+    >>> zip64_extra(0, 10)
+    b''
+    >>> zip64_extra(2**32, 10).hex()
+    '0100080000000000010000000000'
+    """
+    values = []
+    if size >= U32_MAX:
+        values += [size, size]
+    if header_offset >= U32_MAX:
+        values.append(header_offset)
+    if not values:
+        return b""
+    return EXTRA_HEADER_STRUCT.pack(ZIP64_EXTRA_ID, 8 * len(values)) + b"".join(
+        _U64.pack(v) for v in values
+    )
+
+
+def padding_extra(pad: int) -> bytes:
+    """torch's alignment extra: ``"FB"``, u16 ``pad``, then ``pad`` bytes of ``'Z'``.
+
+    Examples
+    --------
+    >>> padding_extra(3)
+    b'FB\\x03\\x00ZZZ'
+    """
+    return EXTRA_HEADER_STRUCT.pack(PADDING_EXTRA_ID, pad) + PADDING_FILL * pad
+
+
+def storage_data_offset(header_offset: int, name_length: int, size: int, alignment: int) -> int:
+    """Where torch puts the data of a member whose local header starts at ``header_offset``.
+
+    ``name_length`` is the byte length of the full name (prefix included).  The
+    result is the first multiple of ``alignment`` at or after the end of the
+    local header, its name, its ZIP64 extra and an empty padding extra.
+
+    Examples
+    --------
+    >>> storage_data_offset(0, 20, 150, 64)
+    64
+    """
+    start = header_offset + LocalFileHeader.SIZE + name_length + EXTRA_HEADER_STRUCT.size
+    start += len(zip64_extra(header_offset, size))
+    return start + (-start) % alignment
+
+
+def descriptor_size(header_offset: int, size: int) -> int:
+    """Bytes of data descriptor torch writes after a member: 0, 16 or 24."""
+    if size == 0:
+        return 0
+    return DESCRIPTOR64_STRUCT.size if needs_zip64(header_offset, size) else DESCRIPTOR_STRUCT.size

@@ -1,0 +1,175 @@
+"""torch's dtypes as data: one table, and nothing that needs torch.
+
+Each row names a torch dtype and everything the formats need to know about it:
+
+* ``itemsize`` — bytes per element as torch counts them (sub-byte packed types
+  such as ``quint4x2`` or ``float4_e2m1fn_x2`` count one byte per element);
+* ``numpy`` — the numpy dtype that holds the bytes exactly (``ml_dtypes`` for
+  bfloat16 and the float8 family), or ``None`` where numpy has no equivalent
+  (complex32, bits*, sub-byte types);
+* ``storage`` — the legacy typed-storage class torch.save names in the
+  persistent id (``FloatStorage``…), or ``None`` for dtypes torch.save writes
+  through ``UntypedStorage`` and ``_rebuild_tensor_v3`` ("v3" dtypes);
+* ``scalar_type`` — c10's ScalarType name; TorchScript names every storage
+  ``<scalar_type>Storage``;
+* ``swap`` — the unit that byte order applies to (complex types swap each
+  half; packed and byte-sized types don't swap).
+
+``DType`` objects print like torch's (``torch.float32``) and compare by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+import ml_dtypes
+import numpy as np
+
+from .errors import UnsupportedFeatureError
+
+__all__ = [
+    "DTYPES",
+    "DType",
+    "by_name",
+    "by_storage",
+    "from_numpy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DType:
+    """A torch dtype, torch-free.  ``repr`` and ``str`` are torch's (``torch.float32``)."""
+
+    name: str
+    itemsize: int
+    numpy: np.dtype | None = field(compare=False)  # type: ignore[type-arg]
+    storage: str | None = field(compare=False)
+    scalar_type: str = field(compare=False)
+    swap: int = field(compare=False)
+    is_quantized: bool = field(default=False, compare=False)
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+    __str__ = __repr__
+
+    @property
+    def is_v3(self) -> bool:
+        """True for dtypes torch.save writes via UntypedStorage and _rebuild_tensor_v3."""
+        return self.storage is None
+
+    @property
+    def is_floating_point(self) -> bool:
+        """True for the float dtypes (torch's ``dtype.is_floating_point``)."""
+        return self.name.startswith(("float", "bfloat"))
+
+    @property
+    def is_complex(self) -> bool:
+        """True for the complex dtypes."""
+        return self.name.startswith("complex")
+
+    def numpy_dtype(self) -> np.dtype:  # type: ignore[type-arg]
+        """The numpy dtype of this dtype's elements, or UnsupportedFeatureError."""
+        if self.numpy is None:
+            raise UnsupportedFeatureError(
+                f"{self!r} has no numpy equivalent; its raw bytes are available as "
+                "Tensor.raw_bytes() / Storage.bytes()"
+            )
+        return self.numpy
+
+
+def _np(x: object) -> np.dtype:  # type: ignore[type-arg]
+    return np.dtype(x)  # type: ignore[call-overload, no-any-return]
+
+
+# name, itemsize, numpy, legacy storage class, ScalarType, byte-swap unit, quantized
+_ROWS: Final = (
+    ("float64", 8, _np("<f8"), "DoubleStorage", "Double", 8, False),
+    ("float32", 4, _np("<f4"), "FloatStorage", "Float", 4, False),
+    ("float16", 2, _np("<f2"), "HalfStorage", "Half", 2, False),
+    ("bfloat16", 2, _np(ml_dtypes.bfloat16), "BFloat16Storage", "BFloat16", 2, False),
+    ("int64", 8, _np("<i8"), "LongStorage", "Long", 8, False),
+    ("int32", 4, _np("<i4"), "IntStorage", "Int", 4, False),
+    ("int16", 2, _np("<i2"), "ShortStorage", "Short", 2, False),
+    ("int8", 1, _np("i1"), "CharStorage", "Char", 1, False),
+    ("uint8", 1, _np("u1"), "ByteStorage", "Byte", 1, False),
+    ("bool", 1, _np("?"), "BoolStorage", "Bool", 1, False),
+    ("complex128", 16, _np("<c16"), "ComplexDoubleStorage", "ComplexDouble", 8, False),
+    ("complex64", 8, _np("<c8"), "ComplexFloatStorage", "ComplexFloat", 4, False),
+    ("qint8", 1, _np("i1"), "QInt8Storage", "QInt8", 1, True),
+    ("qint32", 4, _np("<i4"), "QInt32Storage", "QInt32", 4, True),
+    ("quint8", 1, _np("u1"), "QUInt8Storage", "QUInt8", 1, True),
+    ("quint4x2", 1, _np("u1"), "QUInt4x2Storage", "QUInt4x2", 1, True),
+    ("quint2x4", 1, _np("u1"), "QUInt2x4Storage", "QUInt2x4", 1, True),
+    ("uint16", 2, _np("<u2"), None, "UInt16", 2, False),
+    ("uint32", 4, _np("<u4"), None, "UInt32", 4, False),
+    ("uint64", 8, _np("<u8"), None, "UInt64", 8, False),
+    ("complex32", 4, None, None, "ComplexHalf", 2, False),
+    ("float8_e4m3fn", 1, _np(ml_dtypes.float8_e4m3fn), None, "Float8_e4m3fn", 1, False),
+    ("float8_e4m3fnuz", 1, _np(ml_dtypes.float8_e4m3fnuz), None, "Float8_e4m3fnuz", 1, False),
+    ("float8_e5m2", 1, _np(ml_dtypes.float8_e5m2), None, "Float8_e5m2", 1, False),
+    ("float8_e5m2fnuz", 1, _np(ml_dtypes.float8_e5m2fnuz), None, "Float8_e5m2fnuz", 1, False),
+    ("float8_e8m0fnu", 1, _np(ml_dtypes.float8_e8m0fnu), None, "Float8_e8m0fnu", 1, False),
+    ("float4_e2m1fn_x2", 1, None, None, "Float4_e2m1fn_x2", 1, False),
+    ("bits8", 1, None, None, "Bits8", 1, False),
+    ("bits16", 2, None, None, "Bits16", 2, False),
+    ("bits1x8", 1, None, None, "Bits1x8", 1, False),
+    ("bits2x4", 1, None, None, "Bits2x4", 1, False),
+    ("bits4x2", 1, None, None, "Bits4x2", 1, False),
+    *((f"int{n}", 1, None, None, f"Int{n}", 1, False) for n in range(1, 8)),
+    *((f"uint{n}", 1, None, None, f"UInt{n}", 1, False) for n in range(1, 8)),
+)
+
+#: Every torch dtype by canonical name (``torch.float32`` → ``DTYPES["float32"]``).
+DTYPES: Final[dict[str, DType]] = {
+    row[0]: DType(*row) for row in _ROWS  # type: ignore[arg-type]
+}
+
+#: Legacy typed-storage class name → element dtype (``FloatStorage`` → float32).
+STORAGE_DTYPES: Final[dict[str, DType]] = {
+    d.storage: d for d in DTYPES.values() if d.storage is not None
+}
+
+#: TorchScript storage names (``<ScalarType>Storage``) → dtype.
+SCALAR_TYPE_DTYPES: Final[dict[str, DType]] = {
+    f"{d.scalar_type}Storage": d for d in DTYPES.values()
+}
+
+#: torch's aliases (``torch.float`` is ``torch.float32``).
+ALIASES: Final[dict[str, str]] = {
+    "float": "float32", "double": "float64", "half": "float16", "cfloat": "complex64",
+    "cdouble": "complex128", "chalf": "complex32", "long": "int64", "int": "int32",
+    "short": "int16", "bit": "bits8",
+}
+
+_NUMPY_TO_DTYPE: Final[dict[np.dtype, DType]] = {  # type: ignore[type-arg]
+    d.numpy: d for d in DTYPES.values() if d.numpy is not None and not d.is_quantized
+}
+
+UINT8: Final = DTYPES["uint8"]
+
+
+def by_name(name: str) -> DType:
+    """The dtype called ``name`` (canonical or alias), or UnsupportedFeatureError."""
+    try:
+        return DTYPES[ALIASES.get(name, name)]
+    except KeyError:
+        raise UnsupportedFeatureError(f"unknown torch dtype torch.{name}") from None
+
+
+def by_storage(storage_name: str) -> DType:
+    """The element dtype of a legacy storage class (``FloatStorage``) or TorchScript name."""
+    dtype = STORAGE_DTYPES.get(storage_name) or SCALAR_TYPE_DTYPES.get(storage_name)
+    if dtype is None:
+        raise UnsupportedFeatureError(f"unknown storage type torch.{storage_name}")
+    return dtype
+
+
+def from_numpy(dtype: np.dtype) -> DType:  # type: ignore[type-arg]
+    """The torch dtype for a numpy dtype (native byte order is implied)."""
+    key = dtype.newbyteorder("<") if dtype.byteorder in "<>=" and dtype.itemsize > 1 else dtype
+    try:
+        return _NUMPY_TO_DTYPE[key]
+    except KeyError:
+        raise UnsupportedFeatureError(f"numpy dtype {dtype} has no torch equivalent") from None

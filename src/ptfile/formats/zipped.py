@@ -1,0 +1,406 @@
+"""The ZIP checkpoint format of ``torch.save`` (torch ≥ 1.6): read and write.
+
+Layout (see ``pt-format.md`` §2–§6; verified against torch 2.13):
+
+* All records live under one folder, the *prefix*: the target file's stem, or
+  ``archive`` for file objects and non-ASCII paths.  Readers MUST take the
+  prefix from the first central-directory entry and MUST ignore extra records.
+* ``data.pkl`` — a protocol-2 pickle of the object; every storage is a
+  persistent id ``('storage', <storage class>, key, location, numel)`` where
+  ``numel`` counts elements of a typed storage and bytes of ``UntypedStorage``.
+* ``data/<key>`` — the raw bytes of each storage, exactly ``numel × itemsize``.
+* ``version`` (or ``.data/version``) — decimal format version, 1..10 readable.
+* ``byteorder`` — ``little`` or ``big``; when missing, the configured default
+  (:func:`ptfile.set_default_load_endianness`; little unless set).
+* ``.format_version``, ``.storage_alignment``, ``.data/serialization_id``.
+
+A writer MUST emit, in order: ``data.pkl``, ``.format_version`` (``1``),
+``.storage_alignment``, ``byteorder`` (unless disabled), ``data/0``…``data/N``
+in key order, ``version`` (``3\\n``), ``byteorder`` if it was disabled above
+(torch 2.13 moves the record rather than dropping it), then
+``.data/serialization_id``; with every payload aligned by the "FB" padding
+extra field.  Storage keys are assigned in first-encounter order while
+pickling, so the output is byte-identical to ``torch.save`` of the same object.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from .. import dtypes
+from ..archive import ZipReader, ZipWriter
+from ..config import Settings
+from ..dtypes import DType
+from ..errors import (
+    FormatError,
+    SaveError,
+    StorageError,
+    UnsafeGlobalError,
+    UnsupportedFeatureError,
+)
+from ..limits import Limits
+from ..location import MapLocation, restore_location
+from ..picklevm import unpickle
+from ..picklevm.pickler import Global, PersistentId, Pickler, Reduce, global_
+from ..rebuild import Layout, QScheme, StorageType, TensorType, lookup
+from ..tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from .._io import Source
+
+__all__ = ["ZipInfo", "read_zip", "write_zip"]
+
+MAX_READ_VERSION: Final = 10
+BLOCKED_MODULES: Final = frozenset({"sys", "os", "posix", "nt"})
+
+
+@dataclass(frozen=True, slots=True)
+class ZipInfo:
+    """What the archive's metadata records say."""
+
+    prefix: str
+    version: int
+    byteorder: str
+    byteorder_recorded: bool
+    format_version: int | None
+    storage_alignment: int
+    serialization_id: str | None
+    is_torchscript: bool
+
+
+def _text(reader: ZipReader, name: str) -> str | None:
+    record = reader.get(name)
+    if record is None:
+        return None
+    if record.size > 64:
+        raise FormatError(f"metadata record is {record.size} bytes, expected a short text",
+                          member=name)
+    try:
+        return reader.read(record).decode("ascii")
+    except UnicodeDecodeError:
+        raise FormatError("metadata record is not ASCII text", member=name) from None
+
+
+def _decimal(text: str | None, name: str, default: int | None) -> int | None:
+    if text is None:
+        return default
+    stripped = text.strip()
+    if not stripped.isdigit() or len(stripped) > 18:
+        raise FormatError(f"expected a decimal number, got {text!r:.40}", member=name)
+    return int(stripped)
+
+
+def read_info(reader: ZipReader, settings: Settings) -> ZipInfo:
+    """Read and validate the metadata records of a torch ZIP checkpoint."""
+    prefix = reader.prefix
+    for record in reader.records:
+        if not record.name.startswith(prefix + "/"):
+            raise FormatError(f"record {record.name!r} is not under the archive folder "
+                              f"{prefix!r}/ (torch: file in archive is not in a subdirectory)")
+    version_name = f"{prefix}/.data/version" if reader.get(f"{prefix}/.data/version") \
+        else f"{prefix}/version"
+    version = _decimal(_text(reader, version_name), version_name, None)
+    if version is None or not 1 <= version <= MAX_READ_VERSION:
+        raise FormatError(f"archive version {version} is missing or outside 1..{MAX_READ_VERSION}",
+                          member=version_name)
+    order = _text(reader, f"{prefix}/byteorder")
+    if order is not None and order not in ("little", "big"):
+        raise FormatError(f"unknown byte order {order!r:.20}", member=f"{prefix}/byteorder")
+    alignment = _decimal(_text(reader, f"{prefix}/.storage_alignment"), "storage_alignment", 64)
+    return ZipInfo(
+        prefix=prefix,
+        version=version,
+        byteorder=order or settings.missing_byteorder(),
+        byteorder_recorded=order is not None,
+        format_version=_decimal(_text(reader, f"{prefix}/.format_version"), "format_version", None),
+        storage_alignment=alignment or 64,
+        serialization_id=_text(reader, f"{prefix}/.data/serialization_id"),
+        is_torchscript=reader.get(f"{prefix}/constants.pkl") is not None,
+    )
+
+
+def find_safe_class(module: str, name: str) -> Any:
+    """``find_class`` of the default (weights-only) policy: the allowlist or UnsafeGlobalError."""
+    found = None if module.split(".")[0] in BLOCKED_MODULES else lookup(module, name)
+    if found is None:
+        raise UnsafeGlobalError(
+            f"unsupported global {module}.{name}: it is not one of the globals torch.load("
+            "weights_only=True) allows, so ptfile will not reconstruct it. Check what the file "
+            "contains with ptfile.scan before trusting it",
+            module=module, name=name,
+        )
+    return found
+
+
+class StorageLoader:
+    """``persistent_load`` for ZIP checkpoints: one Storage per key, checked against its record."""
+
+    def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
+                 map_location: MapLocation, skip_data: bool = False,
+                 offsets: Callable[[str, int], int] | None = None) -> None:
+        self._reader, self._source, self._info = reader, source, info
+        self._map_location = map_location
+        self._skip_data = skip_data
+        self._offsets = offsets
+        self.storages: dict[str, Storage] = {}
+
+    def __call__(self, pid: object) -> Storage:
+        if not isinstance(pid, tuple) or len(pid) != 5 or pid[0] != "storage":
+            raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
+                              f"got {pid!r:.100}", member="data.pkl")
+        _, storage_type, key, location, numel = pid
+        if not isinstance(storage_type, StorageType) or not isinstance(key, str) \
+                or not isinstance(location, str) or type(numel) is not int or numel < 0:
+            raise FormatError(f"malformed storage persistent id {pid!r:.100}", member="data.pkl")
+        cached = self.storages.get(key)
+        if cached is not None:
+            return cached
+        storage = self._load(storage_type, key, location, numel)
+        self.storages[key] = storage
+        return storage
+
+    def _load(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
+        untyped = storage_type.dtype is None
+        dtype = storage_type.dtype or dtypes.UINT8
+        name = f"{self._info.prefix}/data/{key}"
+        record = self._reader.get(name)
+        if record is None:
+            raise StorageError(f"storage {key!r} has no record {name!r}", member=name)
+        nbytes = numel * dtype.itemsize
+        if record.size != nbytes:
+            raise StorageError(f"record holds {record.size} bytes; the pickle says {numel} "
+                               f"elements of {dtype!r} = {nbytes} bytes", member=name)
+        if self._skip_data:
+            data = None
+        else:
+            offset = self._offsets(key, nbytes) if self._offsets else \
+                self._reader.data_offset(record)
+            data = self._source.view(offset, nbytes, f"storage {name}")
+        storage = Storage(data, dtype, location=location, key=key, untyped=untyped,
+                          byteorder=self._info.byteorder, nbytes=nbytes)
+        return restore_location(storage, location, self._map_location)
+
+
+def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,
+             find_class: Callable[[str, str], Any] = find_safe_class, skip_data: bool = False,
+             encoding: str = "ASCII") -> Any:
+    """Unpickle a torch ZIP checkpoint from ``source``; storages are views of the source."""
+    reader = ZipReader(source, limits=limits)
+    info = read_info(reader, settings)
+    if info.is_torchscript:
+        raise UnsupportedFeatureError("TorchScript archives are not supported yet by ptfile.load")
+    data_name = f"{info.prefix}/data.pkl"
+    if reader.get(data_name) is None:
+        raise FormatError("the archive has no data.pkl record", member=data_name)
+    loader = StorageLoader(reader, source, info, map_location=map_location, skip_data=skip_data)
+    obj, _ = unpickle(reader.read(data_name), find_class=find_class, persistent_load=loader,
+                      limits=limits, encoding=encoding)
+    return obj
+
+
+# --------------------------------------------------------------------------- writing
+
+_V2: Final = global_("torch._utils", "_rebuild_tensor_v2")
+_V3: Final = global_("torch._utils", "_rebuild_tensor_v3")
+_PARAM: Final = global_("torch._utils", "_rebuild_parameter")
+_PARAM_STATE: Final = global_("torch._utils", "_rebuild_parameter_with_state")
+_META: Final = global_("torch._utils", "_rebuild_meta_tensor_no_storage")
+_QTENSOR: Final = global_("torch._utils", "_rebuild_qtensor")
+_SPARSE: Final = global_("torch._utils", "_rebuild_sparse_tensor")
+_FROM_TYPE: Final = global_("torch._tensor", "_rebuild_from_type_v2")
+_ORDERED_DICT: Final = global_("collections", "OrderedDict")
+_SIZE: Final = global_("torch", "Size")
+_DEVICE: Final = global_("torch", "device")
+_LAYOUT: Final = global_("torch.serialization", "_get_layout")
+_UNTYPED: Final = global_("torch.storage", "UntypedStorage")
+#: torch's location tags for CPU-like devices are string constants (memoised once);
+#: indexed tags such as ``cuda:0`` are built afresh for every persistent id.
+_STORAGE_LITERAL: Final = "storage"
+_CPU: Final = "cpu"
+
+
+def _location(tag: str) -> str:
+    if ":" not in tag:
+        return sys.intern(tag)
+    return "".join(list(tag))  # a new str object each time, as torch's _cuda_tag builds it
+
+
+class _ArrayStorages:
+    """numpy arrays → shared Storages: views of one base buffer share one storage, as in torch."""
+
+    def __init__(self) -> None:
+        self._by_owner: dict[int, tuple[object, Storage]] = {}
+
+    @staticmethod
+    def _owner(array: np.ndarray) -> tuple[object, memoryview]:  # type: ignore[type-arg]
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if root.base is None:
+            whole = root.reshape(-1, order="A") if root.flags.forc else None
+            if whole is None:
+                raise ValueError("non-contiguous owner")
+            return root, memoryview(whole.view(np.uint8)).cast("B")
+        buffer = memoryview(root.base).cast("B")  # type: ignore[arg-type]
+        return root.base, buffer
+
+    def tensor(self, array: np.ndarray) -> Tensor:  # type: ignore[type-arg]
+        """A Tensor viewing the storage of ``array``'s base buffer (or of a native copy)."""
+        dtype = dtypes.from_numpy(array.dtype)
+        if array.dtype.byteorder == ">" or any(s < 0 for s in array.strides):
+            array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+        try:
+            owner, buffer = self._owner(array)
+        except (ValueError, TypeError):
+            array = np.ascontiguousarray(array)
+            owner, buffer = self._owner(array)
+        item = dtype.itemsize
+        start = np.frombuffer(buffer, np.uint8).ctypes.data if buffer.nbytes else 0
+        delta = array.ctypes.data - start if array.size else 0
+        fits = (delta % item == 0 and buffer.nbytes % item == 0
+                and all(s % item == 0 for s in array.strides))
+        if not fits:
+            array = np.ascontiguousarray(array).copy()
+            owner, buffer, delta = array, memoryview(array.view(np.uint8).reshape(-1)), 0
+        storage = self._storage(owner, buffer, dtype)
+        strides = tuple(s // item for s in array.strides)
+        return Tensor(storage, delta // item, array.shape, strides, dtype=dtype)
+
+    def _storage(self, owner: object, buffer: memoryview, dtype: DType) -> Storage:
+        found = self._by_owner.get(id(owner))
+        if found is not None:
+            storage = found[1]
+            if storage.dtype != (dtypes.UINT8 if dtype.is_v3 else dtype):
+                raise SaveError("Cannot save multiple tensors or storages that view the same data "
+                                "as different types")
+            return storage
+        storage = Storage(buffer, dtype, untyped=dtype.is_v3)
+        self._by_owner[id(owner)] = (owner, storage)
+        return storage
+
+
+class _Reducer:
+    """Turns ptfile/numpy objects into the reduce tuples torch's pickler would produce."""
+
+    def __init__(self) -> None:
+        self.storages: list[Storage] = []
+        self._keys: dict[int, str] = {}
+        self._arrays = _ArrayStorages()
+        self._dtypes: dict[int, DType] = {}
+
+    def persistent_id(self, obj: object) -> object:
+        if type(obj) is not Storage:
+            return None
+        key = self._keys.get(id(obj))
+        if key is None:
+            key = str(len(self._keys))
+            self._keys[id(obj)] = key
+            self.storages.append(obj)
+        storage_type = _UNTYPED if obj.untyped else global_("torch", obj.dtype.storage or "")
+        location = _CPU if obj.location == _CPU else _location(obj.location)
+        return (_STORAGE_LITERAL, storage_type, key, location, obj.numel())
+
+    def reduce(self, obj: object) -> Reduce | PersistentId | Global | None:
+        handler = _REDUCERS.get(type(obj))
+        if handler is None:
+            return None
+        return handler(self, obj)
+
+    def tensor_args(self, t: Tensor) -> tuple[Global, tuple[Any, ...]]:
+        if t.storage is None:
+            return _META, (t.dtype, t._shape, t._stride, t.requires_grad)
+        base = (t.storage, t._offset, t._shape, t._stride, t.requires_grad, t.backward_hooks)
+        if t.dtype.is_v3:
+            base = (*base, t.dtype)
+        if t.metadata:
+            base = (*base, t.metadata)
+        return (_V3 if t.dtype.is_v3 else _V2), base
+
+    def tensor(self, t: Tensor) -> Reduce:
+        func, args = self.tensor_args(t)
+        if t.type_name is not None and t.type_name.count(".") and t.python_state is not None:
+            module, _, name = t.type_name.rpartition(".")
+            return Reduce(_FROM_TYPE, (func, global_(module, name), args, t.python_state))
+        return Reduce(func, args)
+
+    def parameter(self, p: Parameter) -> Reduce:
+        data = self.tensor(p.data)
+        if p.state is not None:
+            return Reduce(_PARAM_STATE, (data, p.requires_grad, p.backward_hooks, p.state))
+        return Reduce(_PARAM, (data, p.requires_grad, p.backward_hooks))
+
+    def array(self, a: np.ndarray) -> Reduce:  # type: ignore[type-arg]
+        return self.tensor(self._arrays.tensor(a))
+
+    def quantized(self, q: QuantizedTensor) -> Reduce:
+        r = q.int_repr
+        scheme = global_("torch", q.qscheme if q.scales is None else "per_channel_affine")
+        params: tuple[Any, ...] = (scheme, q.scale, q.zero_point) if q.scales is None else \
+            (scheme, q.scales, q.zero_points, q.axis)
+        hooks = q.backward_hooks if q.backward_hooks is not None else OrderedDict()
+        return Reduce(_QTENSOR, (r.storage, r._offset, r._shape, r._stride, params,
+                                 q.requires_grad, hooks))
+
+    def sparse(self, s: SparseTensor) -> Reduce:
+        layout = Reduce(_LAYOUT, (f"torch.{s.layout}",))
+        if s.layout == "sparse_coo":
+            parts: tuple[Any, ...] = (s.indices, s.values, s.size)
+            if s.is_coalesced is not None:
+                parts = (*parts, s.is_coalesced)
+        else:
+            parts = (s.compressed_indices, s.plain_indices, s.values, s.size)
+        return Reduce(_SPARSE, (layout, parts))
+
+
+def _device(_: _Reducer, d: Device) -> Reduce:
+    return Reduce(_DEVICE, (d.type,) if d.index is None else (d.type, d.index))
+
+
+_REDUCERS: Final[dict[type, Callable[[_Reducer, Any], Any]]] = {
+    Tensor: _Reducer.tensor,
+    Parameter: _Reducer.parameter,
+    np.ndarray: _Reducer.array,
+    QuantizedTensor: _Reducer.quantized,
+    SparseTensor: _Reducer.sparse,
+    Size: lambda _, s: Reduce(_SIZE, (tuple(s),)),
+    Device: _device,
+    DType: lambda _, d: global_("torch", d.name),
+    QScheme: lambda _, q: global_("torch", q.name),
+    Layout: lambda _, lay: Reduce(_LAYOUT, (f"torch.{lay.name}",)),
+    StorageType: lambda _, st: global_(st.module, st.name),
+    TensorType: lambda _, tt: global_(tt.module, tt.name),
+}
+
+
+def _native_bytes(storage: Storage, dtype_of: DType) -> memoryview:
+    data = storage.data
+    if data is None:
+        raise SaveError(f"{storage!r} has no data (loaded with skip_data)")
+    if storage.byteorder == sys.byteorder or dtype_of.swap == 1:
+        return data
+    swapped = np.frombuffer(data, f"u{dtype_of.swap}").byteswap()
+    return memoryview(swapped.view(np.uint8))
+
+
+def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: Settings, *,
+              pickle_protocol: int = 2) -> None:
+    """Write ``obj`` as torch.save would, through ``write`` (storages streamed, not joined)."""
+    reducer = _Reducer()
+    pickler = Pickler(pickle_protocol, reducer=reducer.reduce, persistent_id=reducer.persistent_id)
+    data = pickler.dump(obj)
+    writer = ZipWriter(write, prefix, alignment=settings.storage_alignment, crc32=settings.crc32)
+    writer.write_record("data.pkl", data)
+    writer.write_record(".format_version", b"1")
+    writer.write_record(".storage_alignment", str(settings.storage_alignment).encode())
+    if settings.byteorder_record:
+        writer.write_record("byteorder", sys.byteorder.encode())
+    for key, storage in enumerate(reducer.storages):
+        writer.write_record(f"data/{key}", _native_bytes(storage, storage.dtype))
+    writer.write_record("version", b"3\n")
+    if not settings.byteorder_record:
+        writer.write_record("byteorder", sys.byteorder.encode())
+    writer.close()

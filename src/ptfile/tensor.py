@@ -1,0 +1,445 @@
+"""ptfile's tensor model: storages, tensors and the records of torch's other tensor kinds.
+
+A :class:`Storage` is the flat byte buffer torch writes as one ``data/<key>``
+record; a :class:`Tensor` is a strided view of a storage, exactly as torch
+records it: ``storage_offset``, ``size`` and ``stride`` in elements, ``dtype``,
+``requires_grad``, the (always empty) ``backward_hooks`` and the ``metadata``
+dict that carries the conj/neg bits.  Nothing the file says is dropped, so a
+load followed by a save reproduces the file.
+
+``numpy()`` / ``np.asarray(t)`` return a zero-copy strided view of the storage
+bytes (tensors sharing a storage share memory).  The conj/neg bits are applied
+on the way out, necessarily as a copy.  Every view is checked against its
+storage before it is made: a view reading outside its storage is a
+:class:`~ptfile.errors.StorageError`, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from .dtypes import UINT8, DType
+from .errors import LimitExceededError, StorageError, UnsupportedFeatureError
+
+__all__ = [
+    "Device",
+    "Parameter",
+    "QuantizedTensor",
+    "Size",
+    "SparseTensor",
+    "Storage",
+    "Tensor",
+]
+
+MAX_NDIM: Final = 64
+
+
+class Size(tuple):  # type: ignore[type-arg]
+    """``torch.Size``: a tuple of ints (it saves back as ``torch.Size``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"torch.Size({list(self)})"
+
+    def numel(self) -> int:
+        """Product of the sizes."""
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+
+class Device:
+    """``torch.device``, torch-free: prints and compares like torch's."""
+
+    __slots__ = ("index", "type")
+
+    def __init__(self, type: str, index: int | None = None) -> None:  # noqa: A002 - torch's name
+        if index is None and ":" in type:
+            type, _, text = type.partition(":")  # noqa: A001
+            index = int(text) if text.isdigit() else None
+        self.type = type
+        self.index = index
+
+    def __repr__(self) -> str:
+        extra = "" if self.index is None else f", index={self.index}"
+        return f"device(type='{self.type}'{extra})"
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            other = Device(other)
+        return isinstance(other, Device) and (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
+
+
+class Storage:
+    """The bytes of one ``data/<key>`` record, with the type torch recorded for it.
+
+    ``dtype`` is the element type of a typed storage (``FloatStorage`` → float32);
+    ``untyped`` storages (torch's ``UntypedStorage``, used for the "v3" dtypes)
+    have dtype uint8 and count bytes.  ``data`` is a memoryview of the bytes:
+    a slice of the file's map when loaded with ``mmap=True``.
+    """
+
+    __slots__ = ("__weakref__", "_nbytes", "byteorder", "data", "dtype", "key", "location",
+                 "untyped")
+
+    def __init__(
+        self,
+        data: memoryview | None,
+        dtype: DType,
+        *,
+        location: str = "cpu",
+        key: str | None = None,
+        untyped: bool = False,
+        byteorder: str = "little",
+        nbytes: int | None = None,
+    ) -> None:
+        self.data = data if data is None else data.cast("B")
+        self.dtype = UINT8 if untyped else dtype
+        self.untyped = untyped
+        self.location = location
+        self.key = key
+        self.byteorder = byteorder
+        self._nbytes = self.data.nbytes if self.data is not None else (nbytes or 0)
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the storage in bytes (known even when the data was skipped)."""
+        return self._nbytes
+
+    def numel(self) -> int:
+        """Elements as torch counts them for the persistent id (bytes when untyped)."""
+        return self.nbytes // self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        kind = "UntypedStorage" if self.untyped else f"{self.dtype.storage or self.dtype.name}"
+        return f"<ptfile.Storage {kind} key={self.key!r} nbytes={self.nbytes} location={self.location!r}>"
+
+
+def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements a view spans past its offset (0 when empty)."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int],
+               stride: Sequence[int]) -> None:
+    """Raise StorageError unless the view fits inside ``storage`` (all in ``dtype`` elements)."""
+    if len(shape) != len(stride):
+        raise StorageError(f"size {tuple(shape)} and stride {tuple(stride)} differ in length")
+    if len(shape) > MAX_NDIM:
+        raise LimitExceededError("max_ndim", MAX_NDIM, len(shape), "tensor rank")
+    if offset < 0 or any(s < 0 for s in shape) or any(s < 0 for s in stride):
+        raise StorageError(
+            f"negative storage_offset/size/stride: offset {offset}, size {tuple(shape)}, "
+            f"stride {tuple(stride)}"
+        )
+    extent = _extent(shape, stride)
+    available = storage.nbytes // dtype.itemsize
+    if extent and offset + extent > available:
+        raise StorageError(
+            f"view of {dtype!r} at offset {offset} with size {tuple(shape)} and stride "
+            f"{tuple(stride)} needs {offset + extent} elements; storage {storage.key!r} "
+            f"holds {available}",
+            member=storage.key,
+        )
+
+
+def _swapped(array: np.ndarray, dtype: DType) -> np.ndarray:  # type: ignore[type-arg]
+    """Values of a big-endian view: zero-copy for numpy's own kinds, else a swapped copy."""
+    if dtype.swap == 1:
+        return array
+    if array.dtype.kind in "biufc":
+        return array.view(array.dtype.newbyteorder(">"))
+    raw = array.view(f"<u{dtype.swap}")
+    return raw.byteswap().view(array.dtype)
+
+
+class Tensor:
+    """A strided view of a :class:`Storage`, as ``torch._utils._rebuild_tensor_v2`` records it."""
+
+    __slots__ = (
+        "_offset",
+        "_shape",
+        "_stride",
+        "backward_hooks",
+        "dtype",
+        "metadata",
+        "python_state",
+        "requires_grad",
+        "storage",
+        "type_name",
+    )
+
+    def __init__(
+        self,
+        storage: Storage | None,
+        storage_offset: int,
+        size: Sequence[int],
+        stride: Sequence[int],
+        *,
+        dtype: DType | None = None,
+        requires_grad: bool = False,
+        backward_hooks: OrderedDict[Any, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        if dtype is None:
+            if storage is None:
+                raise StorageError("a tensor without storage needs a dtype")
+            dtype = storage.dtype
+        self.storage = storage
+        self.dtype = dtype
+        self._offset = storage_offset
+        self._shape = tuple(size)
+        self._stride = tuple(stride)
+        if storage is not None:
+            check_view(storage, dtype, storage_offset, self._shape, self._stride)
+        self.requires_grad = requires_grad
+        self.backward_hooks = OrderedDict() if backward_hooks is None else backward_hooks
+        self.metadata = metadata
+        self.python_state: Any = None
+        self.type_name: str | None = None
+
+    # -- torch's accessors -------------------------------------------------------------
+    @property
+    def shape(self) -> Size:
+        """The sizes, as ``torch.Size``."""
+        return Size(self._shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        """``torch.Tensor.size``: all sizes, or one."""
+        return self.shape if dim is None else self._shape[dim]
+
+    def stride(self, dim: int | None = None) -> Any:
+        """``torch.Tensor.stride`` in elements: all strides, or one."""
+        return self._stride if dim is None else self._stride[dim]
+
+    def storage_offset(self) -> int:
+        """Offset of the first element in the storage, in elements."""
+        return self._offset
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self._shape)
+
+    def dim(self) -> int:
+        """Number of dimensions."""
+        return len(self._shape)
+
+    def numel(self) -> int:
+        """Number of elements."""
+        return Size(self._shape).numel()
+
+    @property
+    def device(self) -> Device:
+        """The device recorded for the storage (``cpu`` when none)."""
+        return Device(self.storage.location if self.storage is not None else "meta")
+
+    @property
+    def is_conj(self) -> bool:
+        """torch's conj bit: the stored bytes are the un-conjugated values."""
+        return bool(self.metadata and self.metadata.get("conj"))
+
+    @property
+    def is_neg(self) -> bool:
+        """torch's neg bit: the stored bytes are the un-negated values."""
+        return bool(self.metadata and self.metadata.get("neg"))
+
+    @property
+    def is_parameter(self) -> bool:
+        """True for ``torch.nn.Parameter`` tensors."""
+        return False
+
+    # -- data ------------------------------------------------------------------------
+    def _raw_view(self, np_dtype: np.dtype) -> np.ndarray:  # type: ignore[type-arg]
+        storage = self.storage
+        if storage is None or storage.data is None:
+            raise UnsupportedFeatureError(f"{self!r} has no data (meta tensor or skip_data)")
+        item = self.dtype.itemsize
+        if self.numel() == 0:
+            return np.empty(self._shape, np_dtype)
+        return np.ndarray(
+            self._shape,
+            np_dtype,
+            buffer=storage.data,
+            offset=self._offset * item,
+            strides=tuple(s * item for s in self._stride),
+        )
+
+    def numpy(self) -> np.ndarray:  # type: ignore[type-arg]
+        """The values as a numpy array: a zero-copy view of the storage where possible.
+
+        Copies only where the values differ from the stored bytes: conj/neg
+        bits, and byte-swapped dtypes numpy cannot express (bfloat16).
+        """
+        array = self._raw_view(self.dtype.numpy_dtype())
+        if self.storage is not None and self.storage.byteorder == "big":
+            array = _swapped(array, self.dtype)
+        if self.is_conj:
+            array = np.conj(array)
+        if self.is_neg:
+            array = np.negative(array)
+        return array
+
+    def raw_bytes(self) -> memoryview:
+        """The storage bytes this tensor's dtype views, for dtypes numpy cannot hold."""
+        if self.storage is None or self.storage.data is None:
+            raise UnsupportedFeatureError(f"{self!r} has no data")
+        return self.storage.data
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:  # type: ignore[type-arg]
+        array = self.numpy()
+        if dtype is not None:
+            array = array.astype(dtype, copy=False)
+        return np.array(array, copy=True) if copy else array
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __repr__(self) -> str:
+        kind = type(self).__name__
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        return f"ptfile.{kind}(shape={list(self._shape)}, dtype={self.dtype!r}{extra})"
+
+
+class Parameter(Tensor):
+    """``torch.nn.Parameter``: a tensor whose ``requires_grad`` is the parameter's flag.
+
+    ``data_requires_grad`` and ``data_hooks`` keep what torch recorded for the
+    wrapped ``.data`` tensor; ``state`` the Python attributes of
+    ``_rebuild_parameter_with_state``.
+    """
+
+    __slots__ = ("data_hooks", "data_requires_grad", "state")
+
+    def __init__(self, data: Tensor, requires_grad: bool = True,
+                 backward_hooks: OrderedDict[Any, Any] | None = None,
+                 state: dict[str, Any] | None = None) -> None:
+        super().__init__(data.storage, data._offset, data._shape, data._stride, dtype=data.dtype,
+                         requires_grad=requires_grad, backward_hooks=backward_hooks,
+                         metadata=data.metadata)
+        self.data_requires_grad = data.requires_grad
+        self.data_hooks = data.backward_hooks
+        self.state = state
+
+    @property
+    def is_parameter(self) -> bool:
+        return True
+
+    @property
+    def data(self) -> Tensor:
+        """The wrapped tensor, as torch's ``Parameter.data``."""
+        t = Tensor(self.storage, self._offset, self._shape, self._stride, dtype=self.dtype,
+                   requires_grad=self.data_requires_grad, backward_hooks=self.data_hooks,
+                   metadata=self.metadata)
+        return t
+
+
+class QuantizedTensor:
+    """A quantized tensor as its parts: the integer representation and the quantizer.
+
+    ``int_repr`` is a :class:`Tensor` of the stored integers (dtype qint8/quint8/
+    qint32/quint4x2/quint2x4, viewable as int8/uint8/int32); ``qscheme`` is the
+    torch name (``per_tensor_affine``…); ``scale``/``zero_point`` for per-tensor
+    schemes, ``scales``/``zero_points``/``axis`` (tensors) for per-channel ones.
+    """
+
+    __slots__ = ("axis", "backward_hooks", "int_repr", "qscheme", "requires_grad", "scale",
+                 "scales", "zero_point", "zero_points")
+
+    def __init__(self, int_repr: Tensor, qscheme: str, *, scale: float | None = None,
+                 zero_point: int | None = None, scales: Tensor | None = None,
+                 zero_points: Tensor | None = None, axis: int | None = None,
+                 requires_grad: bool = False,
+                 backward_hooks: OrderedDict[Any, Any] | None = None) -> None:
+        self.int_repr = int_repr
+        self.qscheme = qscheme
+        self.scale, self.zero_point = scale, zero_point
+        self.scales, self.zero_points, self.axis = scales, zero_points, axis
+        self.requires_grad = requires_grad
+        self.backward_hooks = backward_hooks
+
+    @property
+    def shape(self) -> Size:
+        """The sizes of the quantized tensor."""
+        return self.int_repr.shape
+
+    @property
+    def dtype(self) -> DType:
+        """The quantized dtype (torch.qint8…)."""
+        return self.int_repr.dtype
+
+    def dequantize(self) -> np.ndarray:  # type: ignore[type-arg]
+        """float32 values: ``(q - zero_point) * scale`` (per channel along ``axis``)."""
+        q = self.int_repr.numpy().astype(np.float32)
+        if self.scales is None:
+            return (q - np.float32(self.zero_point or 0)) * np.float32(self.scale or 1.0)
+        shape = [1] * q.ndim
+        shape[self.axis or 0] = -1
+        scales = np.asarray(self.scales.numpy(), np.float32).reshape(shape)
+        zeros = np.asarray(self.zero_points.numpy(), np.float32).reshape(shape)  # type: ignore[union-attr]
+        return (q - zeros) * scales
+
+    def __repr__(self) -> str:
+        return f"ptfile.QuantizedTensor(shape={list(self.shape)}, dtype={self.dtype!r}, qscheme={self.qscheme})"
+
+
+class SparseTensor:
+    """A sparse tensor as its parts, indices validated against ``size``.
+
+    ``layout`` is torch's name (``sparse_coo``, ``sparse_csr``, ``sparse_csc``,
+    ``sparse_bsr``, ``sparse_bsc``).  COO: ``indices`` (ndim × nnz) and ``values``;
+    compressed layouts: ``compressed_indices``, ``plain_indices`` and ``values``.
+    """
+
+    __slots__ = ("compressed_indices", "indices", "is_coalesced", "layout", "plain_indices",
+                 "size", "values")
+
+    def __init__(self, layout: str, size: Sequence[int], values: Tensor, *,
+                 indices: Tensor | None = None, compressed_indices: Tensor | None = None,
+                 plain_indices: Tensor | None = None, is_coalesced: bool | None = None) -> None:
+        self.layout = layout
+        self.size = Size(size)
+        self.values = values
+        self.indices = indices
+        self.compressed_indices = compressed_indices
+        self.plain_indices = plain_indices
+        self.is_coalesced = is_coalesced
+
+    @property
+    def shape(self) -> Size:
+        """The dense shape."""
+        return self.size
+
+    def to_dense(self) -> np.ndarray:  # type: ignore[type-arg]
+        """The dense values (COO and CSR only)."""
+        values = self.values.numpy()
+        out = np.zeros(tuple(self.size), values.dtype)
+        if self.layout == "sparse_coo" and self.indices is not None:
+            np.add.at(out, tuple(self.indices.numpy()), values)
+            return out
+        if self.layout == "sparse_csr" and self.compressed_indices is not None:
+            crow = self.compressed_indices.numpy()
+            col = self.plain_indices.numpy()  # type: ignore[union-attr]
+            rows = np.repeat(np.arange(len(crow) - 1), np.diff(crow))
+            np.add.at(out, (rows, col), values)
+            return out
+        raise UnsupportedFeatureError(f"to_dense for layout {self.layout}")
+
+    def __repr__(self) -> str:
+        return f"ptfile.SparseTensor(layout={self.layout}, size={list(self.size)}, nnz={self.values.shape[0] if self.values.ndim else 0})"

@@ -36,15 +36,20 @@ from __future__ import annotations
 
 import bisect
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "SERIALIZATION_ID_NAME",
     "fold_write",
     "hash_bytes",
     "hash_combine",
+    "hash_names",
     "name_hash",
+    "rehash_points",
     "serialization_id",
     "unordered_set_order",
 ]
@@ -167,93 +172,132 @@ def _next_bucket_count(n: int) -> tuple[int, int]:
     return _PRIME_LIST[index], _PRIME_LIST[index]
 
 
-def _flatten(order: list[int], runs: dict[int, list[int]]) -> list[int]:
-    """Node list front to back; ``order`` and each run are stored back to front."""
-    nodes: list[int] = []
-    for bucket in reversed(order):
-        nodes.extend(reversed(runs[bucket]))
-    return nodes
+def rehash_points(n: int) -> list[tuple[int, int]]:
+    """When a libstdc++ ``unordered_set`` rehashes while ``n`` keys are inserted.
 
+    Returns ``(count, buckets)`` pairs: before inserting key number ``count``
+    (0-based) the table is rehashed to ``buckets`` buckets.  This is
+    ``_M_need_rehash(buckets, count, 1)`` with max load factor 1 and growth
+    factor 2, evaluated only where it can fire (``count >= next_resize``).
 
-def _rehash(
-    nodes: list[int], hashes: Sequence[int], buckets: int
-) -> tuple[list[int], dict[int, list[int]]]:
-    """``_M_rehash_aux`` (unique keys): walk the old list into ``buckets`` new buckets."""
-    order: list[int] = []
-    runs: dict[int, list[int]] = {}
-    for node in nodes:
-        bucket = hashes[node] % buckets
-        run = runs.get(bucket)
-        if run is None:
-            runs[bucket] = [node]  # first of its bucket: to the front of the list
-            order.append(bucket)
+    Examples
+    --------
+    >>> rehash_points(100)
+    [(0, 13), (13, 29), (29, 59), (59, 127)]
+    """
+    points: list[tuple[int, int]] = []
+    buckets, next_resize, count = 1, 0, 0
+    while count < n:
+        wanted = max(count + 1, 0 if next_resize else _FIRST_BUCKETS)
+        if wanted >= buckets:
+            buckets, next_resize = _next_bucket_count(max(wanted + 1, 2 * buckets))
+            points.append((count, buckets))
         else:
-            run.append(node)  # to the front of its bucket's run
-    return order, runs
+            next_resize = buckets
+        count = next_resize
+    return points
 
 
-def unordered_set_order(hashes: Sequence[int]) -> list[int]:
+def _walk(nodes: npt.NDArray[np.intp], codes: npt.NDArray[np.uint64], buckets: int) -> npt.NDArray[np.intp]:
+    """List order after inserting ``nodes`` in turn into ``buckets`` empty buckets.
+
+    Each node goes to the front of its bucket's run, or to the front of the
+    list when its bucket is empty; a rehash walks the old list by this very
+    rule.  So the list holds buckets by descending first appearance and, inside
+    each, nodes by descending appearance: the reverse of a stable sort by the
+    position where the node's bucket first appears.
+    """
+    bucket = codes[nodes] % np.uint64(buckets)
+    _, first, inverse = np.unique(bucket, return_index=True, return_inverse=True)
+    by_first = np.argsort(first[inverse.reshape(-1)], kind="stable")
+    return nodes[by_first[::-1]]
+
+
+def unordered_set_order(codes: npt.ArrayLike) -> npt.NDArray[np.intp]:
     """Iteration order of a libstdc++ ``unordered_set`` filled with distinct keys.
 
     Parameters
     ----------
-    hashes : sequence of int
+    codes : array_like of uint64
         The keys' hash codes in insertion order.
 
     Returns
     -------
-    list of int
-        Indices into ``hashes``, in the order the set iterates its keys.
+    numpy.ndarray of intp
+        Indices into ``codes``, in the order the set iterates its keys.
 
     Examples
     --------
-    >>> unordered_set_order([5, 18, 3])  # 13 buckets: 5 and 18 share bucket 5
+    >>> unordered_set_order([5, 18, 3]).tolist()  # 13 buckets; 5 and 18 share one
     [2, 1, 0]
     """
-    buckets, next_resize = 1, 0
-    order: list[int] = []
-    runs: dict[int, list[int]] = {}
-    for count, code in enumerate(hashes):
-        if count + 1 > next_resize:  # _M_need_rehash(buckets, count, 1)
-            wanted = max(count + 1, 0 if next_resize else _FIRST_BUCKETS)
-            if wanted >= buckets:
-                nodes = _flatten(order, runs)
-                buckets, next_resize = _next_bucket_count(max(wanted + 1, 2 * buckets))
-                order, runs = _rehash(nodes, hashes, buckets)
-            else:
-                next_resize = buckets
-        bucket = code % buckets
-        run = runs.get(bucket)
-        if run is None:
-            runs[bucket] = [count]
-            order.append(bucket)
-        else:
-            run.append(count)
-    return _flatten(order, runs)
+    values = np.asarray(codes, dtype=np.uint64).reshape(-1)
+    order = np.empty(0, dtype=np.intp)
+    points = rehash_points(len(values))
+    ends = [count for count, _ in points[1:]] + [len(values)]
+    for (start, buckets), end in zip(points, ends):
+        # Keys inserted between two rehashes follow the same rule as the walk.
+        nodes = np.concatenate([order, np.arange(start, end, dtype=np.intp)])
+        order = _walk(nodes, values, buckets)
+    return order
 
 
-def name_hash(names: Iterable[str]) -> int:
+def hash_names(names: Sequence[bytes]) -> npt.NDArray[np.uint64]:
+    """:func:`hash_bytes` of every name, vectorised over names of equal length."""
+    lengths = np.fromiter(map(len, names), dtype=np.intp, count=len(names))
+    out = np.empty(len(names), dtype=np.uint64)
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length)
+        out[rows] = _hash_rows(b"".join([names[i] for i in rows.tolist()]), length)
+    return out
+
+
+def _hash_rows(joined: bytes, length: int) -> npt.NDArray[np.uint64]:
+    """``_Hash_bytes`` of each ``length``-byte row of ``joined`` (uint64 wraps mod 2**64)."""
+    mul, shift = np.uint64(_MUL), np.uint64(47)
+    rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, length)
+    padded = np.zeros((len(rows), -(-length // 8) * 8), dtype=np.uint8)
+    padded[:, :length] = rows
+    words = padded.view("<u8")
+    h = np.full(len(rows), HASH_SEED ^ ((length * _MUL) & _MASK64), dtype=np.uint64)
+    for j in range(length // 8):
+        w = words[:, j] * mul
+        h ^= (w ^ (w >> shift)) * mul
+        h *= mul
+    if length % 8:
+        h ^= words[:, -1]  # the 1-7 tail bytes as a little-endian integer
+        h *= mul
+    h = (h ^ (h >> shift)) * mul
+    return h ^ (h >> shift)
+
+
+def name_hash(names: Sequence[str]) -> int:
     """The name part of the id: ``std::hash`` of ``names`` combined in set order.
 
     Parameters
     ----------
-    names : iterable of str
+    names : sequence of str
         Distinct record names without prefix, in write order.
+
+    Examples
+    --------
+    >>> name_hash(["data.pkl"]) == hash_combine(0, hash_bytes(b"data.pkl"))
+    True
     """
-    hashes = [hash_bytes(name.encode("utf-8")) for name in names]
+    codes = hash_names([name.encode("utf-8") for name in names])
     value = 0
-    for index in unordered_set_order(hashes):
-        value = hash_combine(value, hashes[index])
+    for code in codes[unordered_set_order(codes)].tolist():
+        value = hash_combine(value, code)
     return value
 
 
-def serialization_id(names: Iterable[str], crc_fold: int) -> str:
+def serialization_id(names: Sequence[str], crc_fold: int) -> str:
     """The 40 ASCII digits torch writes to ``.data/serialization_id``.
 
     Parameters
     ----------
-    names : iterable of str
-        Record names without prefix, in write order, the id itself excluded.
+    names : sequence of str
+        Distinct record names without prefix, in write order, the id excluded.
     crc_fold : int
         The value :func:`fold_write` accumulated over the writes of those records.
 

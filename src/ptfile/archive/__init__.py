@@ -1,0 +1,23 @@
+"""The ZIP container layer: a validating reader and a torch-identical writer.
+
+This layer knows nothing about torch objects; it moves named byte records in
+and out of ZIP archives laid out exactly as ``torch.save`` lays them out.  The
+format subset is specified in :mod:`ptfile.archive.records`.
+"""
+
+from __future__ import annotations
+
+from .reader import Record, ZipReader, computed_data_offset, computed_next_header_offset
+from .serialization_id import SERIALIZATION_ID_NAME, serialization_id
+from .writer import MAX_ALIGNMENT, ZipWriter
+
+__all__ = [
+    "MAX_ALIGNMENT",
+    "SERIALIZATION_ID_NAME",
+    "Record",
+    "ZipReader",
+    "ZipWriter",
+    "computed_data_offset",
+    "computed_next_header_offset",
+    "serialization_id",
+]

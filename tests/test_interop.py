@@ -1,0 +1,292 @@
+"""Real torch 2.13 is the oracle: files torch writes load equal in ptfile, ptfile's saves are
+byte-identical to torch's, and torch loads what ptfile writes."""
+
+from __future__ import annotations
+
+import collections
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from oracle import assert_same, assert_sharing
+
+import ptfile
+
+torch.manual_seed(0)
+
+
+def _module_sd(make: Callable[[], torch.nn.Module]) -> Callable[[], Any]:
+    def build() -> Any:
+        torch.manual_seed(1)
+        return make().state_dict()
+    return build
+
+
+def _adam() -> Any:
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    return opt.state_dict()
+
+
+def _checkpoint() -> Any:
+    torch.manual_seed(3)
+    model = torch.nn.Linear(3, 2)
+    return {"epoch": 7, "model": model.state_dict(), "optimizer": _adam(), "loss": 0.125,
+            "history": [1.5, 0.75, float("inf")], "name": "résumé ✓", "best": None,
+            "flags": (True, False), "big": 2**70, "neg": -(2**40), "rng": torch.get_rng_state()}
+
+
+def _views() -> Any:
+    x = torch.arange(24.0)
+    m = x.view(4, 6)
+    return {"base": x, "slice": x[3:9], "t": m.t(), "step": m[:, ::2], "row": m[2],
+            "expand": torch.tensor([7.0, 8.0]).expand(3, 2), "scalar": torch.tensor(5),
+            "empty": torch.empty(0, 3), "empty_view": x[5:5],
+            "cl": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+            "rank8": torch.randn(*([2] * 8)), "zero_stride": torch.zeros(1).expand(4, 4)}
+
+
+def _dtypes() -> Any:
+    base = torch.tensor([0.5, -1.5, 2.0, 0.0])
+    out = {str(d): base.to(d) for d in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
+        torch.complex128, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
+        torch.float8_e5m2fnuz)}
+    ints = torch.tensor([0, 1, 7, 100])
+    out.update({str(d): ints.to(d) for d in (
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16,
+        torch.uint32, torch.uint64, torch.bool)})
+    out["e8m0"] = torch.tensor([1.0, 2.0, 0.5]).to(torch.float8_e8m0fnu)
+    out["complex32"] = torch.tensor([1 + 2j, -0.5j]).to(torch.complex32)
+    out["bits8"] = torch.tensor([1, 2], dtype=torch.uint8).view(torch.bits8)
+    out["bits16"] = torch.tensor([1, 2], dtype=torch.int16).view(torch.bits16)
+    out["fp4"] = torch.tensor([1, 2, 3], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    return out
+
+
+def _bits() -> Any:
+    c = torch.tensor([1 + 2j, 3 - 4j])
+    return {"conj": c.conj(), "neg": c.conj().imag, "plain": c}
+
+
+def _params() -> Any:
+    p = torch.nn.Parameter(torch.randn(3))
+    q = torch.nn.Parameter(torch.randn(2), requires_grad=False)
+    r = torch.randn(2).requires_grad_()
+    return [p, q, r, p]
+
+
+def _tied() -> Any:
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    return torch.nn.ModuleDict({"emb": emb, "head": head}).state_dict(keep_vars=True)
+
+
+def _python_values() -> Any:
+    return {"size": torch.Size([2, 3]), "device": torch.device("cpu"),
+            "cuda": torch.device("cuda", 1), "dtype": torch.bfloat16, "bytes": b"ab\x00\xff",
+            "set": {1, 2}, "complex": 1 + 2j, "counter": collections.Counter({"a": 2}),
+            "od": collections.OrderedDict(a=1), "nan": float("nan"), "ü∂": "κλειδί",
+            "nested": [[[]], {}, ()], "t": torch.tensor(1.0)}
+
+
+CASES: dict[str, Callable[[], Any]] = {
+    "tensor": lambda: torch.tensor([1.0, 2.0]),
+    "views": _views,
+    "dtypes": _dtypes,
+    "conj_neg": _bits,
+    "params": _params,
+    "tied": _tied,
+    "python_values": _python_values,
+    "linear": _module_sd(lambda: torch.nn.Linear(5, 3)),
+    "conv2d": _module_sd(lambda: torch.nn.Conv2d(3, 8, 3)),
+    "batchnorm": _module_sd(lambda: torch.nn.BatchNorm2d(4)),
+    "lstm": _module_sd(lambda: torch.nn.LSTM(4, 6, num_layers=2)),
+    "embedding": _module_sd(lambda: torch.nn.Embedding(50, 8)),
+    "transformer": _module_sd(lambda: torch.nn.Transformer(
+        d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32)),
+    "adam": _adam,
+    "checkpoint": _checkpoint,
+    "unicode_keys": lambda: {"вес": torch.ones(2), "重み": torch.zeros(1), "🙂": [torch.ones(1)]},
+    "many": lambda: {f"layer.{i}.w": torch.full((2,), float(i)) for i in range(5000)},
+    "dict_1000": lambda: {str(i): i for i in range(1000)},
+    "quantized": lambda: {
+        "pt": torch.quantize_per_tensor(torch.randn(4), 0.1, 3, torch.quint8),
+        "pc": torch.quantize_per_channel(torch.randn(2, 3), torch.tensor([0.1, 0.2]),
+                                         torch.tensor([1, 2]), 0, torch.qint8)},
+    "sparse": lambda: {
+        "coo": torch.sparse_coo_tensor([[0, 1], [2, 0]], [3.0, 4.0], (2, 3)),
+        "csr": torch.tensor([[0.0, 1.0], [2.0, 0.0]]).to_sparse_csr()},
+    "meta": lambda: torch.empty(3, 4, device="meta"),
+}
+
+# Kinds assert_same does not compare structurally; they are checked field by field below.
+SPECIAL = {"quantized", "sparse", "meta"}
+
+
+@pytest.fixture(params=sorted(CASES))
+def saved(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
+    path = tmp_path / "ckpt.pt"
+    torch.save(CASES[request.param](), path)
+    return request.param, path
+
+
+def test_interop_torch_file_loads_equal(saved: tuple[str, Path]) -> None:
+    name, path = saved
+    if name in SPECIAL:
+        pytest.skip("compared in dedicated tests")
+    expected = torch.load(path, weights_only=True)
+    for mmap in (False, True):
+        got = ptfile.load(path, mmap=mmap)
+        assert_same(got, expected)
+        assert_sharing(got, expected)
+
+
+def test_interop_resave_is_byte_identical(saved: tuple[str, Path], tmp_path: Path) -> None:
+    _, path = saved
+    again = tmp_path / "again"
+    again.mkdir()
+    ptfile.save(ptfile.load(path), again / "ckpt.pt")
+    assert (again / "ckpt.pt").read_bytes() == path.read_bytes()
+
+
+def test_interop_resave_buffer_is_byte_identical(saved: tuple[str, Path]) -> None:
+    _, path = saved
+    obj = torch.load(path, weights_only=True)
+    expected = io.BytesIO()
+    torch.save(obj, expected)
+    got = io.BytesIO()
+    ptfile.save(ptfile.load(io.BytesIO(expected.getvalue())), got)
+    assert got.getvalue() == expected.getvalue()
+
+
+def test_interop_quantized_parts(tmp_path: Path) -> None:
+    path = tmp_path / "q.pt"
+    torch.save(CASES["quantized"](), path)
+    ref = torch.load(path)
+    got = ptfile.load(path)
+    pt = got["pt"]
+    assert isinstance(pt, ptfile.QuantizedTensor)
+    assert pt.qscheme == "per_tensor_affine" and pt.scale == ref["pt"].q_scale()
+    assert pt.zero_point == ref["pt"].q_zero_point()
+    assert np.array_equal(pt.int_repr.numpy(), ref["pt"].int_repr().numpy())
+    assert np.allclose(pt.dequantize(), ref["pt"].dequantize().numpy())
+    pc = got["pc"]
+    assert np.array_equal(pc.scales.numpy(), ref["pc"].q_per_channel_scales().numpy())
+    assert np.array_equal(pc.zero_points.numpy(), ref["pc"].q_per_channel_zero_points().numpy())
+    assert pc.axis == 0
+    assert np.allclose(pc.dequantize(), ref["pc"].dequantize().numpy())
+
+
+def test_interop_sparse_parts(tmp_path: Path) -> None:
+    path = tmp_path / "s.pt"
+    torch.save(CASES["sparse"](), path)
+    ref = torch.load(path)
+    got = ptfile.load(path)
+    assert got["coo"].layout == "sparse_coo"
+    assert np.array_equal(got["coo"].to_dense(), ref["coo"].to_dense().numpy())
+    assert np.array_equal(got["coo"].indices.numpy(), ref["coo"]._indices().numpy())
+    assert got["csr"].layout == "sparse_csr"
+    assert np.array_equal(got["csr"].to_dense(), ref["csr"].to_dense().numpy())
+
+
+def test_interop_meta_tensor(tmp_path: Path) -> None:
+    path = tmp_path / "m.pt"
+    torch.save(CASES["meta"](), path)
+    got = ptfile.load(path)
+    assert got.storage is None and tuple(got.shape) == (3, 4) and got.stride() == (4, 1)
+    with pytest.raises(ptfile.UnsupportedFeatureError):
+        got.numpy()
+
+
+NUMPY_CASES: dict[str, Callable[[], Any]] = {
+    "mixed": lambda: {"w": np.ones((2, 3), "float32"), "b": np.arange(4, dtype=np.int64),
+                      "h": np.array([1.5, -2], np.float16), "flag": np.array(True),
+                      "c": np.array([1 + 1j], np.complex64), "u16": np.array([1, 65535], np.uint16)},
+    "views": lambda: (lambda x: [x, x[2:5], x.reshape(3, 4).T, x[::3]])(np.arange(12.0)),
+    "negative": lambda: {"rev": np.arange(5.0)[::-1], "be": np.arange(3, dtype=">i4")},
+}
+
+
+def _ml_dtypes_case() -> Any:
+    import ml_dtypes
+    return {"bf16": np.array([1.5, -2.0], ml_dtypes.bfloat16),
+            "f8": np.array([0.5, 2.0], ml_dtypes.float8_e4m3fn)}
+
+
+NUMPY_CASES["ml_dtypes"] = _ml_dtypes_case
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_CASES))
+def test_interop_numpy_save_loads_in_torch(name: str, tmp_path: Path) -> None:
+    obj = NUMPY_CASES[name]()
+    path = tmp_path / "np.pt"
+    ptfile.save(obj, path)
+    for loaded in (torch.load(path, weights_only=True), torch.load(path, mmap=True)):
+        for key, value in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+            t = loaded[key]
+            assert tuple(t.shape) == value.shape
+            if t.dtype in (torch.bfloat16, torch.float8_e4m3fn):
+                assert np.array_equal(t.float().numpy(), value.astype(np.float32))
+            else:
+                assert np.array_equal(t.numpy(), value)
+
+
+def test_interop_numpy_views_share_one_storage(tmp_path: Path) -> None:
+    x = np.arange(12.0)
+    path = tmp_path / "v.pt"
+    ptfile.save([x, x[2:5], x.reshape(3, 4).T], path)
+    a, b, c = torch.load(path)
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() \
+        == c.untyped_storage().data_ptr()
+    assert b.storage_offset() == 2 and c.stride() == (1, 4)
+    a[3] = 100
+    assert b[1] == 100
+
+
+def test_interop_numpy_save_matches_torch_bytes(tmp_path: Path) -> None:
+    x = np.arange(6, dtype=np.float32)
+    ours, theirs = io.BytesIO(), io.BytesIO()
+    ptfile.save({"x": x, "y": x[2:4]}, ours)
+    tx = torch.arange(6, dtype=torch.float32)
+    torch.save({"x": tx, "y": tx[2:4]}, theirs)
+    assert ours.getvalue() == theirs.getvalue()
+
+
+def test_interop_numpy_different_dtype_views_refused() -> None:
+    x = np.zeros(4, np.float32)
+    with pytest.raises(ptfile.SaveError, match="different types"):
+        ptfile.save([x, x.view(np.int32)], io.BytesIO())
+
+
+def test_interop_golden_examples(golden: Path) -> None:
+    for name in ("tiny_tensor", "tiny_state_dict", "tiny_views", "tiny_dtypes",
+                 "tiny_buffer_nocrc"):
+        path = golden / f"{name}.pt"
+        assert_same(ptfile.load(path), torch.load(path, weights_only=True))
+
+
+def test_interop_golden_resave_identical(golden: Path, tmp_path: Path) -> None:
+    for name in ("tiny_tensor", "tiny_state_dict", "tiny_views", "tiny_dtypes"):
+        path = golden / f"{name}.pt"
+        ptfile.save(ptfile.load(path), tmp_path / f"{name}.pt")
+        assert (tmp_path / f"{name}.pt").read_bytes() == path.read_bytes()
+    with ptfile.settings(crc32=False):
+        out = io.BytesIO()
+        ptfile.save(ptfile.load(golden / "tiny_buffer_nocrc.pt"), out)
+    assert out.getvalue() == (golden / "tiny_buffer_nocrc.pt").read_bytes()
+
+
+def test_interop_bigendian_golden(golden: Path) -> None:
+    sd = ptfile.load(golden / "tiny_bigendian.pt")
+    assert sd["f32"].numpy().tolist() == [1.0, 2.0]
+    assert sd["i64"].numpy().tolist() == [1, 258]
+    assert sd["u32"].numpy().tolist() == [1, 258]  # torch 2.13 gets this one wrong

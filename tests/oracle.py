@@ -13,7 +13,8 @@ import ptfile
 
 def torch_bits(t: torch.Tensor) -> np.ndarray:
     """The element bytes of a torch tensor, in logical order, as uint8."""
-    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    t = t.detach().resolve_conj().resolve_neg()
+    flat = t.new_empty(t.shape).copy_(t).reshape(-1)
     if flat.numel() == 0:
         return np.zeros(0, np.uint8)
     return flat.view(torch.uint8).numpy().copy()

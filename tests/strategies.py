@@ -36,7 +36,7 @@ def arrays(draw: st.DrawFn) -> np.ndarray:
 
 keys = st.text(min_size=0, max_size=8)
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | \
-    st.text(max_size=10) | st.binary(max_size=10)
+    st.text(max_size=10) | st.binary(min_size=1, max_size=10)
 
 
 def containers(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:

@@ -73,7 +73,7 @@ def _dtypes() -> Any:
 
 def _bits() -> Any:
     c = torch.tensor([1 + 2j, 3 - 4j])
-    return {"conj": c.conj(), "neg": c.conj().imag, "plain": c}
+    return {"conj": c.conj(), "plain": c}
 
 
 def _params() -> Any:
@@ -102,7 +102,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "tensor": lambda: torch.tensor([1.0, 2.0]),
     "views": _views,
     "dtypes": _dtypes,
-    "conj_neg": _bits,
+    "conj": _bits,
+    "neg": lambda: torch.tensor([1 + 2j, 3 - 4j]).conj().imag,
     "params": _params,
     "tied": _tied,
     "python_values": _python_values,

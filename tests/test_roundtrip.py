@@ -20,13 +20,16 @@ def _dump(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def _bytes(a: np.ndarray) -> bytes:
+    """Element bytes in logical order (bit-exact: NaN payloads and -0.0 included)."""
+    return np.ascontiguousarray(a).tobytes()
+
+
 def _equal(loaded: Any, original: Any) -> bool:
     if isinstance(original, np.ndarray):
         got = loaded.numpy()
         return got.dtype == original.dtype and got.shape == original.shape and \
-            np.array_equal(got.view(np.uint8) if got.ndim else got.reshape(1).view(np.uint8),
-                           np.ascontiguousarray(original).view(np.uint8)
-                           if original.ndim else original.reshape(1).view(np.uint8))
+            _bytes(got) == _bytes(original)
     if isinstance(original, dict):
         return type(loaded) is type(original) and list(loaded) == list(original) and \
             all(_equal(loaded[k], v) for k, v in original.items())
@@ -53,8 +56,7 @@ def test_roundtrip_shared_views_share_storage(views: list[np.ndarray]) -> None:
     loaded = ptfile.load(_dump(views))
     assert all(t.storage is loaded[0].storage for t in loaded)
     for t, v in zip(loaded, views):
-        assert np.array_equal(t.numpy().view(np.uint8) if v.ndim else t.numpy(),
-                              np.ascontiguousarray(v).view(np.uint8) if v.ndim else v)
+        assert _bytes(t.numpy()) == _bytes(v)
 
 
 @settings(max_examples=25)
@@ -65,7 +67,8 @@ def test_roundtrip_torch_loads_ptfile_output(obj: Any) -> None:
     def check(t: Any, a: Any) -> None:
         if isinstance(a, np.ndarray):
             assert tuple(t.shape) == a.shape
-            raw = t.contiguous().reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+            fresh = t.new_empty(t.shape).copy_(t).reshape(-1)
+            raw = fresh.view(torch.uint8).numpy() if t.numel() else b""
             assert bytes(raw) == np.ascontiguousarray(a).tobytes()
         elif isinstance(a, dict):
             assert isinstance(t, dict) and list(t) == list(a)
@@ -83,3 +86,10 @@ def test_roundtrip_ordered_dict_metadata() -> None:
     loaded = ptfile.load(_dump(sd))
     assert loaded._metadata == {"": {"version": 1}}
     assert _dump(loaded) == _dump(sd)
+
+
+def test_roundtrip_empty_bytes_refused_like_torch_weights_only() -> None:
+    import pytest
+
+    with pytest.raises(ptfile.SaveError, match="weights_only"):
+        _dump({"b": b""})

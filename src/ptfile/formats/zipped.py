@@ -293,7 +293,12 @@ class _Reducer:
         self._dtypes: dict[int, DType] = {}
 
     def persistent_id(self, obj: object) -> object:
+        # Called first for every object, like torch's persistent_id; it is also the one place
+        # that sees every object, so the save-time refusal of empty bytes lives here.
         if type(obj) is not Storage:
+            if type(obj) is bytes and not obj:
+                raise SaveError("empty bytes pickle as builtins.bytes(), which torch.load("
+                                "weights_only=True) refuses; save bytearray() or None instead")
             return None
         key = self._keys.get(id(obj))
         if key is None:

@@ -37,11 +37,19 @@ def _mmap_access(mmap: bool | str | None) -> str | None:
     raise ValueError(f"mmap must be a bool or one of {sorted(_MMAP_MODES)}, got {mmap!r}")
 
 
+#: One reader per container format.  Each takes the source and the keyword arguments
+#: ``map_location, limits, settings, skip_data, encoding, find_class``.
+_READERS: Final[dict[Format, Callable[..., Any]]] = {
+    Format.ZIP: read_zip,
+}
+
+
 def _read(source: Source, **kwargs: Any) -> Any:
     head = source.pread(0, min(source.size, 512), "file signature")
     fmt = detect(head)
-    if fmt is Format.ZIP:
-        return read_zip(source, **kwargs)
+    reader = _READERS.get(fmt)
+    if reader is not None:
+        return reader(source, **kwargs)
     if fmt is Format.UNKNOWN:
         raise UnknownFormatError(
             f"not a PyTorch checkpoint: the file starts with {head[:8].hex(' ')}; "

@@ -34,7 +34,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import dtypes
-from ..archive import ZipReader, ZipWriter
+from ..archive import Record, ZipReader, ZipWriter, computed_data_offset
 from ..config import Settings
 from ..dtypes import DType
 from ..errors import (
@@ -141,11 +141,12 @@ class StorageLoader:
 
     def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
                  map_location: MapLocation, skip_data: bool = False,
-                 offsets: Callable[[str, int], int] | None = None) -> None:
+                 calculate_offsets: bool = False) -> None:
         self._reader, self._source, self._info = reader, source, info
         self._map_location = map_location
         self._skip_data = skip_data
-        self._offsets = offsets
+        # torch's calculate_storage_offsets: only for archives that promise torch's layout.
+        self._calculate = calculate_offsets and (info.format_version or 0) >= 1
         self.storages: dict[str, Storage] = {}
 
     def __call__(self, pid: object) -> Storage:
@@ -177,12 +178,21 @@ class StorageLoader:
         if self._skip_data:
             data = None
         else:
-            offset = self._offsets(key, nbytes) if self._offsets else \
-                self._reader.data_offset(record)
+            offset = self.data_offset(record)
             data = self._source.view(offset, nbytes, f"storage {name}")
         storage = Storage(data, dtype, location=location, key=key, untyped=untyped,
                           byteorder=self._info.byteorder, nbytes=nbytes)
         return restore_location(storage, location, self._map_location)
+
+
+    def data_offset(self, record: Record) -> int:
+        """Where the record's bytes start: computed from the central directory alone when
+        ``calculate_storage_offsets`` is on (no local-header read; torch's layout assumed),
+        else read from the validated local header."""
+        if self._calculate:
+            return computed_data_offset(record.header_offset, record.name, record.size,
+                                        self._info.storage_alignment)
+        return self._reader.data_offset(record)
 
 
 def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,
@@ -196,7 +206,8 @@ def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, setti
     data_name = f"{info.prefix}/data.pkl"
     if reader.get(data_name) is None:
         raise FormatError("the archive has no data.pkl record", member=data_name)
-    loader = StorageLoader(reader, source, info, map_location=map_location, skip_data=skip_data)
+    loader = StorageLoader(reader, source, info, map_location=map_location, skip_data=skip_data,
+                           calculate_offsets=settings.calculate_storage_offsets)
     obj, _ = unpickle(reader.read(data_name), find_class=find_class, persistent_load=loader,
                       limits=limits, encoding=encoding)
     return obj

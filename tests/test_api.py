@@ -1,0 +1,238 @@
+"""load/save knobs against torch: mmap modes, map_location, settings, targets, atomic saves."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ptfile
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    path = tmp_path / "w.pt"
+    x = torch.arange(6.0)
+    torch.save({"x": x, "v": x[2:4]}, path)
+    return path
+
+
+def test_api_mmap_private_writes_never_reach_file(ckpt: Path) -> None:
+    before = ckpt.read_bytes()
+    sd = ptfile.load(ckpt, mmap=True)
+    arr = sd["x"].numpy()
+    arr[:] = 42
+    assert sd["v"].numpy().tolist() == [42, 42]  # views share memory
+    assert ckpt.read_bytes() == before
+
+
+def test_api_mmap_readonly_arrays_are_not_writable(ckpt: Path) -> None:
+    arr = ptfile.load(ckpt, mmap="r")["x"].numpy()
+    assert not arr.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        arr[0] = 1
+
+
+def test_api_mmap_shared_writes_reach_file(ckpt: Path) -> None:
+    sd = ptfile.load(ckpt, mmap="r+")
+    sd["x"].numpy()[0] = 99.0
+    del sd
+    assert torch.load(ckpt)["x"][0].item() == 99.0
+
+
+def test_api_mmap_shared_via_settings(ckpt: Path) -> None:
+    with ptfile.settings(mmap_flags=ptfile.MAP_SHARED):
+        assert ptfile.get_default_mmap_options() == ptfile.MAP_SHARED
+        ptfile.load(ckpt, mmap=True)["x"].numpy()[1] = 7.0
+    assert ptfile.get_default_mmap_options() == ptfile.MAP_PRIVATE
+    assert torch.load(ckpt)["x"][1].item() == 7.0
+
+
+def test_api_no_mmap_arrays_are_writable_copies(ckpt: Path) -> None:
+    before = ckpt.read_bytes()
+    sd = ptfile.load(ckpt)
+    sd["x"].numpy()[:] = -1
+    assert sd["v"].numpy().tolist() == [-1, -1]
+    assert ckpt.read_bytes() == before
+
+
+def test_api_map_location_forms(tmp_path: Path) -> None:
+    path = tmp_path / "m.pt"
+    torch.save({"a": torch.ones(1), "b": torch.zeros(1)}, path)
+    assert ptfile.load(path)["a"].device == "cpu"
+    assert ptfile.load(path, "cuda:1")["a"].device == ptfile.Device("cuda", 1)
+    assert ptfile.load(path, {"cpu": "mps"})["b"].device.type == "mps"
+    seen: list[str] = []
+
+    def hook(storage: ptfile.Storage, location: str) -> str:
+        seen.append(location)
+        return "xpu:0"
+    assert str(ptfile.load(path, hook)["a"].device) == "xpu:0"
+    assert seen == ["cpu", "cpu"]
+
+
+def test_api_register_package_handles_tags(tmp_path: Path) -> None:
+    path = tmp_path / "m.pt"
+    torch.save(torch.ones(2), path)
+    calls: list[str] = []
+
+    def deserialize(storage: ptfile.Storage, location: str) -> ptfile.Storage | None:
+        if location.startswith("npu"):
+            calls.append(location)
+            storage.location = "npu-host"
+            return storage
+        return None
+    ptfile.register_package(5, lambda obj: None, deserialize)
+    assert str(ptfile.load(path, "npu:3").device) == "npu-host"
+    assert calls == ["npu:3"]
+
+
+def test_api_settings_crc_alignment_byteorder_match_torch(tmp_path: Path) -> None:
+    obj = {"a": torch.arange(5.0), "b": torch.ones(2, 2, dtype=torch.int64)}
+    loaded_from = tmp_path / "src.pt"
+    torch.save(obj, loaded_from)
+    ours = ptfile.load(loaded_from)
+    config = torch.utils.serialization.config.save
+    for crc, alignment, disable in [(False, 64, False), (True, 4096, False), (True, 1, True),
+                                    (True, 100, False)]:
+        torch.serialization.set_crc32_options(crc)
+        old = config.storage_alignment
+        config.storage_alignment = alignment
+        try:
+            expected = io.BytesIO()
+            torch.save(obj, expected, _disable_byteorder_record=disable)
+        finally:
+            torch.serialization.set_crc32_options(True)
+            config.storage_alignment = old
+        got = io.BytesIO()
+        with ptfile.settings(crc32=crc, storage_alignment=alignment):
+            ptfile.save(ours, got, _disable_byteorder_record=disable)
+        assert got.getvalue() == expected.getvalue(), (crc, alignment, disable)
+
+
+def test_api_set_crc32_options_function() -> None:
+    assert ptfile.get_crc32_options() is True
+    ptfile.set_crc32_options(False)
+    try:
+        buf = io.BytesIO()
+        ptfile.save({"a": np.ones(3)}, buf)
+    finally:
+        ptfile.set_crc32_options(True)
+    crcs = [ci.CRC for ci in zipfile.ZipFile(io.BytesIO(buf.getvalue())).infolist()]
+    assert crcs and all(c == 0 for c in crcs)
+    assert ptfile.get_crc32_options() is True
+
+
+def _without_byteorder(data: bytes, swap: bool) -> bytes:
+    src = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            payload = src.read(info)
+            if info.filename.endswith("/byteorder"):
+                continue
+            if swap and "/data/" in info.filename:
+                payload = np.frombuffer(payload, "<f4").astype(">f4").tobytes()
+            dst.writestr(info.filename, payload)
+    return out.getvalue()
+
+
+def test_api_default_load_endianness_for_files_without_record() -> None:
+    buf = io.BytesIO()
+    torch.save(torch.tensor([1.0, 2.0]), buf)
+    little = _without_byteorder(buf.getvalue(), swap=False)
+    big = _without_byteorder(buf.getvalue(), swap=True)
+    assert ptfile.load(little).numpy().tolist() == [1.0, 2.0]
+    with ptfile.settings(load_endianness="big"):
+        assert ptfile.load(big).numpy().tolist() == [1.0, 2.0]
+    ptfile.set_default_load_endianness("native")
+    try:
+        assert ptfile.get_default_load_endianness() == "native"
+        assert ptfile.load(little).numpy().tolist() == [1.0, 2.0]
+    finally:
+        ptfile.set_default_load_endianness(None)
+
+
+def test_api_calculate_storage_offsets_reads_no_local_headers(ckpt: Path) -> None:
+    with ptfile.settings(calculate_storage_offsets=True):
+        sd = ptfile.load(ckpt, mmap=True)
+    assert sd["v"].numpy().tolist() == [2.0, 3.0]
+
+
+def test_api_prefix_rules_match_torch(tmp_path: Path) -> None:
+    t = torch.ones(2)
+    (tmp_path / "p").mkdir()
+    for name in ("a.b.c", "noext", "x.tar.gz", "ü.pt"):
+        torch.save(t, tmp_path / f"t-{name}")
+        ptfile.save(ptfile.load(tmp_path / f"t-{name}"), tmp_path / "p" / f"t-{name}")
+        assert (tmp_path / "p" / f"t-{name}").read_bytes() == (tmp_path / f"t-{name}").read_bytes()
+    with pytest.raises(ptfile.SaveError, match="invalid file name"):
+        ptfile.save(np.ones(1), tmp_path / ".pt")
+
+
+def test_api_archive_name_override() -> None:
+    buf = io.BytesIO()
+    ptfile.save(np.ones(1), buf, archive_name="model")
+    assert zipfile.ZipFile(io.BytesIO(buf.getvalue())).namelist()[0] == "model/data.pkl"
+
+
+def test_api_atomic_save_keeps_old_file_on_failure(tmp_path: Path) -> None:
+    path = tmp_path / "keep.pt"
+    ptfile.save({"a": np.ones(2)}, path)
+    before = path.read_bytes()
+    with pytest.raises(ptfile.SaveError):
+        ptfile.save({"a": np.ones(2), "bad": object()}, path)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["keep.pt"]
+
+
+def test_api_file_objects_and_streams(ckpt: Path) -> None:
+    data = ckpt.read_bytes()
+    buf = io.BytesIO(b"junk" + data)
+    buf.seek(4)
+    assert ptfile.load(buf)["v"].numpy().tolist() == [2.0, 3.0]
+    with open(ckpt, "rb") as fp:
+        assert ptfile.load(fp)["x"].numpy().sum() == 15.0
+
+    class Stream(io.RawIOBase):
+        def __init__(self) -> None:
+            self._inner = io.BytesIO(data)
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+            chunk = self._inner.read(min(len(b), 7))
+            b[: len(chunk)] = chunk
+            return len(chunk)
+    assert ptfile.load(io.BufferedReader(Stream()))["x"].numpy().sum() == 15.0
+    assert ptfile.load(data)["x"].numpy().sum() == 15.0
+
+
+def test_api_view_outside_storage_is_storage_error(golden: Path) -> None:
+    data = bytearray((golden / "tiny_tensor.pt").read_bytes())
+    at = data.index(b"QK\x00")
+    data[at + 2] = 5  # storage_offset 5 in a 2-element storage
+    with pytest.raises(ptfile.StorageError, match="needs 7 elements"):
+        ptfile.load(bytes(data))
+
+
+def test_api_unsafe_global_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evil.pt"
+    torch.save({"f": os.getcwd}, path)
+    with pytest.raises(ptfile.UnsafeGlobalError, match="posix.getcwd") as info:
+        ptfile.load(path)
+    assert info.value.module == "posix" and info.value.name == "getcwd"
+    assert isinstance(info.value, __import__("pickle").UnpicklingError)
+
+
+def test_api_rejects_torch_only_arguments(ckpt: Path) -> None:
+    with pytest.raises(TypeError):
+        ptfile.load(ckpt, pickle_module=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        ptfile.load(ckpt, foo=1)

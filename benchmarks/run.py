@@ -81,7 +81,7 @@ def _child_task(task: str, path: str) -> Callable[[], Any]:
         "torch_load_mmap": lambda: torch.load(path, weights_only=True, mmap=True),
         "ptfile_load": lambda: ptfile.load(path),
         "ptfile_load_mmap": lambda: ptfile.load(path, mmap=True),
-        "read_bytes": lambda: bytearray(Path(path).read_bytes()),
+        "read_bytes": lambda: _read_into_fresh_memory(path),
     }
     timed = {"torch_save": torch_save, "ptfile_save": ptfile_save, "raw_write_crc": raw_write_crc}
     if task in timed:
@@ -94,6 +94,14 @@ def _child_task(task: str, path: str) -> Callable[[], Any]:
             _touch_all(obj)
         _report(time.perf_counter() - start)
     return run
+
+
+def _read_into_fresh_memory(path: str) -> bytearray:
+    """The baseline for load(mmap=False): one readinto of the whole file."""
+    with open(path, "rb", buffering=0) as fp:
+        out = bytearray(os.fstat(fp.fileno()).st_size)
+        fp.readinto(out)
+    return out
 
 
 def _report(seconds: float) -> None:
@@ -112,19 +120,25 @@ def measure(task: str, path: Path, repeat: int) -> dict[str, float]:
     return best
 
 
-def make_files(folder: Path, scale: float) -> tuple[Path, Path]:
+def _make_files(folder: str, scale: float) -> None:
     import torch
 
     torch.manual_seed(0)
-    a_path, b_path = folder / "A.pt", folder / "B.pt"
     dtypes = [torch.bfloat16, torch.float16, torch.float32]
-    side = int(1024 * scale ** 0.5) or 1
-    a = {f"layers.{i}.weight": torch.randn(side, side * (2 if i % 3 == 2 else 1)).to(dtypes[i % 3])
-         for i in range(300)}
-    torch.save(a, a_path)
+    # 300 square matrices averaging 8/3 bytes per element: ~2 GiB at scale 1.
+    side = max(1, int(1640 * scale ** 0.5))
+    a = {f"layers.{i}.weight": torch.randn(side, side).to(dtypes[i % 3]) for i in range(300)}
+    torch.save(a, Path(folder) / "A.pt")
+    del a
     n = max(1, int(100_000 * scale))
-    torch.save({f"model.layers.{i}.weight": torch.randn(4) for i in range(n)}, b_path)
-    return a_path, b_path
+    torch.save({f"model.layers.{i}.weight": torch.randn(4) for i in range(n)},
+               Path(folder) / "B.pt")
+
+
+def make_files(folder: Path, scale: float) -> tuple[Path, Path]:
+    """Write A and B with torch in a child process (peak RSS is inherited by later children)."""
+    subprocess.run([sys.executable, str(HERE), "--make", str(folder), str(scale)], check=True)
+    return folder / "A.pt", folder / "B.pt"
 
 
 ROWS = [
@@ -144,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="size factor for A and B")
     parser.add_argument("--repeat", type=int, default=2, help="runs per measurement (best kept)")
     parser.add_argument("--child", nargs=2, metavar=("TASK", "FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--make", nargs=2, metavar=("FOLDER", "SCALE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.make:
+        _make_files(args.make[0], float(args.make[1]))
+        return 0
     if args.child:
         _child_task(*args.child)()
         return 0

@@ -8,7 +8,7 @@ format subset is specified in :mod:`ptfile.archive.records`.
 from __future__ import annotations
 
 from .reader import Record, ZipReader, computed_data_offset, computed_next_header_offset
-from .serialization_id import SERIALIZATION_ID_NAME, serialization_id
+from .serialization_id import SERIALIZATION_ID_NAME
 from .writer import MAX_ALIGNMENT, ZipWriter
 
 __all__ = [
@@ -19,5 +19,4 @@ __all__ = [
     "ZipWriter",
     "computed_data_offset",
     "computed_next_header_offset",
-    "serialization_id",
 ]

@@ -25,12 +25,15 @@ Readers
   using it: the central directory lies inside the file, before the end
   records; it holds at least ``46 * entries`` bytes; every central directory
   header (4.3.12) fits in it; every member's local header and data lie before
-  the central directory; members do not overlap.
+  the central directory; members do not overlap; names are unique (ptfile
+  policy, see :mod:`ptfile.archive.reader`).
 * MUST read a ZIP64 extended information extra field (4.5.3, header id
   0x0001) for every central field that holds the 0xFFFFFFFF sentinel, in the
   fixed order uncompressed size, compressed size, local header offset, disk.
 * MUST refuse encrypted members (general purpose bits 0, 6 and 13, 4.4.4) and
-  SHOULD read stored (method 0) and deflated (method 8) members only (4.4.5).
+  SHOULD read stored (method 0) and deflated (method 8) members only (4.4.5);
+  a stored member's two sizes MUST agree, and inflating MUST stop at the
+  declared size (more or fewer bytes are an error).
 * SHOULD decode names as UTF-8 (bit 11, Appendix D).  ptfile decodes every
   name as UTF-8 whatever bit 11 says: torch compares names as raw bytes
   against UTF-8 encoded strings, and ASCII names (all torch ever writes) are
@@ -50,15 +53,18 @@ Writers (byte-identical to torch)
 * ZIP64 extra (4.5.3) when the size or the local header offset is at least
   0xFFFFFFFF: ``[uncompressed u64, compressed u64]`` if the size is, then
   ``[local header offset u64]`` if the offset is, in local and central headers
-  alike (in the local header this goes beyond APPNOTE, which only allows
-  sizes; miniz writes it).
+  alike (in the local header the offset goes beyond APPNOTE, which only allows
+  sizes; miniz writes it).  In the local header the compressed size is 0:
+  miniz writes the header before it has "compressed" anything.
 * Data descriptor (4.3.9) with its optional signature ``PK\\x07\\x08``, only
   after non-empty members: 16 bytes, or 24 (u64 sizes) when the member has a
   ZIP64 extra.
 * Central directory header: version made by and needed 0, same flags as the
   local header, real CRC (0 when CRC computation is disabled), sizes and
   offset capped at 0xFFFFFFFF with the real values in the ZIP64 extra, no
-  padding extra, no comment, attributes 0.
+  padding extra, no comment, internal attributes 0, external attributes 0
+  except 0x10 (MS-DOS directory, 4.4.15) for a name ending in ``/``, which
+  MUST then be empty.
 * Always ZIP64 end records: ZIP64 EOCD (record size 44, made by 0x031E,
   needed 0x002D), locator (1 disk), then the EOCD with counts capped at
   0xFFFF and size/offset capped at 0xFFFFFFFF, no comment.
@@ -68,7 +74,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from ..errors import ArchiveError
 
@@ -94,6 +100,7 @@ __all__ = [
     "parse_extra_fields",
     "storage_data_offset",
     "zip64_extra",
+    "zip64_values",
 ]
 
 LOCAL_FILE_HEADER_SIGNATURE: Final = b"PK\x03\x04"
@@ -123,6 +130,10 @@ FLAG_MASKED_HEADERS: Final = 0x2000
 #: Any of these bits means the member cannot be read without a key.
 ENCRYPTION_FLAGS: Final = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADERS
 
+#: MS-DOS directory bit of the external attributes (4.4.15); miniz sets it for
+#: names ending in ``/``, which it refuses to give data.
+DOS_DIRECTORY_ATTRIBUTE: Final = 0x10
+
 METHOD_STORED: Final = 0
 METHOD_DEFLATED: Final = 8
 
@@ -146,15 +157,14 @@ _U64 = struct.Struct("<Q")
 Buffer = bytes | bytearray | memoryview
 
 
-def _unpack(layout: struct.Struct, data: Buffer, pos: int, base: int, what: str) -> tuple[int, ...]:
-    """Unpack ``layout`` at ``pos``, checking length and signature; ``base`` locates ``data``."""
+def _unpack(layout: struct.Struct, data: Buffer, pos: int, base: int, what: str) -> tuple[Any, ...]:
+    """Unpack ``layout`` at ``pos`` of ``data``; ``base`` is the file offset of ``data``."""
     if pos < 0 or pos + layout.size > len(data):
         raise ArchiveError(
             f"truncated {what}: needs {layout.size} bytes, {max(0, len(data) - pos)} present",
             offset=base + pos,
         )
-    values = layout.unpack_from(data, pos)
-    return values
+    return layout.unpack_from(data, pos)
 
 
 def _check_signature(found: object, expected: bytes, what: str, offset: int) -> None:
@@ -258,11 +268,12 @@ class LocalFileHeader:
         ArchiveError
             Truncated header or wrong signature.
         """
-        sig, *fixed, nlen, elen = _unpack(LOCAL_FILE_HEADER_STRUCT, data, pos, base, "local file header")
+        values = _unpack(LOCAL_FILE_HEADER_STRUCT, data, pos, base, "local file header")
+        (sig, needed, flags, method, mtime, mdate, crc, csize, usize, nlen, elen) = values
         _check_signature(sig, LOCAL_FILE_HEADER_SIGNATURE, "local file header", base + pos)
         name = _tail(data, pos + cls.SIZE, nlen, base, "local file name")
         extra = _tail(data, pos + cls.SIZE + nlen, elen, base, "local extra field")
-        return cls(*fixed, name=name, extra=extra)
+        return cls(needed, flags, method, mtime, mdate, crc, csize, usize, name, extra)
 
     def to_bytes(self) -> bytes:
         """Serialize header, name and extra field."""
@@ -378,10 +389,11 @@ class EndOfCentralDirectory:
         ArchiveError
             Truncated record or comment, or wrong signature.
         """
-        sig, *fixed, clen = _unpack(EOCD_STRUCT, data, pos, base, "end of central directory")
+        values = _unpack(EOCD_STRUCT, data, pos, base, "end of central directory")
+        sig, disk, cd_disk, on_disk, total, cd_size, cd_offset, clen = values
         _check_signature(sig, EOCD_SIGNATURE, "end of central directory", base + pos)
         comment = _tail(data, pos + cls.SIZE, clen, base, "archive comment")
-        return cls(*fixed, comment=comment)
+        return cls(disk, cd_disk, on_disk, total, cd_size, cd_offset, comment)
 
     @property
     def uses_zip64(self) -> bool:
@@ -532,19 +544,23 @@ def needs_zip64(header_offset: int, size: int) -> bool:
     return size >= U32_MAX or header_offset >= U32_MAX
 
 
-def zip64_extra(header_offset: int, size: int) -> bytes:
-    """The ZIP64 extra torch writes (local and central alike); empty when not needed.
+def zip64_extra(header_offset: int, size: int, *, local: bool = False) -> bytes:
+    """The ZIP64 extra torch writes for a member; empty when it needs none.
+
+    ``local`` selects the local header's version, whose compressed size is 0.
 
     Examples
     --------
     >>> zip64_extra(0, 10)
     b''
     >>> zip64_extra(2**32, 10).hex()
-    '0100080000000000010000000000'
+    '010008000000000001000000'
+    >>> zip64_extra(0, 2**32, local=True).hex()
+    '0100100000000000010000000000000000000000'
     """
     values = []
     if size >= U32_MAX:
-        values += [size, size]
+        values += [size, 0 if local else size]
     if header_offset >= U32_MAX:
         values.append(header_offset)
     if not values:
@@ -578,7 +594,7 @@ def storage_data_offset(header_offset: int, name_length: int, size: int, alignme
     64
     """
     start = header_offset + LocalFileHeader.SIZE + name_length + EXTRA_HEADER_STRUCT.size
-    start += len(zip64_extra(header_offset, size))
+    start += len(zip64_extra(header_offset, size, local=True))
     return start + (-start) % alignment
 
 

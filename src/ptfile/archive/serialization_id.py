@@ -70,6 +70,7 @@ _FAST_BUCKETS: Final = (2, 2, 2, 3, 5, 5, 7, 7, 11, 11, 11, 11, 13, 13)
 #: libstdc++ ``std::__detail::__prime_list`` for 64-bit ``unsigned long``: 304
 #: primes (the library repeats the last one as a sentinel).  Not every prime:
 #: each is roughly 8% above the previous one.
+# fmt: off
 _PRIME_LIST: Final = (
     2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83,
     89, 97, 103, 109, 113, 127, 137, 139, 149, 157, 167, 179, 193, 199, 211, 227, 241, 257,
@@ -106,6 +107,7 @@ _PRIME_LIST: Final = (
     1152921504606846883, 2305843009213693951, 4611686018427387847, 9223372036854775783,
     18446744073709551557,
 )
+# fmt: on
 #: Initial bucket count asked for by the first insertion (``_M_need_rehash``).
 _FIRST_BUCKETS: Final = 11
 
@@ -198,7 +200,9 @@ def rehash_points(n: int) -> list[tuple[int, int]]:
     return points
 
 
-def _walk(nodes: npt.NDArray[np.intp], codes: npt.NDArray[np.uint64], buckets: int) -> npt.NDArray[np.intp]:
+def _walk(
+    nodes: npt.NDArray[np.intp], codes: npt.NDArray[np.uint64], buckets: int
+) -> npt.NDArray[np.intp]:
     """List order after inserting ``nodes`` in turn into ``buckets`` empty buckets.
 
     Each node goes to the front of its bucket's run, or to the front of the
@@ -234,8 +238,8 @@ def unordered_set_order(codes: npt.ArrayLike) -> npt.NDArray[np.intp]:
     values = np.asarray(codes, dtype=np.uint64).reshape(-1)
     order = np.empty(0, dtype=np.intp)
     points = rehash_points(len(values))
-    ends = [count for count, _ in points[1:]] + [len(values)]
-    for (start, buckets), end in zip(points, ends):
+    ends = [count for count, _ in points[1:]] + [len(values)] if points else []
+    for (start, buckets), end in zip(points, ends, strict=True):
         # Keys inserted between two rehashes follow the same rule as the walk.
         nodes = np.concatenate([order, np.arange(start, end, dtype=np.intp)])
         order = _walk(nodes, values, buckets)
@@ -248,18 +252,20 @@ def hash_names(names: Sequence[bytes]) -> npt.NDArray[np.uint64]:
     out = np.empty(len(names), dtype=np.uint64)
     for length in np.unique(lengths).tolist():
         rows = np.flatnonzero(lengths == length)
-        out[rows] = _hash_rows(b"".join([names[i] for i in rows.tolist()]), length)
+        out[rows] = _hash_rows(b"".join([names[i] for i in rows.tolist()]), len(rows), length)
     return out
 
 
-def _hash_rows(joined: bytes, length: int) -> npt.NDArray[np.uint64]:
+def _hash_rows(joined: bytes, count: int, length: int) -> npt.NDArray[np.uint64]:
     """``_Hash_bytes`` of each ``length``-byte row of ``joined`` (uint64 wraps mod 2**64)."""
     mul, shift = np.uint64(_MUL), np.uint64(47)
-    rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, length)
+    rows = np.frombuffer(joined, dtype=np.uint8).reshape(count, length)
     padded = np.zeros((len(rows), -(-length // 8) * 8), dtype=np.uint8)
     padded[:, :length] = rows
-    words = padded.view("<u8")
-    h = np.full(len(rows), HASH_SEED ^ ((length * _MUL) & _MASK64), dtype=np.uint64)
+    words: npt.NDArray[np.uint64] = padded.view("<u8")
+    h: npt.NDArray[np.uint64] = np.full(
+        len(rows), HASH_SEED ^ ((length * _MUL) & _MASK64), dtype=np.uint64
+    )
     for j in range(length // 8):
         w = words[:, j] * mul
         h ^= (w ^ (w >> shift)) * mul
@@ -267,8 +273,10 @@ def _hash_rows(joined: bytes, length: int) -> npt.NDArray[np.uint64]:
     if length % 8:
         h ^= words[:, -1]  # the 1-7 tail bytes as a little-endian integer
         h *= mul
-    h = (h ^ (h >> shift)) * mul
-    return h ^ (h >> shift)
+    h ^= h >> shift
+    h *= mul
+    h ^= h >> shift
+    return h
 
 
 def name_hash(names: Sequence[str]) -> int:
@@ -287,7 +295,7 @@ def name_hash(names: Sequence[str]) -> int:
     codes = hash_names([name.encode("utf-8") for name in names])
     value = 0
     for code in codes[unordered_set_order(codes)].tolist():
-        value = hash_combine(value, code)
+        value ^= (code + _GOLDEN + (value << 6) + (value >> 2)) & _MASK64  # hash_combine, inlined
     return value
 
 

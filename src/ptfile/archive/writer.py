@@ -4,7 +4,9 @@ The layout is specified in :mod:`ptfile.archive.records` ("Writers"); the
 ``.data/serialization_id`` record in :mod:`ptfile.archive.serialization_id`.
 The writer only ever appends: it works on pipes and sockets, counts its own
 position, and passes payloads to ``write`` as they come (a payload is never
-joined with its header or buffered whole).
+joined with its header or buffered whole).  Like torch's writer it refuses
+data for names ending in ``/`` and ignores records the caller names
+``.data/serialization_id``; :meth:`ZipWriter.close` always writes its own.
 
 Per-record cost matters for checkpoints with 10^5-10^6 tensors, so the hot
 path packs the module-level ``struct.Struct`` layouts of
@@ -17,7 +19,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType, TracebackType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .records import (
     CENTRAL_DIRECTORY_SIGNATURE,
@@ -25,6 +27,8 @@ from .records import (
     DATA_DESCRIPTOR_SIGNATURE,
     DESCRIPTOR64_STRUCT,
     DESCRIPTOR_STRUCT,
+    DOS_DIRECTORY_ATTRIBUTE,
+    EXTRA_HEADER_STRUCT,
     FLAG_DATA_DESCRIPTOR,
     FLAG_UTF8,
     LOCAL_FILE_HEADER_SIGNATURE,
@@ -35,15 +39,16 @@ from .records import (
     EndOfCentralDirectory,
     Zip64EndOfCentralDirectory,
     Zip64Locator,
-    needs_zip64,
     padding_extra,
     zip64_extra,
 )
-from .serialization_id import SERIALIZATION_ID_NAME, fold_write, serialization_id
+from .serialization_id import SERIALIZATION_ID_NAME, fold_write, hash_combine, serialization_id
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer, Self
 
 __all__ = ["MAX_ALIGNMENT", "ZipWriter"]
 
-Buffer = bytes | bytearray | memoryview
 
 #: The padding extra is at most ``alignment - 1`` bytes of fill plus its 4-byte
 #: header, next to a ZIP64 extra of up to 28 bytes; the extra length is a u16.
@@ -51,6 +56,12 @@ MAX_ALIGNMENT: Final = U16_MAX - 4 - 28 + 1
 #: Zero-filled payloads (``skip_data``) are written in slices of this size.
 ZERO_CHUNK_BYTES: Final = 1 << 20
 _ZEROS: Final = bytes(ZERO_CHUNK_BYTES)
+_LOCAL_SIZE: Final = LOCAL_FILE_HEADER_STRUCT.size
+_EXTRA_HEADER_SIZE: Final = EXTRA_HEADER_STRUCT.size
+#: Flags of a non-empty record: data descriptor follows, UTF-8 name.
+_FLAGS: Final = FLAG_DATA_DESCRIPTOR | FLAG_UTF8
+_CLOSED: Final = "closed"
+_HALF_WRITTEN: Final = "broken: a record was left half-written (a write or a chunk failed)"
 
 
 def _as_bytes_view(data: Buffer) -> memoryview:
@@ -66,7 +77,9 @@ class ZipWriter:
     ----------
     write : callable
         Called with each piece of output in order (``bytes`` or ``memoryview``);
-        its return value is ignored.  ``file.write`` or ``BytesIO.write`` will do.
+        it must take all of it (as buffered files do); its return value is
+        ignored.  ``file.write`` or ``BytesIO.write`` will do.  If it raises,
+        the archive is incomplete and the writer refuses further records.
     prefix : str
         The archive folder; every member is stored as ``prefix/name``.
     alignment : int
@@ -88,7 +101,7 @@ class ZipWriter:
     >>> with ZipWriter(out.write, "archive") as writer:
     ...     writer.write_record("version", b"3\\n")
     >>> writer.record_offsets["version"], len(out.getvalue())
-    (64, 370)
+    (64, 483)
     """
 
     def __init__(
@@ -111,8 +124,8 @@ class ZipWriter:
         self._offsets: dict[str, int] = {}
         self._central: list[bytes] = []
         self._crc_fold = 0  # the CRC half of the serialization id
-        self._closed = False
-        self._broken: str | None = None
+        self._paddings: dict[int, bytes] = {}
+        self._unusable: str | None = None  # why no more records may be written
 
     @property
     def position(self) -> int:
@@ -129,49 +142,62 @@ class ZipWriter:
         self._write(data)
         self._position += len(data)
 
+    def _padding(self, pad: int) -> bytes:
+        extra = self._paddings.get(pad)
+        if extra is None:
+            extra = self._paddings[pad] = padding_extra(pad)
+        return extra
+
+    def _ignored(self, name: str) -> bool:
+        """True for a caller's ``.data/serialization_id``: like torch, the writer makes its own."""
+        return name == SERIALIZATION_ID_NAME and self._unusable is None
+
     def _begin(self, name: str, size: int) -> tuple[bytes, int]:
         """Write the local header of ``name``; return the full name and the header offset."""
-        if self._closed:
-            raise ValueError("ZipWriter is closed")
-        if self._broken is not None:
-            raise ValueError(f"ZipWriter is unusable: {self._broken}")
-        if name in self._offsets:
-            raise ValueError(f"duplicate record name {name!r}")
-        if size < 0:
-            raise ValueError(f"record size must be >= 0, got {size}")
+        if self._unusable is not None:
+            raise ValueError(f"ZipWriter is {self._unusable}")
+        if name in self._offsets or size < 0:
+            raise ValueError(f"duplicate record name {name!r}" if size >= 0 else f"size {size} < 0")
         full = self._prefix + name.encode("utf-8")
         if len(full) > U16_MAX:
             raise ValueError(f"record name is {len(full)} bytes long; at most {U16_MAX} fit")
+        if size and full.endswith(b"/"):
+            raise ValueError(f"record {name!r} ends in '/' (a directory) and cannot hold data")
         offset = self._position
-        zip64 = zip64_extra(offset, size)
-        start = offset + LOCAL_FILE_HEADER_STRUCT.size + len(full) + len(zip64) + 4
-        pad = -start % self._alignment
-        flags = FLAG_UTF8 | FLAG_DATA_DESCRIPTOR if size else FLAG_UTF8
-        extra_length = len(zip64) + 4 + pad
-        header = LOCAL_FILE_HEADER_STRUCT.pack(
-            LOCAL_FILE_HEADER_SIGNATURE, 0, flags, METHOD_STORED, 0, 0, 0, 0, 0, len(full), extra_length
+        self._unusable = _HALF_WRITTEN  # until _finish: an exception in between breaks the archive
+        zip64 = (
+            zip64_extra(offset, size, local=True) if offset >= U32_MAX or size >= U32_MAX else b""
         )
-        self._emit(b"".join((header, full, zip64, padding_extra(pad))))
-        self._crc_fold = fold_write(self._crc_fold, full)  # miniz writes the name on its own
+        start = offset + _LOCAL_SIZE + len(full) + len(zip64) + _EXTRA_HEADER_SIZE
+        pad = -start % self._alignment
+        header = LOCAL_FILE_HEADER_STRUCT.pack(
+            LOCAL_FILE_HEADER_SIGNATURE, 0, _FLAGS if size else FLAG_UTF8, METHOD_STORED,
+            0, 0, 0, 0, 0, len(full), len(zip64) + _EXTRA_HEADER_SIZE + pad,
+        )  # fmt: skip
+        self._write(header + full + zip64 + self._padding(pad))
+        self._position = start + pad
+        if full.startswith(DATA_DESCRIPTOR_SIGNATURE):  # miniz writes the name on its own
+            self._crc_fold = fold_write(self._crc_fold, full)
         self._offsets[name] = start + pad
         return full, offset
 
     def _finish(self, full: bytes, offset: int, size: int, crc: int) -> None:
         """Write the data descriptor and remember the central directory header."""
-        zip64 = needs_zip64(offset, size)
+        zip64 = offset >= U32_MAX or size >= U32_MAX
         if size:
             layout = DESCRIPTOR64_STRUCT if zip64 else DESCRIPTOR_STRUCT
-            descriptor = layout.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size)
-            self._emit(descriptor)
-            self._crc_fold = fold_write(self._crc_fold, descriptor)
-        flags = FLAG_UTF8 | FLAG_DATA_DESCRIPTOR if size else FLAG_UTF8
+            self._write(layout.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size))
+            self._position += layout.size
+            self._crc_fold = hash_combine(self._crc_fold, crc)  # what fold_write sees in it
         extra = zip64_extra(offset, size) if zip64 else b""
         capped = min(size, U32_MAX)
         header = CENTRAL_DIRECTORY_STRUCT.pack(
-            CENTRAL_DIRECTORY_SIGNATURE, 0, 0, flags, METHOD_STORED, 0, 0, crc, capped, capped,
-            len(full), len(extra), 0, 0, 0, 0, min(offset, U32_MAX),
+            CENTRAL_DIRECTORY_SIGNATURE, 0, 0, _FLAGS if size else FLAG_UTF8, METHOD_STORED,
+            0, 0, crc, capped, capped, len(full), len(extra), 0, 0, 0,
+            DOS_DIRECTORY_ATTRIBUTE if full.endswith(b"/") else 0, min(offset, U32_MAX),
         )  # fmt: skip
         self._central.append(header + full + extra)
+        self._unusable = None
 
     def write_record(self, name: str, data: Buffer) -> None:
         """Write one record whose bytes are all at hand.
@@ -183,18 +209,28 @@ class ZipWriter:
         data : bytes-like
             The payload (any C-contiguous buffer); passed to ``write`` as is.
 
+        A record named ``.data/serialization_id`` is ignored, as torch ignores
+        it (copied archives must not keep another archive's id): :meth:`close`
+        writes the id of this one.
+
         Raises
         ------
         ValueError
-            Duplicate name, name too long, or the writer is closed.
+            Duplicate name, name too long, a name ending in ``/`` with data, or
+            the writer is closed.
         """
+        if not self._ignored(name):
+            self._write_whole(name, data)
+
+    def _write_whole(self, name: str, data: Buffer) -> None:
         view = _as_bytes_view(data)
         size = view.nbytes
         full, offset = self._begin(name, size)
         crc = zlib.crc32(view) if self._crc32 else 0
         if size:
             self._emit(view)
-            self._crc_fold = fold_write(self._crc_fold, view[:8])
+            if size >= 8 and bytes(view[:4]) == DATA_DESCRIPTOR_SIGNATURE:  # quirk, see module doc
+                self._crc_fold = fold_write(self._crc_fold, view[:8])
         self._finish(full, offset, size, crc)
 
     def write_record_chunks(self, name: str, size: int, chunks: Iterable[Buffer]) -> None:
@@ -210,22 +246,24 @@ class ZipWriter:
             then unusable and :meth:`close` refuses to finish it), or as
             :meth:`write_record`.
         """
+        if self._ignored(name):
+            return
         full, offset = self._begin(name, size)
         crc, total, head = 0, 0, bytearray()
         for chunk in chunks:
             view = _as_bytes_view(chunk)
             total += view.nbytes
             if total > size:
-                self._broken = f"record {name!r} got more than its declared {size} bytes"
-                raise ValueError(self._broken)
+                self._unusable = f"broken: record {name!r} got more than its {size} bytes"
+                raise ValueError(self._unusable)
             if self._crc32:
                 crc = zlib.crc32(view, crc)
             if len(head) < 8:
                 head += view[: 8 - len(head)]
             self._emit(view)
         if total != size:
-            self._broken = f"record {name!r} got {total} of its declared {size} bytes"
-            raise ValueError(self._broken)
+            self._unusable = f"broken: record {name!r} got {total} of its {size} bytes"
+            raise ValueError(self._unusable)
         self._crc_fold = fold_write(self._crc_fold, head)
         self._finish(full, offset, size, crc)
 
@@ -237,13 +275,15 @@ class ZipWriter:
         ValueError
             As :meth:`write_record`.
         """
+        if self._ignored(name):
+            return
         full, offset = self._begin(name, size)
         for start in range(0, size, ZERO_CHUNK_BYTES):
             self._emit(memoryview(_ZEROS)[: min(ZERO_CHUNK_BYTES, size - start)])
         self._finish(full, offset, size, 0)  # torch passes no buffer: nothing to sniff
 
     def close(self) -> None:
-        """Write ``.data/serialization_id`` (unless written already) and the end records.
+        """Write ``.data/serialization_id`` and the end records.
 
         Closing twice does nothing.
 
@@ -252,14 +292,13 @@ class ZipWriter:
         ValueError
             A streamed record was cut short or overlong.
         """
-        if self._closed:
+        if self._unusable == _CLOSED:
             return
-        if self._broken is not None:
-            raise ValueError(f"ZipWriter is unusable: {self._broken}")
-        if SERIALIZATION_ID_NAME not in self._offsets:
-            ident = serialization_id(list(self._offsets), self._crc_fold)
-            self.write_record(SERIALIZATION_ID_NAME, ident.encode("ascii"))
-        self._closed = True
+        if self._unusable is not None:
+            raise ValueError(f"ZipWriter is {self._unusable}")
+        ident = serialization_id(list(self._offsets), self._crc_fold)
+        self._write_whole(SERIALIZATION_ID_NAME, ident.encode("ascii"))
+        self._unusable = _CLOSED
         self._write_end()
 
     def _write_end(self) -> None:
@@ -283,7 +322,7 @@ class ZipWriter:
         self._emit(eocd64.to_bytes() + locator.to_bytes() + eocd.to_bytes())
         self._central.clear()
 
-    def __enter__(self) -> ZipWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

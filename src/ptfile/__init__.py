@@ -9,7 +9,7 @@ np.float32(6.0)
 
 from __future__ import annotations
 
-from .api import load, save
+from .api import detect_format, load, load_torchscript, save
 from .config import (
     MAP_PRIVATE,
     MAP_SHARED,
@@ -71,10 +71,12 @@ __all__ = [
     "UnsafeGlobalError",
     "UnsupportedFeatureError",
     "__version__",
+    "detect_format",
     "get_crc32_options",
     "get_default_load_endianness",
     "get_default_mmap_options",
     "load",
+    "load_torchscript",
     "register_package",
     "save",
     "set_crc32_options",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
@@ -11,12 +12,15 @@ from typing import IO, Any, Final
 from . import config
 from ._io import FileLike, Source, is_path, open_source
 from .errors import FormatError, PtfileError, SaveError, UnknownFormatError, UnsupportedFeatureError
-from .formats import Format, detect
+from .formats import Format, detect, detect_source
+from .formats.legacy_pickle import read_legacy, write_legacy
+from .formats.legacy_tar import read_tar
+from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import read_zip, write_zip
 from .limits import DEFAULT_LIMITS, Limits
 from .location import MapLocation
 
-__all__ = ["load", "save"]
+__all__ = ["detect_format", "load", "load_torchscript", "save"]
 
 #: Exceptions that can only mean damaged input once they escape a reader.
 _DAMAGE: Final = (
@@ -43,6 +47,8 @@ _READERS: Final[dict[Format, Callable[..., Any]]] = {
     Format.ZIP: read_zip,
 }
 
+    Format.LEGACY: read_legacy,
+    Format.TAR: read_tar,
 
 def _read(source: Source, **kwargs: Any) -> Any:
     head = source.pread(0, min(source.size, 512), "file signature")
@@ -201,6 +207,7 @@ def save(
 
     Parameters
     ----------
+    byteorder: str | None = None,
     obj
         The object to save.
     f
@@ -208,7 +215,9 @@ def save(
     pickle_protocol
         torch's default 2.
     _use_new_zipfile_serialization, _disable_byteorder_record
-        torch's keywords (the legacy format is not written yet).
+        torch's keywords.  ``_use_new_zipfile_serialization=False`` writes the
+        legacy (pre-1.6) stream format, which torch reads back (storages are
+        little-endian there, as torch writes them).
     archive_name
         Folder name inside the archive; default torch's rule (the file's stem,
         or ``archive`` for file objects).
@@ -223,25 +232,138 @@ def save(
     >>> import io, numpy as np, ptfile
     >>> buf = io.BytesIO()
     >>> ptfile.save({"w": np.arange(3, dtype="int64")}, buf)
+    byteorder
+        ``"little"`` or ``"big"``: the byte order of the storages and of the
+        ``byteorder`` record (ZIP only); default the host's, as torch does.
     >>> buf.getvalue()[:4]
     b'PK\\x03\\x04'
     """
     if pickle_module is not None:
         raise TypeError("ptfile.save does not take a pickle_module")
-    if not _use_new_zipfile_serialization:
-        raise UnsupportedFeatureError("writing the legacy (pre-1.6) format is not supported yet")
-    settings = config.current()
-    if _disable_byteorder_record:
-        settings = config.Settings(**{**_fields(settings), "byteorder_record": False})
-    prefix = archive_name or archive_prefix(f)
-    write: Callable[[Any], Any]
+    if byteorder not in (None, "little", "big"):
+        raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
+    emit: Callable[[Callable[[Any], Any]], None]
+    if _use_new_zipfile_serialization:
+        settings = config.current()
+        if _disable_byteorder_record:
+            settings = config.Settings(**{**_fields(settings), "byteorder_record": False})
+        prefix = archive_name or archive_prefix(f)
+        order = byteorder or sys.byteorder
+
+        def emit(write: Callable[[Any], Any]) -> None:
+            write_zip(obj, write, prefix, settings, pickle_protocol=pickle_protocol,
+                      byteorder=order)
+    else:
+        if byteorder == "big":
+            raise ValueError("the legacy format stores storages little-endian only")
+
+        def emit(write: Callable[[Any], Any]) -> None:
+            write_legacy(obj, write, pickle_protocol=pickle_protocol)
     if is_path(f):
         with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
-            write_zip(obj, fp.write, prefix, settings, pickle_protocol=pickle_protocol)
+            emit(fp.write)
         return
-    write = f.write  # type: ignore[union-attr]
-    write_zip(obj, write, prefix, settings, pickle_protocol=pickle_protocol)
+    emit(f.write)  # type: ignore[union-attr]
 
 
 def _fields(settings: config.Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in settings.__slots__}
+
+
+def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
+    """The checkpoint format of ``f``, from its bytes (never from its name).
+
+    Parameters
+    ----------
+    f
+        A path, bytes, or a binary file object (read from its current position).
+    limits
+        Ceilings for untrusted input.
+
+    Returns
+    -------
+    Format
+        ``ZIP`` (torch.save ≥ 1.6), ``TORCHSCRIPT`` (torch.jit.save), ``PT2``
+        (torch.export.save), ``LEGACY`` (pre-1.6 pickle stream), ``TAR``
+        (pre-0.4), or ``UNKNOWN``.
+
+    Raises
+    ------
+    FormatError
+        A ZIP whose central directory cannot be read.
+
+    Examples
+    --------
+    >>> import io, numpy as np, ptfile
+    >>> buf = io.BytesIO(); ptfile.save([np.zeros(2)], buf, _use_new_zipfile_serialization=False)
+    >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
+    <Format.LEGACY: 'legacy'>
+    """
+    source = open_source(f, lazy=True)
+    try:
+        return detect_source(source, limits or DEFAULT_LIMITS)
+    except PtfileError:
+        raise
+    except _DAMAGE as exc:
+        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
+    finally:
+        source.close()
+
+
+def load_torchscript(
+    f: FileLike,
+    map_location: MapLocation = None,
+    *,
+    mmap: bool | str | None = None,
+    limits: Limits | None = None,
+    skip_data: bool = False,
+) -> TorchScriptArchive:
+    """Read a ``torch.jit.save`` archive as data, without running any TorchScript.
+
+    :func:`load` of a TorchScript archive returns just its state dict; this
+    returns everything: the module tree (``__torch__.*`` objects as inert
+    :class:`~ptfile.formats.torchscript.ScriptObject` records with their
+    attributes), the tensor constants of ``constants.pkl``, the ``code/``
+    sources as text and the ``extra/`` files as bytes.
+
+    Parameters
+    ----------
+    f, map_location, mmap, limits, skip_data
+        As for :func:`load`.
+
+    Returns
+    -------
+    TorchScriptArchive
+        ``.module``, ``.constants``, ``.code``, ``.extra``, ``.version``,
+        ``.byteorder``, and ``.state_dict()`` (what :func:`load` returns).
+
+    Raises
+    ------
+    FormatError
+        ``f`` is not a TorchScript archive, or it is damaged.
+    UnsafeGlobalError
+        The pickles name a global that is neither TorchScript's nor allowlisted.
+    LimitExceededError, UnsupportedFeatureError
+
+    Examples
+    --------
+    >>> import ptfile
+    >>> ptfile.load_torchscript("model.pt").module.training  # doctest: +SKIP
+    True
+    """
+    access = _mmap_access(mmap)
+    limits = limits or DEFAULT_LIMITS
+    source = open_source(f, mmap=access is not None and is_path(f), access=access or "private")
+    try:
+        found = detect_source(source, limits)
+        if found is not Format.TORCHSCRIPT:
+            raise FormatError(f"not a TorchScript archive: ptfile found the {found.value} "
+                              "format (use ptfile.load)")
+        return read_torchscript(source, map_location=map_location, limits=limits,
+                                settings=config.current(), skip_data=skip_data)
+    except PtfileError:
+        raise
+    except _DAMAGE as exc:
+        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
+    finally:
+        source.close()

@@ -4,9 +4,13 @@
 format               leading bytes                                        reader
 ===================  ==================================================  ==============
 ``zip``              ``PK\\x03\\x04`` (torch ≥ 1.6, TorchScript, .pt2)     :mod:`.zipped`
-``legacy``           pickle of the magic number ``0x1950A86A20F9469CFC6C``  (issue: formats)
-``tar``              a POSIX tar header (``ustar`` at offset 257)          (issue: formats)
+``legacy``           pickle of the magic number ``0x1950A86A20F9469CFC6C``  :mod:`.legacy_pickle`
+``tar``              a POSIX tar header (``ustar`` at offset 257)          :mod:`.legacy_tar`
 ===================  ==================================================  ==============
+
+A ZIP is refined by its records (:func:`detect_source`): a ``constants.pkl``
+makes it ``torchscript`` (:mod:`.torchscript`), an ``archive_format`` record
+``pt2`` (``torch.export.save``, refused with a message naming the format).
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-__all__ = ["Format", "detect"]
+from .._io import Source
+from ..archive import ZipReader
+from ..limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["Format", "detect", "detect_source"]
 
 
 class Format(enum.Enum):
@@ -31,9 +39,15 @@ class Format(enum.Enum):
 #: The pickled magic number opening every legacy stream (protocol 2 LONG1 form).
 LEGACY_MAGIC_PICKLE: Final = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
 
+#: The magic number as LONG1 bytes (protocols 2-5, after PROTO and any FRAME).
+_MAGIC_LONG1: Final = LEGACY_MAGIC_PICKLE[2:-1]
+#: The magic number as protocol 0/1 text (``LONG`` opcode).
+_MAGIC_TEXT: Final = b"L119547037146038801333356L\n"
+
 _SNIFFERS: Final = (
     (Format.ZIP, lambda head: head[:4] == b"PK\x03\x04"),
-    (Format.LEGACY, lambda head: head[:2] in (b"\x80\x02", b"\x80\x01") and b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19" in head[:20]),
+    (Format.LEGACY, lambda head: (head[:1] == b"\x80" and _MAGIC_LONG1 in head[:32])
+        or head.startswith(_MAGIC_TEXT)),
     (Format.TAR, lambda head: len(head) >= 262 and head[257:262] == b"ustar"),
 )
 
@@ -44,3 +58,23 @@ def detect(head: bytes) -> Format:
         if sniff(head):
             return fmt
     return Format.UNKNOWN
+
+
+def detect_source(source: Source, limits: Limits = DEFAULT_LIMITS) -> Format:
+    """The format of ``source``: :func:`detect`, with ZIPs refined by their records.
+
+    Raises
+    ------
+    FormatError
+        A ZIP's central directory is damaged (its records cannot be listed).
+    """
+    fmt = detect(source.pread(0, min(source.size, 512), "file signature"))
+    if fmt is not Format.ZIP:
+        return fmt
+    reader = ZipReader(source, limits=limits)
+    prefix = reader.prefix
+    if reader.get(f"{prefix}/archive_format") is not None:
+        return Format.PT2
+    if reader.get(f"{prefix}/constants.pkl") is not None:
+        return Format.TORCHSCRIPT
+    return fmt

@@ -56,6 +56,10 @@ __all__ = ["ZipInfo", "read_zip", "write_zip"]
 
 MAX_READ_VERSION: Final = 10
 BLOCKED_MODULES: Final = frozenset({"sys", "os", "posix", "nt"})
+PT2_MESSAGE: Final = (
+    "this is a torch.export .pt2 archive (torch.export.save: an exported program with a "
+    "graph, not a torch.save checkpoint); ptfile does not read .pt2 archives, load it with "
+    "torch.export.load")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +204,15 @@ def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, setti
              encoding: str = "ASCII") -> Any:
     """Unpickle a torch ZIP checkpoint from ``source``; storages are views of the source."""
     reader = ZipReader(source, limits=limits)
+    if reader.get(f"{reader.prefix}/archive_format") is not None:
+        raise UnsupportedFeatureError(PT2_MESSAGE)
     info = read_info(reader, settings)
     if info.is_torchscript:
-        raise UnsupportedFeatureError("TorchScript archives are not supported yet by ptfile.load")
+        from .torchscript import read_torchscript  # torchscript builds on this module
+
+        return read_torchscript(source, reader=reader, info=info, map_location=map_location,
+                                limits=limits, find_class=find_class, skip_data=skip_data,
+                                encoding=encoding).state_dict()
     data_name = f"{info.prefix}/data.pkl"
     if reader.get(data_name) is None:
         raise FormatError("the archive has no data.pkl record", member=data_name)
@@ -316,8 +326,10 @@ class _Reducer:
             key = str(len(self._keys))
             self._keys[id(obj)] = key
             self.storages.append(obj)
-        storage_type = _UNTYPED if obj.untyped else global_("torch", obj.dtype.storage or "")
         location = _CPU if obj.location == _CPU else _location(obj.location)
+        if obj.untyped or obj.dtype.is_v3:  # v3 dtypes (e.g. from TorchScript) save untyped
+            return (_STORAGE_LITERAL, _UNTYPED, key, location, obj.nbytes)
+        storage_type = global_("torch", obj.dtype.storage or "")
         return (_STORAGE_LITERAL, storage_type, key, location, obj.numel())
 
     def reduce(self, obj: object) -> Reduce | PersistentId | Global | None:
@@ -326,9 +338,14 @@ class _Reducer:
             return None
         return handler(self, obj)
 
+    def swap_dtype(self, storage: Storage) -> DType:
+        """The dtype whose unit byte-swaps ``storage``: an untyped one takes its tensors'."""
+        return self._dtypes.get(id(storage), storage.dtype)
+
     def tensor_args(self, t: Tensor) -> tuple[Global, tuple[Any, ...]]:
         if t.storage is None:
             return _META, (t.dtype, t._shape, t._stride, t.requires_grad)
+        self._dtypes.setdefault(id(t.storage), t.dtype)
         base = (t.storage, t._offset, t._shape, t._stride, t.requires_grad, t.backward_hooks)
         if t.dtype.is_v3:
             base = (*base, t.dtype)
@@ -392,19 +409,29 @@ _REDUCERS: Final[dict[type, Callable[[_Reducer, Any], Any]]] = {
 }
 
 
-def _native_bytes(storage: Storage, dtype_of: DType) -> memoryview:
+def _ordered_bytes(storage: Storage, dtype_of: DType, byteorder: str) -> memoryview:
+    """The storage's bytes in ``byteorder``: as they are, or swapped per ``dtype_of.swap``."""
     data = storage.data
     if data is None:
         raise SaveError(f"{storage!r} has no data (loaded with skip_data)")
-    if storage.byteorder == sys.byteorder or dtype_of.swap == 1:
+    if storage.byteorder == byteorder or dtype_of.swap == 1:
         return data
+    if data.nbytes % dtype_of.swap:
+        raise SaveError(f"{storage!r}: {data.nbytes} bytes is not a whole number of "
+                        f"{dtype_of.swap}-byte units to byte-swap")
     swapped = np.frombuffer(data, f"u{dtype_of.swap}").byteswap()
     return memoryview(swapped.view(np.uint8))
 
 
 def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: Settings, *,
-              pickle_protocol: int = 2) -> None:
-    """Write ``obj`` as torch.save would, through ``write`` (storages streamed, not joined)."""
+              pickle_protocol: int = 2, byteorder: str = sys.byteorder) -> None:
+    """Write ``obj`` as torch.save would, through ``write`` (storages streamed, not joined).
+
+    ``byteorder`` (``"little"``/``"big"``) is the order of the storage bytes and
+    of the ``byteorder`` record; the host's by default, as torch writes.
+    """
+    if byteorder not in ("little", "big"):
+        raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
     reducer = _Reducer()
     pickler = Pickler(pickle_protocol, reducer=reducer.reduce, persistent_id=reducer.persistent_id)
     data = pickler.dump(obj)
@@ -413,10 +440,11 @@ def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: S
     writer.write_record(".format_version", b"1")
     writer.write_record(".storage_alignment", str(settings.storage_alignment).encode())
     if settings.byteorder_record:
-        writer.write_record("byteorder", sys.byteorder.encode())
+        writer.write_record("byteorder", byteorder.encode())
     for key, storage in enumerate(reducer.storages):
-        writer.write_record(f"data/{key}", _native_bytes(storage, storage.dtype))
+        writer.write_record(f"data/{key}", _ordered_bytes(storage, reducer.swap_dtype(storage),
+                                                          byteorder))
     writer.write_record("version", b"3\n")
     if not settings.byteorder_record:
-        writer.write_record("byteorder", sys.byteorder.encode())
+        writer.write_record("byteorder", byteorder.encode())
     writer.close()

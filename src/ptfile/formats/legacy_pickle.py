@@ -1,0 +1,299 @@
+"""The legacy pickle stream of ``torch.save(..., _use_new_zipfile_serialization=False)``.
+
+Every checkpoint written before torch 1.6 (and after, with the keyword) is a
+concatenation of five pickles followed by raw storages (``pt-format.md`` §8):
+
+1. the magic number ``0x1950A86A20F9469CFC6C`` (an int);
+2. the protocol version ``1001``;
+3. ``sys_info``: ``{'protocol_version': 1001, 'little_endian': bool,
+   'type_sizes': {'short': 2, 'int': 4, 'long': 4}}``;
+4. the object.  Storages are persistent ids
+   ``('storage', StorageType, root_key, location, numel, view_metadata)`` where
+   ``numel`` counts elements of the *root* storage and ``view_metadata`` is
+   ``None`` or ``(view_key, offset, size)`` in elements (old torch pickled
+   storage views that way; modern torch always writes ``None``).  Keys are
+   arbitrary strings (torch uses memory addresses).  ``('module', cls, file,
+   source)`` ids name ``nn.Module`` classes;
+5. the list of root storage keys, **sorted as strings**;
+
+then, for each key of that list in order, an ``int64`` little-endian element
+count followed by the storage's bytes.
+
+A reader MUST check the magic number and protocol version, MUST check each
+count against the element count the object pickle declared for that key (torch:
+``storage has wrong byte size``), MUST refuse keys the object never referenced
+and view metadata reaching outside its root storage.  The data is little-endian
+whatever ``sys_info`` says: torch's writer converts to little-endian on
+big-endian hosts and records the *host* in ``little_endian``, and its reader
+ignores ``sys_info`` (§5).  ptfile therefore checks ``sys_info``'s shape and the
+type sizes that change element sizes (``short`` 2, ``int`` 4) and reads the
+data as little-endian.  ``long`` is recorded as 4 by every torch (it never
+described ``LongStorage``, whose elements are 8 bytes) and is not checked.
+
+A writer MUST emit the five pickles with the same protocol and the storages in
+sorted key order.  ptfile uses the keys ``"0"``, ``"1"``… in first-encounter
+order (torch's are addresses), so its output is deterministic.  "v3" dtypes
+(uint16/32/64, float8…) are written as torch writes them, through
+``UntypedStorage`` with a byte count; torch 2.13 itself cannot read those back,
+ptfile can.
+
+Storages are views of the source (zero-copy for in-memory and mmapped input):
+the layout puts each storage's bytes in one contiguous run.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .. import dtypes
+from .._io import Source
+from ..config import Settings
+from ..errors import FormatError, StorageError, UnsupportedFeatureError
+from ..limits import Limits
+from ..location import MapLocation, restore_location
+from ..picklevm import unpickle
+from ..picklevm.pickler import Pickler
+from ..rebuild import StorageType
+from ..tensor import Storage
+from .zipped import _ordered_bytes, _Reducer, find_safe_class
+
+__all__ = ["LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION", "LegacyInfo", "read_legacy",
+           "write_legacy"]
+
+LEGACY_MAGIC: Final = 0x1950A86A20F9469CFC6C
+LEGACY_PROTOCOL_VERSION: Final = 1001
+#: Element sizes a ``sys_info`` may not contradict (they size Short/IntStorage).
+EXPECTED_TYPE_SIZES: Final = {"short": 2, "int": 4}
+#: torch writes ``long`` as 4 on every platform (see the module docstring).
+WRITTEN_TYPE_SIZES: Final = {"short": 2, "int": 4, "long": 4}
+_COUNT: Final = struct.Struct("<q")
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyInfo:
+    """What the header pickles of a legacy stream say."""
+
+    protocol_version: int
+    little_endian: bool
+    type_sizes: dict[str, int]
+    object_offset: int
+
+
+def _text(value: object, what: str) -> str:
+    """A key/tag as str: Python 2 pickles loaded with ``encoding='bytes'`` give bytes."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("ascii")
+        except UnicodeDecodeError:
+            raise FormatError(f"{what} {value!r:.60} is not ASCII") from None
+    if not isinstance(value, str):
+        raise FormatError(f"{what} must be a string, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def _plain(module: str, name: str) -> Any:
+    raise FormatError(f"the legacy header pickles hold only plain values, not {module}.{name}")
+
+
+def _check_sys_info(sys_info: object, offset: int) -> LegacyInfo:
+    if not isinstance(sys_info, dict) or not isinstance(sys_info.get("type_sizes"), dict):
+        raise FormatError(f"sys_info must be a dict with type_sizes, got {sys_info!r:.100}",
+                          offset=offset)
+    sizes = sys_info["type_sizes"]
+    for name, size in EXPECTED_TYPE_SIZES.items():
+        if sizes.get(name, size) != size:
+            raise UnsupportedFeatureError(f"sys_info says a C {name} has {sizes[name]!r} bytes; "
+                                          f"ptfile reads {size}-byte {name}s only")
+    little = sys_info.get("little_endian", True)
+    version = sys_info.get("protocol_version", LEGACY_PROTOCOL_VERSION)
+    if type(little) is not bool or type(version) is not int:
+        raise FormatError(f"malformed sys_info {sys_info!r:.100}", offset=offset)
+    return LegacyInfo(version, little, dict(sizes), 0)
+
+
+def read_header(data: memoryview, limits: Limits) -> LegacyInfo:
+    """Check the magic number, protocol version and ``sys_info``; locate the object pickle.
+
+    Raises
+    ------
+    FormatError
+        The magic number or protocol version is wrong, or ``sys_info`` is malformed.
+    """
+    magic, pos = unpickle(data, find_class=_plain, persistent_load=None, limits=limits)
+    if magic != LEGACY_MAGIC:
+        raise FormatError(f"invalid magic number {magic!r:.40}; expected {LEGACY_MAGIC:#x} "
+                          "(torch: Invalid magic number; corrupt file?)", offset=0)
+    version, next_pos = unpickle(data, find_class=_plain, persistent_load=None, limits=limits,
+                                 start=pos)
+    if version != LEGACY_PROTOCOL_VERSION:
+        raise FormatError(f"invalid protocol version {version!r:.40}; expected "
+                          f"{LEGACY_PROTOCOL_VERSION}", offset=pos)
+    sys_info, end = unpickle(data, find_class=_plain, persistent_load=None, limits=limits,
+                             start=next_pos)
+    info = _check_sys_info(sys_info, next_pos)
+    return LegacyInfo(info.protocol_version, info.little_endian, info.type_sizes, end)
+
+
+@dataclass(slots=True)
+class _View:
+    storage: Storage
+    root: Storage
+    offset_bytes: int
+
+
+class LegacyStorages:
+    """``persistent_load`` for the legacy stream: storages now, their bytes once located."""
+
+    def __init__(self, map_location: MapLocation, find_class: Callable[[str, str], Any]) -> None:
+        self._map_location = map_location
+        self._find_class = find_class
+        self.roots: dict[str, Storage] = {}
+        self.views: dict[str, _View] = {}
+
+    def __call__(self, pid: object) -> Any:
+        if not isinstance(pid, tuple) or not pid:
+            raise FormatError(f"persistent id must be a tuple, got {pid!r:.100}")
+        kind = _text(pid[0], "persistent id kind")
+        if kind == "module" and len(pid) == 4:
+            return pid[1]  # the class, already resolved (or refused) by find_class
+        if kind != "storage" or len(pid) != 6:
+            raise FormatError(f"persistent id must be ('storage', type, key, location, numel, "
+                              f"view_metadata), got {pid!r:.100}")
+        _, storage_type, key, location, numel, view_metadata = pid
+        if not isinstance(storage_type, StorageType) or type(numel) is not int or numel < 0:
+            raise FormatError(f"malformed storage persistent id {pid!r:.100}")
+        root = self._root(storage_type, _text(key, "storage key"),
+                          _text(location, "location"), numel)
+        return root if view_metadata is None else self._view(root, view_metadata)
+
+    def _root(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
+        dtype = storage_type.dtype or dtypes.UINT8
+        nbytes = numel * dtype.itemsize
+        found = self.roots.get(key)
+        if found is not None:
+            if found.dtype != dtype or found.nbytes != nbytes:
+                raise StorageError(f"storage {key!r} is declared as {numel} x {dtype!r} here "
+                                   f"but as {found.nbytes} bytes of {found.dtype!r} before")
+            return found
+        storage = Storage(None, dtype, location=location, key=key,
+                          untyped=storage_type.dtype is None, nbytes=nbytes)
+        storage = restore_location(storage, location, self._map_location)
+        self.roots[key] = storage
+        return storage
+
+    def _view(self, root: Storage, view_metadata: object) -> Storage:
+        if not isinstance(view_metadata, tuple) or len(view_metadata) != 3:
+            raise FormatError(f"view_metadata must be (view_key, offset, size), "
+                              f"got {view_metadata!r:.100}")
+        view_key, offset, size = view_metadata
+        key = _text(view_key, "view key")
+        item = root.dtype.itemsize
+        if type(offset) is not int or type(size) is not int or offset < 0 or size < 0 \
+                or (offset + size) * item > root.nbytes:
+            raise StorageError(f"storage view {key!r} at offset {offset!r} of {size!r} elements "
+                               f"does not fit its root {root.key!r} of {root.nbytes // item}")
+        found = self.views.get(key)
+        if found is not None:
+            if found.root is not root or found.offset_bytes != offset * item \
+                    or found.storage.nbytes != size * item:
+                raise StorageError(f"storage view {key!r} is declared twice, differently")
+            return found.storage
+        view = Storage(None, root.dtype, location=root.location, key=key,
+                       untyped=root.untyped, nbytes=size * item)
+        self.views[key] = _View(view, root, offset * item)
+        return view
+
+    def fill(self, source: Source, keys: object, start: int, skip_data: bool) -> None:
+        """Attach each storage's bytes, read in the order of the key list from ``start``."""
+        if not isinstance(keys, list):
+            raise FormatError(f"the storage key list must be a list, got {keys!r:.100}",
+                              offset=start)
+        names = [_text(k, "storage key") for k in keys]
+        if len(set(names)) != len(names) or set(names) != set(self.roots):
+            raise StorageError(f"the key list {sorted(names)!r:.200} does not name exactly "
+                               f"the storages the object uses {sorted(self.roots)!r:.200}")
+        pos = start
+        for key in names:
+            pos = self._fill_one(source, self.roots[key], pos, skip_data)
+        for view in self.views.values():
+            if view.root.data is not None:
+                end = view.offset_bytes + view.storage.nbytes
+                view.storage.data = view.root.data[view.offset_bytes:end]
+
+    @staticmethod
+    def _fill_one(source: Source, storage: Storage, pos: int, skip_data: bool) -> int:
+        (count,) = _COUNT.unpack(source.pread(pos, 8, f"element count of storage {storage.key!r}"))
+        if count * storage.dtype.itemsize != storage.nbytes:
+            raise StorageError(f"storage {storage.key!r} has {count} elements on disk; the "
+                               f"pickle says {storage.nbytes // storage.dtype.itemsize} "
+                               "(torch: storage has wrong byte size)", offset=pos)
+        data = source.view(pos + 8, storage.nbytes, f"storage {storage.key!r}")
+        if not skip_data:
+            storage.data = data
+        return pos + 8 + storage.nbytes
+
+
+def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
+                settings: Settings, find_class: Callable[[str, str], Any] = find_safe_class,
+                skip_data: bool = False, encoding: str = "utf-8") -> Any:
+    """Unpickle a legacy-stream checkpoint; storages are views of ``source``.
+
+    Raises
+    ------
+    FormatError
+        Bad magic number, protocol version or ``sys_info``; a malformed pickle.
+    StorageError
+        A storage's count or bytes disagree with the object pickle, or a view
+        reaches outside its root storage.
+    UnsafeGlobalError
+        ``find_class`` refused a global.
+    """
+    data = source.view(0, source.size, "legacy stream")
+    info = read_header(data, limits)
+    storages = LegacyStorages(map_location, find_class)
+    obj, pos = unpickle(data, find_class=find_class, persistent_load=storages, limits=limits,
+                        encoding=encoding, start=info.object_offset)
+    keys, pos = unpickle(data, find_class=_plain, persistent_load=None, limits=limits,
+                         encoding=encoding, start=pos)
+    storages.fill(source, keys, pos, skip_data)
+    return obj
+
+
+# --------------------------------------------------------------------------- writing
+
+class _LegacyReducer(_Reducer):
+    """The ZIP writer's reducer, with torch's 6-tuple legacy persistent ids."""
+
+    def persistent_id(self, obj: object) -> object:
+        pid = super().persistent_id(obj)
+        return None if pid is None else (*pid, None)  # type: ignore[misc]
+
+
+def write_legacy(obj: object, write: Callable[[Any], Any], *, pickle_protocol: int = 2) -> None:
+    """Write ``obj`` in the legacy stream format through ``write``.
+
+    Raises
+    ------
+    SaveError
+        ``obj`` holds something that cannot be written.
+    """
+    reducer = _LegacyReducer()
+    body = Pickler(pickle_protocol, reducer=reducer.reduce,
+                   persistent_id=reducer.persistent_id).dump(obj)
+    sys_info = {"protocol_version": LEGACY_PROTOCOL_VERSION, "little_endian": sys.byteorder == "little",
+                "type_sizes": dict(WRITTEN_TYPE_SIZES)}  # torch records the host
+    for header in (LEGACY_MAGIC, LEGACY_PROTOCOL_VERSION, sys_info):
+        write(pickle.dumps(header, protocol=pickle_protocol))
+    write(body)
+    keys = sorted(str(i) for i in range(len(reducer.storages)))
+    write(pickle.dumps(keys, protocol=pickle_protocol))
+    for key in keys:
+        storage = reducer.storages[int(key)]
+        untyped = storage.untyped or storage.dtype.is_v3  # saved as UntypedStorage: bytes
+        write(_COUNT.pack(storage.nbytes if untyped else storage.numel()))
+        write(_ordered_bytes(storage, reducer.swap_dtype(storage), "little"))

@@ -1,0 +1,300 @@
+"""The tar checkpoint format of torch < 0.4 (read only).
+
+Layout (``pt-format.md`` §9; torch 2.13 still reads it with ``weights_only=False``).
+A POSIX tar archive whose members torch reads are:
+
+* ``storages`` — pickle ``N``; ``N`` times: pickle ``(key, location,
+  StorageClass)``, an ``int64`` little-endian element count and the storage's
+  little-endian bytes; then a pickle list of views ``(view_key, root_key,
+  offset, numel)`` in elements of the root's dtype.
+* ``tensors`` — pickle ``M``; ``M`` times: pickle ``(key, storage_key, ignored)``,
+  ``int32`` ``ndim``, 4 ignored bytes, ``ndim`` ``int64`` sizes, ``ndim`` ``int64``
+  strides and an ``int64`` storage offset (elements; the dtype is the storage's).
+* ``pickle`` — the object; its persistent ids are keys (``int`` or decimal
+  ``str``) of the storages/tensors above, or ``(cls, source_file, source)``
+  tuples naming ``nn.Module`` classes.
+* ``sys_info`` — ignored, as torch ignores it.
+
+Keys live in one namespace (torch keeps one ``deserialized_objects`` dict).
+A reader MUST check every tar header (checksum, octal fields, sizes within the
+file), every count against the bytes that remain in its member, every view
+against its root storage and every tensor against its storage.  Members may
+be preceded by GNU long-name (``L``) and PAX (``x``) headers; archives may end
+without the two zero blocks.  Storage bytes are views of the source.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .. import dtypes
+from .._io import Source
+from ..config import Settings
+from ..errors import FormatError, LimitExceededError, StorageError
+from ..limits import Limits
+from ..location import MapLocation, restore_location
+from ..picklevm import unpickle
+from ..rebuild import StorageType
+from ..tensor import MAX_NDIM, Storage, Tensor
+from .zipped import find_safe_class
+
+__all__ = ["TarMember", "list_members", "read_tar"]
+
+BLOCK: Final = 512
+_INT32: Final = struct.Struct("<i")
+_INT64: Final = struct.Struct("<q")
+#: Header types that carry a member's data, and those that carry metadata only.
+REGULAR_TYPES: Final = frozenset({b"0", b"\0", b"7"})
+LONG_NAME_TYPE: Final = b"L"
+PAX_TYPES: Final = frozenset({b"x", b"g"})
+
+
+@dataclass(frozen=True, slots=True)
+class TarMember:
+    """One regular file of the tar archive: where its bytes are."""
+
+    name: str
+    offset: int
+    size: int
+
+
+def _octal(field: bytes, what: str, offset: int) -> int:
+    if field[:1] == b"\x80":  # GNU base-256 for values that do not fit in octal
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if text and not all(0x30 <= c <= 0x37 for c in text):
+        raise FormatError(f"tar header field {what} is not octal: {field!r}", offset=offset)
+    return int(text, 8) if text else 0
+
+
+def _check_header(header: bytes, offset: int) -> None:
+    stored = _octal(header[148:156], "chksum", offset)
+    body = header[:148] + b" " * 8 + header[156:]
+    signed = sum(b - 256 if b > 127 else b for b in body)
+    if stored not in (sum(body), signed):
+        raise FormatError(f"tar header checksum {stored:#o} does not match its bytes",
+                          offset=offset)
+
+
+def _header_name(header: bytes) -> bytes:
+    name = header[:100].split(b"\0", 1)[0]
+    prefix = header[345:500].split(b"\0", 1)[0] if header[257:262] == b"ustar" else b""
+    return prefix + b"/" + name if prefix else name
+
+
+def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
+    """``"<len> key=value\\n"`` records of a PAX header."""
+    fields: dict[bytes, bytes] = {}
+    pos = 0
+    while pos < len(data) and data[pos:pos + 1] != b"\0":
+        length_text, space, _ = data[pos:pos + 20].partition(b" ")
+        if not space or not length_text.isdigit() or int(length_text) < 5 \
+                or pos + int(length_text) > len(data):
+            raise FormatError("malformed PAX extended header record", offset=offset + pos)
+        record = data[pos + len(length_text) + 1: pos + int(length_text) - 1]
+        key, _, value = record.partition(b"=")
+        fields[key] = value
+        pos += int(length_text)
+    return fields
+
+
+def list_members(source: Source, limits: Limits) -> dict[str, TarMember]:
+    """The regular files of the tar archive in ``source`` (the last of equal names wins).
+
+    Raises
+    ------
+    FormatError
+        A header is damaged or a member reaches beyond the end of the input.
+    LimitExceededError
+        More members than ``limits.max_records``.
+    """
+    members: dict[str, TarMember] = {}
+    pos, pending = 0, dict[bytes, bytes]()
+    while pos + BLOCK <= source.size:
+        header = source.pread(pos, BLOCK, "tar header")
+        if header == bytes(BLOCK):
+            break
+        _check_header(header, pos)
+        size = int(pending.get(b"size", b"") or _octal(header[124:136], "size", pos))
+        if pos + BLOCK + size > source.size:
+            raise FormatError(f"tar member of {size} bytes reaches beyond the end of the input",
+                              offset=pos)
+        kind = header[156:157]
+        if kind == LONG_NAME_TYPE or kind in PAX_TYPES:
+            if size > limits.max_name_length + BLOCK:
+                raise LimitExceededError("max_name_length", limits.max_name_length, size,
+                                         "tar extended header")
+            data = source.pread(pos + BLOCK, size, "tar extended header")
+            if kind == b"x":
+                pending = _pax(data, pos + BLOCK)
+            elif kind == LONG_NAME_TYPE:
+                pending = {b"path": data.split(b"\0", 1)[0]}
+        else:
+            if kind in REGULAR_TYPES:
+                name = pending.get(b"path") or _header_name(header)
+                text = name.decode("utf-8", "replace")
+                members[text] = TarMember(text, pos + BLOCK, size)
+                if len(members) > limits.max_records:
+                    raise LimitExceededError("max_records", limits.max_records, len(members),
+                                             "tar members")
+            pending = {}
+        pos += BLOCK + -(-size // BLOCK) * BLOCK
+    return members
+
+
+# --------------------------------------------------------------------------- members
+
+def _key(value: object, what: str) -> int | str:
+    if type(value) not in (int, str):
+        raise FormatError(f"{what} must be an int or str key, got {value!r:.60}")
+    return value  # type: ignore[return-value]
+
+
+class _Member:
+    """A cursor over one member's bytes: pickles and fixed-size integers in turn."""
+
+    def __init__(self, source: Source, member: TarMember, limits: Limits,
+                 find_class: Callable[[str, str], Any], encoding: str) -> None:
+        self.source, self.member, self.limits = source, member, limits
+        self.find_class, self.encoding = find_class, encoding
+        self.data = source.view(member.offset, member.size, f"tar member {member.name!r}")
+        self.pos = 0
+
+    def pickle(self) -> Any:
+        obj, self.pos = unpickle(self.data, find_class=self.find_class, persistent_load=None,
+                                 limits=self.limits, encoding=self.encoding, start=self.pos)
+        return obj
+
+    def ints(self, layout: struct.Struct, what: str) -> tuple[int, ...]:
+        if self.pos + layout.size > self.member.size:
+            raise FormatError(f"{what} reaches beyond the end of the member",
+                              member=self.member.name, offset=self.pos)
+        values = layout.unpack_from(self.data, self.pos)
+        self.pos += layout.size
+        return values
+
+    def count(self, what: str, smallest: int) -> int:
+        """A pickled item count, at most the items of ``smallest`` bytes that still fit."""
+        n = self.pickle()
+        if type(n) is not int or n < 0 or n * smallest > self.member.size - self.pos:
+            raise FormatError(f"{what} count {n!r:.40} does not fit the member",
+                              member=self.member.name, offset=self.pos)
+        return n
+
+    def view(self, nbytes: int, what: str) -> memoryview:
+        if nbytes < 0 or self.pos + nbytes > self.member.size:
+            raise StorageError(f"{what}: {nbytes} bytes reach beyond the end of the member",
+                               member=self.member.name, offset=self.pos)
+        out = self.data[self.pos:self.pos + nbytes]
+        self.pos += nbytes
+        return out
+
+
+class _TarObjects:
+    """Storages, storage views and tensors of a tar checkpoint, by their keys."""
+
+    def __init__(self, map_location: MapLocation, skip_data: bool) -> None:
+        self.objects: dict[int | str, Storage | Tensor] = {}
+        self.map_location, self.skip_data = map_location, skip_data
+
+    def read_storages(self, member: _Member) -> None:
+        for _ in range(member.count("storage", 8)):
+            entry = member.pickle()
+            if not isinstance(entry, tuple) or len(entry) != 3 \
+                    or not isinstance(entry[2], StorageType) or not isinstance(entry[1], str):
+                raise FormatError(f"storage entry must be (key, location, StorageClass), "
+                                  f"got {entry!r:.100}", member="storages")
+            key, location, storage_type = _key(entry[0], "storage key"), entry[1], entry[2]
+            dtype = storage_type.dtype or dtypes.UINT8
+            (count,) = member.ints(_INT64, f"element count of storage {key!r}")
+            data = member.view(count * dtype.itemsize, f"storage {key!r}")
+            storage = Storage(None if self.skip_data else data, dtype, location=location,
+                              key=str(key), untyped=storage_type.dtype is None,
+                              nbytes=data.nbytes)
+            self.objects[key] = restore_location(storage, location, self.map_location)
+        views = member.pickle()
+        if not isinstance(views, list):
+            raise FormatError(f"storage views must be a list, got {views!r:.100}",
+                              member="storages")
+        for view in views:
+            self._add_view(view)
+
+    def _add_view(self, view: object) -> None:
+        if not isinstance(view, tuple) or len(view) != 4:
+            raise FormatError(f"storage view must be (key, root_key, offset, numel), "
+                              f"got {view!r:.100}", member="storages")
+        key, root = _key(view[0], "view key"), self.storage(view[1])
+        offset, numel, item = view[2], view[3], root.dtype.itemsize
+        if type(offset) is not int or type(numel) is not int or offset < 0 or numel < 0 \
+                or (offset + numel) * item > root.nbytes:
+            raise StorageError(f"storage view {key!r} ({offset!r}, {numel!r}) does not fit "
+                               f"storage {root.key!r} of {root.nbytes // item} elements")
+        data = None if root.data is None else root.data[offset * item:(offset + numel) * item]
+        self.objects[key] = Storage(data, root.dtype, location=root.location, key=str(key),
+                                    untyped=root.untyped, nbytes=numel * item)
+
+    def storage(self, key: object) -> Storage:
+        found = self.objects.get(_key(key, "storage key"))
+        if not isinstance(found, Storage):
+            raise StorageError(f"no storage with key {key!r:.40}")
+        return found
+
+    def read_tensors(self, member: _Member) -> None:
+        for _ in range(member.count("tensor", 16)):
+            entry = member.pickle()
+            if not isinstance(entry, tuple) or len(entry) != 3:
+                raise FormatError(f"tensor entry must be (key, storage_key, type), "
+                                  f"got {entry!r:.100}", member="tensors")
+            key, storage = _key(entry[0], "tensor key"), self.storage(entry[1])
+            (ndim,) = member.ints(_INT32, "tensor ndim")
+            if not 0 <= ndim <= MAX_NDIM:
+                raise FormatError(f"tensor {key!r} has {ndim} dimensions (at most {MAX_NDIM})",
+                                  member="tensors")
+            member.pos += 4  # torch's old writer stored ndim as 8 bytes
+            layout = struct.Struct(f"<{ndim}q{ndim}qq")
+            values = member.ints(layout, f"sizes/strides/offset of tensor {key!r}")
+            self.objects[key] = Tensor(storage, values[-1], values[:ndim], values[ndim:-1])
+
+    def persistent_load(self, saved_id: object) -> Any:
+        if isinstance(saved_id, tuple) and saved_id:
+            return saved_id[0]  # an nn.Module class, resolved (or refused) by find_class
+        if isinstance(saved_id, str) and saved_id.isdecimal() and len(saved_id) < 20:
+            saved_id = int(saved_id)
+        if type(saved_id) is not int or saved_id not in self.objects:
+            raise StorageError(f"persistent id {saved_id!r:.40} names no storage or tensor")
+        return self.objects[saved_id]
+
+
+def _member(members: dict[str, TarMember], name: str) -> TarMember:
+    found = members.get(name)
+    if found is None:
+        raise FormatError(f"the legacy tar checkpoint has no {name!r} member "
+                          f"(members: {sorted(members)!r:.200})")
+    return found
+
+
+def read_tar(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,
+             find_class: Callable[[str, str], Any] = find_safe_class, skip_data: bool = False,
+             encoding: str = "utf-8") -> Any:
+    """Unpickle a pre-0.4 tar checkpoint; storages are views of ``source``.
+
+    Raises
+    ------
+    FormatError
+        The tar archive or one of its members is malformed or missing.
+    StorageError
+        A count, view or tensor does not fit its bytes or storage.
+    UnsafeGlobalError
+        ``find_class`` refused a global.
+    """
+    members = list_members(source, limits)
+    objects = _TarObjects(map_location, skip_data)
+    for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
+        read(_Member(source, _member(members, name), limits, find_class, encoding))
+    data = _Member(source, _member(members, "pickle"), limits, find_class, encoding)
+    obj, _ = unpickle(data.data, find_class=find_class, persistent_load=objects.persistent_load,
+                      limits=limits, encoding=encoding)
+    return obj

@@ -45,10 +45,10 @@ def _mmap_access(mmap: bool | str | None) -> str | None:
 #: ``map_location, limits, settings, skip_data, encoding, find_class``.
 _READERS: Final[dict[Format, Callable[..., Any]]] = {
     Format.ZIP: read_zip,
-}
-
     Format.LEGACY: read_legacy,
     Format.TAR: read_tar,
+}
+
 
 def _read(source: Source, **kwargs: Any) -> Any:
     head = source.pread(0, min(source.size, 512), "file signature")
@@ -141,7 +141,7 @@ def load(
     try:
         return _read(source, map_location=map_location, limits=limits,
                      settings=config.current(), skip_data=skip_data,
-                     encoding=pickle_load_args.get("encoding", "ASCII"))
+                     encoding=pickle_load_args.get("encoding", "utf-8"))
     except PtfileError:
         raise
     except _DAMAGE as exc:
@@ -196,6 +196,7 @@ def save(
     _disable_byteorder_record: bool = False,
     *,
     archive_name: str | None = None,
+    byteorder: str | None = None,
 ) -> None:
     """Save ``obj`` as ``torch.save`` does, byte for byte, without torch.
 
@@ -207,7 +208,6 @@ def save(
 
     Parameters
     ----------
-    byteorder: str | None = None,
     obj
         The object to save.
     f
@@ -221,6 +221,9 @@ def save(
     archive_name
         Folder name inside the archive; default torch's rule (the file's stem,
         or ``archive`` for file objects).
+    byteorder
+        ``"little"`` or ``"big"``: the byte order of the storages and of the
+        ``byteorder`` record (ZIP only); default the host's, as torch does.
 
     Raises
     ------
@@ -232,9 +235,6 @@ def save(
     >>> import io, numpy as np, ptfile
     >>> buf = io.BytesIO()
     >>> ptfile.save({"w": np.arange(3, dtype="int64")}, buf)
-    byteorder
-        ``"little"`` or ``"big"``: the byte order of the storages and of the
-        ``byteorder`` record (ZIP only); default the host's, as torch does.
     >>> buf.getvalue()[:4]
     b'PK\\x03\\x04'
     """

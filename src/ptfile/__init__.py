@@ -10,6 +10,8 @@ np.float32(6.0)
 from __future__ import annotations
 
 from .api import detect_format, load, load_torchscript, save
+from .reader import CheckpointReader, TensorInfo, TensorSlice
+from .reader import open  # noqa: A004 - ptfile.open, like gzip.open
 from .config import (
     MAP_PRIVATE,
     MAP_SHARED,
@@ -49,6 +51,7 @@ __all__ = [
     "MAP_PRIVATE",
     "MAP_SHARED",
     "ArchiveError",
+    "CheckpointReader",
     "DType",
     "Device",
     "Format",
@@ -67,6 +70,8 @@ __all__ = [
     "Storage",
     "StorageError",
     "Tensor",
+    "TensorInfo",
+    "TensorSlice",
     "UnknownFormatError",
     "UnsafeGlobalError",
     "UnsupportedFeatureError",
@@ -76,6 +81,7 @@ __all__ = [
     "get_default_load_endianness",
     "get_default_mmap_options",
     "load",
+    "open",
     "load_torchscript",
     "register_package",
     "save",
@@ -86,6 +92,7 @@ __all__ = [
 ]
 
 for _name in ("DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
-              "Storage", "Tensor", "Limits", "Settings", "Format"):
+              "Storage", "Tensor", "Limits", "Settings", "Format",
+              "CheckpointReader", "TensorInfo", "TensorSlice"):
     globals()[_name].__module__ = "ptfile"
 del _name

@@ -9,6 +9,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
+import numpy as np
+
 from . import config
 from ._io import FileLike, Source, is_path, open_source
 from .errors import FormatError, PtfileError, SaveError, UnknownFormatError, UnsupportedFeatureError
@@ -208,6 +210,7 @@ def save(
 
     Parameters
     ----------
+    skip_data: bool = False,
     obj
         The object to save.
     f
@@ -235,6 +238,14 @@ def save(
     >>> import io, numpy as np, ptfile
     >>> buf = io.BytesIO()
     >>> ptfile.save({"w": np.arange(3, dtype="int64")}, buf)
+    skip_data
+        Write each storage record's space without its data (zeros, CRC 0, as
+        torch's ``serialization.skip_data()``; a path target gets holes, so
+        the file is sparse).  Fill it later through ``load(path, mmap="r+")``.
+        Storages need no data then (``Storage(None, dtype, nbytes=n)``).
+
+    torch tensors (when torch is already imported) are converted through
+    :mod:`ptfile.bridge`, sharing kept.
     >>> buf.getvalue()[:4]
     b'PK\\x03\\x04'
     """
@@ -252,7 +263,11 @@ def save(
 
         def emit(write: Callable[[Any], Any]) -> None:
             write_zip(obj, write, prefix, settings, pickle_protocol=pickle_protocol,
-                      byteorder=order)
+                      byteorder=order, skip_data=skip_data)
+    if "torch" in sys.modules:  # never import torch ourselves: only convert what is there
+        from .bridge import from_torch  # the bridge imports torch: only here
+
+        obj = from_torch(obj)
     else:
         if byteorder == "big":
             raise ValueError("the legacy format stores storages little-endian only")
@@ -261,7 +276,7 @@ def save(
             write_legacy(obj, write, pickle_protocol=pickle_protocol)
     if is_path(f):
         with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
-            emit(fp.write)
+            emit(_sparse_write(fp) if skip_data else fp.write)
         return
     emit(f.write)  # type: ignore[union-attr]
 
@@ -277,6 +292,26 @@ def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
     ----------
     f
         A path, bytes, or a binary file object (read from its current position).
+#: Zero runs at least this long become holes in skip_data files.
+_HOLE_BYTES: Final = 1 << 16
+
+
+def _sparse_write(fp: IO[bytes]) -> Callable[[Any], Any]:
+    """``fp.write`` that seeks over long runs of zeros (skip_data records) instead of writing.
+
+    The archive always ends in non-zero end records, so no hole is left at the end.
+    """
+
+    def write(data: Any) -> None:
+        view = memoryview(data).cast("B")
+        if view.nbytes >= _HOLE_BYTES and not np.frombuffer(view, np.uint8).any():
+            fp.seek(view.nbytes, os.SEEK_CUR)
+        else:
+            fp.write(view)
+
+    return write
+
+
     limits
         Ceilings for untrusted input.
 

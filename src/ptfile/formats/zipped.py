@@ -424,12 +424,16 @@ def _ordered_bytes(storage: Storage, dtype_of: DType, byteorder: str) -> memoryv
 
 
 def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: Settings, *,
-              pickle_protocol: int = 2, byteorder: str = sys.byteorder) -> None:
+              pickle_protocol: int = 2, byteorder: str = sys.byteorder,
+              skip_data: bool = False) -> None:
     """Write ``obj`` as torch.save would, through ``write`` (storages streamed, not joined).
 
     ``byteorder`` (``"little"``/``"big"``) is the order of the storage bytes and
     of the ``byteorder`` record; the host's by default, as torch writes.
     """
+    ``skip_data`` writes every storage record as zeros with CRC 0, as torch's
+    ``serialization.skip_data()`` does: the layout is final, the bytes are
+    filled in later (e.g. through a shared map of the file).
     if byteorder not in ("little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
     reducer = _Reducer()
@@ -443,6 +447,9 @@ def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: S
         writer.write_record("byteorder", byteorder.encode())
     for key, storage in enumerate(reducer.storages):
         writer.write_record(f"data/{key}", _ordered_bytes(storage, reducer.swap_dtype(storage),
+        if skip_data:
+            writer.write_record_skip_data(f"data/{key}", storage.nbytes)
+            continue
                                                           byteorder))
     writer.write_record("version", b"3\n")
     if not settings.byteorder_record:

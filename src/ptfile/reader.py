@@ -1,0 +1,646 @@
+"""Lazy, metadata-first access to a checkpoint: :func:`open` and :class:`CheckpointReader`.
+
+``ptfile.open(path)`` is the analogue of ``safetensors.safe_open`` (same method
+names) and of torch's ``FakeTensorMode`` metadata load: it reads the ZIP end
+records, the central directory, the short metadata records and ``data.pkl``,
+and nothing else.  Every tensor's dtype, shape, stride, storage key and the
+byte offset of its storage in the file are then known; tensor bytes are read
+only when asked for, and then only the bytes of the selection
+(:meth:`CheckpointReader.get_slice`).
+
+Offsets come from the central directory with torch's layout rule
+(``calculate_storage_offsets``, spec §6), which costs no read.  The rule is
+checked once against the first storage's local header; a file laid out
+otherwise (re-zipped by another tool) falls back to reading each storage's
+local header, a few dozen bytes, on first use.  Data reads always use the
+validated local header.
+
+Formats other than the ZIP checkpoint (legacy pickle stream, tar, TorchScript)
+are read whole through :func:`ptfile.load` and offered through the same
+interface; only their metadata is then not "free".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import operator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import numpy as np
+
+from . import config
+from ._io import FileLike, Source, is_path, open_source
+from .archive import Record, ZipReader, computed_data_offset
+from .dtypes import UINT8, DType
+from .errors import FormatError, PtfileError, StorageError, UnsupportedFeatureError
+from .formats import Format, detect
+from .formats.zipped import StorageLoader, ZipInfo, find_safe_class, read_info
+from .limits import DEFAULT_LIMITS, Limits
+from .picklevm import unpickle
+from .rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
+from .tensor import MAX_NDIM, Parameter, Storage, Tensor, _swapped
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["CheckpointReader", "TensorInfo", "TensorSlice", "flatten", "open"]
+
+_DAMAGE: Final = (ArithmeticError, AttributeError, EOFError, IndexError, KeyError, LookupError,
+                  RecursionError, TypeError, UnicodeError, ValueError, BufferError, OSError)
+_INTS: Final = frozenset({int})
+
+
+class TensorInfo(NamedTuple):
+    """What the checkpoint says about one tensor; known without reading its data.
+
+    ``storage_offset``, ``shape`` and ``stride`` count elements; ``data_offset``
+    is the file offset of the storage's first byte (None for formats whose
+    storages are not records of a ZIP file, and for meta tensors), so the
+    tensor's first element lives at ``data_offset + storage_offset * itemsize``.
+    """
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    storage_key: str | None
+    storage_nbytes: int
+    location: str
+    data_offset: int | None
+    requires_grad: bool
+    is_parameter: bool
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's own elements (``numel * itemsize``)."""
+        return self.numel * self.dtype.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        out = self._asdict()
+        out.update(dtype=self.dtype.name, shape=list(self.shape), stride=list(self.stride))
+        return out
+
+
+# --------------------------------------------------------------------------- skeleton
+
+
+def _geometry_extent(size: tuple[Any, ...], stride: tuple[Any, ...]) -> int | None:
+    """Elements a valid (size, stride) pair spans, or None when it is not plain and valid."""
+    ndim = len(size)
+    if (ndim != len(stride) or ndim > MAX_NDIM or not set(map(type, size + stride)) <= _INTS
+            or (ndim and (min(size) < 0 or min(stride) < 0))):
+        return None
+    if ndim and not min(size):
+        return 0
+    return int(1 + sum(map(operator.mul, size, stride)) - sum(stride))
+
+
+class _Geometry(dict[tuple[Any, Any], "int | None"]):
+    """Cache of :func:`_geometry_extent`: a state dict repeats a handful of shapes."""
+
+    def __missing__(self, key: tuple[Any, Any]) -> int | None:
+        extent: int | None = _geometry_extent(*key)
+        self[key] = extent
+        return extent
+
+
+def _fast_tensor(geometry: _Geometry, storage: object, offset: object, size: object,
+                 stride: object, requires_grad: object, hooks: object, dtype: object,
+                 metadata: object) -> Tensor | None:
+    """A data-less Tensor, validated with C-level builtins; None sends odd input the long way."""
+    if (type(storage) is not Storage or type(offset) is not int or type(size) is not tuple
+            or type(stride) is not tuple or type(hooks) is not OrderedDict
+            or (metadata is not None and type(metadata) is not dict)):
+        return None
+    extent = geometry[size, stride]
+    dtype = dtype if isinstance(dtype, DType) else storage.dtype
+    if extent is None or offset < 0 or (extent and
+                                        offset + extent > storage.nbytes // dtype.itemsize):
+        return None
+    t = object.__new__(Tensor)
+    t.storage, t.dtype = storage, dtype
+    t._offset, t._shape, t._stride = offset, size, stride
+    t.requires_grad, t.backward_hooks, t.metadata = bool(requires_grad), hooks, metadata
+    t.python_state, t.type_name = None, None
+    return t
+
+
+def _find_class() -> Callable[[str, str], Any]:
+    """The weights-only allowlist with per-load fast tensor constructors.
+
+    The constructors are closures made per load, so nothing a stream does to
+    them (``BUILD`` on a global) outlives the load (see :mod:`ptfile.picklevm.unpickler`).
+    """
+    geometry = _Geometry()
+
+    def v2(storage: object, offset: object, size: object, stride: object, requires_grad: object,
+           hooks: object, metadata: object = None) -> Tensor:
+        t = _fast_tensor(geometry, storage, offset, size, stride, requires_grad, hooks, None,
+                         metadata)
+        return t if t is not None else rebuild_tensor_v2(
+            storage, offset, size, stride, requires_grad, hooks, metadata)
+
+    def v3(storage: object, offset: object, size: object, stride: object, requires_grad: object,
+           hooks: object, dtype: object, metadata: object = None) -> Tensor:
+        t = None if not isinstance(dtype, DType) else _fast_tensor(
+            geometry, storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
+        return t if t is not None else rebuild_tensor_v3(
+            storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
+
+    fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): v2,
+                                        ("torch._utils", "_rebuild_tensor_v3"): v3}
+
+    def find_class(module: str, name: str) -> Any:
+        found = fast.get((module, name))
+        return found if found is not None else find_safe_class(module, name)
+
+    return find_class
+
+
+class _StorageStubs:
+    """``persistent_load`` for metadata loads: data-less Storages, checked against their records.
+
+    The same checks as :class:`~ptfile.formats.zipped.StorageLoader`, which
+    reports anything unusual; locations stay as recorded (no ``map_location``).
+    """
+
+    def __init__(self, reader: ZipReader, source: Source, info: ZipInfo) -> None:
+        self._slow = StorageLoader(reader, source, info, map_location=None, skip_data=True)
+        self._records = reader
+        self._prefix = f"{info.prefix}/data/"
+        self._byteorder = info.byteorder
+        self.storages: dict[str, Storage] = {}
+
+    def __call__(self, pid: object) -> Storage:
+        if type(pid) is not tuple or len(pid) != 5:
+            return self._slow(pid)
+        tag, storage_type, key, location, numel = pid
+        found = self.storages.get(key) if type(key) is str else None
+        if found is not None:
+            return found
+        record = self._records.get(self._prefix + key) if type(key) is str else None
+        if (tag != "storage" or type(storage_type) is not StorageType or record is None
+                or type(location) is not str or type(numel) is not int or numel < 0):
+            return self._slow(pid)
+        dtype = storage_type.dtype or UINT8
+        if record.size != numel * dtype.itemsize:
+            return self._slow(pid)
+        storage = Storage(None, dtype, location=location, key=key,
+                          untyped=storage_type.dtype is None, byteorder=self._byteorder,
+                          nbytes=record.size)
+        self.storages[key] = storage
+        return storage
+
+
+def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
+    """Tensors of an object tree by dotted state-dict name (``model.layers.0.weight``).
+
+    Dict keys and list/tuple indices are joined with ``.``; a bare tensor is
+    named ``""``.  A container reached twice is listed under its first path.
+
+    Raises
+    ------
+    FormatError
+        The tree is deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> import numpy as np, ptfile
+    >>> t = ptfile.Tensor(ptfile.Storage(memoryview(np.zeros(2, "f4")), ptfile.DTYPES["float32"]),
+    ...                   0, (2,), (1,))
+    >>> list(flatten({"a": {"b": t}, "c": [t]}))
+    ['a.b', 'c.0']
+    """
+    out: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    stack: list[tuple[str, object, int]] = [("", obj, 0)]
+    while stack:
+        name, node, depth = stack.pop()
+        if isinstance(node, Tensor):
+            out.setdefault(name, node)
+            continue
+        items = _children(node)
+        if items is None or id(node) in seen:
+            continue
+        if depth >= max_depth:
+            raise FormatError(f"object tree deeper than {max_depth} levels at {name!r:.80}")
+        seen.add(id(node))
+        prefix = f"{name}." if name else ""
+        stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))
+    return out
+
+
+def _children(node: object) -> list[tuple[object, object]] | None:
+    if isinstance(node, dict):
+        return list(node.items())
+    if isinstance(node, (list, tuple)):
+        return list(enumerate(node))
+    return None
+
+
+# --------------------------------------------------------------------------- reading data
+
+
+def _span(offset: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int]:
+    """First and one-past-last element a view touches (strides may be negative)."""
+    low = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True) if s < 0)
+    high = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True) if s > 0) + 1
+    return low, high
+
+
+def _select(key: object, shape: tuple[int, ...], stride: tuple[int, ...],
+            offset: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """Apply a basic numpy index (ints, slices, ``...``, ``None``) to a strided view."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if sum(k is Ellipsis for k in keys) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    fill = len(shape) - sum(k is not None and k is not Ellipsis for k in keys)
+    if fill < 0:
+        raise IndexError(f"too many indices for a tensor of {len(shape)} dimensions")
+    expanded: list[object] = []
+    for k in keys:
+        expanded.extend([slice(None)] * fill if k is Ellipsis else [k])
+    if Ellipsis not in keys:
+        expanded.extend([slice(None)] * fill)
+    new_shape: list[int] = []
+    new_stride: list[int] = []
+    dim = 0
+    for k in expanded:
+        if k is None:
+            new_shape.append(1)
+            new_stride.append(0)
+            continue
+        n, s = shape[dim], stride[dim]
+        dim += 1
+        if isinstance(k, slice):
+            start, _, step = k.indices(n)
+            new_shape.append(len(range(*k.indices(n))))
+            new_stride.append(s * step)
+            offset += start * s if new_shape[-1] else 0
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            i = int(k) + n if int(k) < 0 else int(k)
+            if not 0 <= i < n:
+                raise IndexError(f"index {int(k)} is out of bounds for size {n}")
+            offset += i * s
+        else:
+            raise TypeError(f"only ints, slices, ... and None index a TensorSlice, got {k!r}")
+    return offset, tuple(new_shape), tuple(new_stride)
+
+
+class TensorSlice:
+    """A tensor not yet read: ``[...]`` reads only the bytes the selection needs.
+
+    Mirrors safetensors' slice object (``get_shape``, ``get_dtype``).
+
+    Examples
+    --------
+    >>> import io, numpy as np, ptfile
+    >>> buf = io.BytesIO(); ptfile.save({"w": np.arange(12, dtype="f4").reshape(3, 4)}, buf)
+    >>> with ptfile.open(io.BytesIO(buf.getvalue())) as ck:
+    ...     ck.get_slice("w")[1:, ::2].tolist()
+    [[4.0, 6.0], [8.0, 10.0]]
+    """
+
+    def __init__(self, reader: CheckpointReader, tensor: Tensor, name: str) -> None:
+        self._reader, self._tensor, self.name = reader, tensor, name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape."""
+        return self._tensor._shape
+
+    @property
+    def dtype(self) -> DType:
+        """The tensor's dtype."""
+        return self._tensor.dtype
+
+    def get_shape(self) -> list[int]:
+        """safetensors' name for :attr:`shape`."""
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        """The dtype name (``float32``)."""
+        return self.dtype.name
+
+    def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
+        t = self._tensor
+        offset, shape, stride = _select(key, t._shape, t._stride, t._offset)
+        return self._reader._read_view(t, self.name, offset, shape, stride)
+
+    def __repr__(self) -> str:
+        return f"<TensorSlice {self.name!r} {self.dtype!r} {list(self.shape)}>"
+
+
+class CheckpointReader(Mapping[str, Tensor]):
+    """A read-only mapping from dotted names to tensors, reading data only on request.
+
+    Use :func:`open` to make one.  ``reader[name]`` and :meth:`get_tensor` read
+    the tensor's bytes (zero-copy views of the map when opened with ``mmap``);
+    :meth:`info`, :meth:`keys` and :meth:`metadata` read nothing more.
+    """
+
+    def __init__(self, source: Source, obj: Any, *, fmt: Format, meta: dict[str, str],
+                 zip_reader: ZipReader | None = None, zip_info: ZipInfo | None = None) -> None:
+        self._source = source
+        self._zip, self._zip_info = zip_reader, zip_info
+        self.format = fmt
+        self._meta = meta
+        self._object = obj
+        self._tensors = flatten(obj)
+        self._keys: frozenset[str] = frozenset()
+        self._computed_ok: bool | None = None
+        self._closed = False
+
+    # -- mapping -----------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Tensor:
+        """The tensor with its storage's bytes (the whole storage, as torch loads it)."""
+        t = self._tensor(name)
+        if t.storage is None:
+            return t
+        s = t.storage
+        data = self._storage_bytes(s, 0, s.nbytes, name)
+        storage = Storage(data, s.dtype, location=s.location, key=s.key, untyped=s.untyped,
+                          byteorder=s.byteorder)
+        out = Tensor(storage, t._offset, t._shape, t._stride, dtype=t.dtype,
+                     requires_grad=t.requires_grad, metadata=t.metadata)
+        return Parameter(out, t.requires_grad) if isinstance(t, Parameter) else out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def _tensor(self, name: str) -> Tensor:
+        if self._closed:
+            raise ValueError("I/O operation on a closed CheckpointReader")
+        return self._tensors[name]
+
+    # -- safe_open's API ---------------------------------------------------------------
+    def get_tensor(self, name: str) -> np.ndarray[Any, Any]:
+        """The tensor's values as numpy; a zero-copy read-only view when memory-mapped.
+
+        Raises
+        ------
+        KeyError
+            No tensor has that name.
+        UnsupportedFeatureError
+            The dtype has no numpy equivalent (complex32, bits*, sub-byte types).
+        FormatError
+            The storage bytes lie outside the file.
+        """
+        t = self._tensor(name)
+        return self._read_view(t, name, t._offset, t._shape, t._stride)
+
+    def get_slice(self, name: str) -> TensorSlice:
+        """A lazy slice: ``reader.get_slice(name)[a:b]`` reads only those bytes.
+
+        Raises
+        ------
+        KeyError
+            No tensor has that name.
+        """
+        return TensorSlice(self, self._tensor(name), name)
+
+    def metadata(self) -> dict[str, str]:
+        """Format, version, byte order, alignment, serialization id... as strings."""
+        return dict(self._meta)
+
+    @property
+    def object(self) -> Any:
+        """The unpickled object tree; its tensors carry no data (use the mapping for that)."""
+        return self._object
+
+    # -- metadata ----------------------------------------------------------------------
+    @property
+    def zip_reader(self) -> ZipReader | None:
+        """The archive's validated central directory (None for non-ZIP formats)."""
+        return self._zip
+
+    @property
+    def source_size(self) -> int:
+        """Size of the input in bytes."""
+        return self._source.size
+
+    @property
+    def storage_keys(self) -> frozenset[str]:
+        """Keys of the storages the pickle references."""
+        return frozenset(t.storage.key for t in self._tensors.values()
+                         if t.storage is not None and t.storage.key is not None) | self._keys
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The data-less tensors of :attr:`object` by dotted name."""
+        return dict(self._tensors)
+
+    def record_data_offset(self, record: Record) -> int:
+        """Data offset of any record: computed (torch's layout, no read) or from its header."""
+        if self._computed_ok is None and self._zip is not None:
+            self._computed_ok = self._zip.data_offset(record) == self.computed_offset(record)
+        if self._computed_ok or self._zip is None:
+            return self.computed_offset(record)
+        return self._zip.data_offset(record)
+
+    def computed_offset(self, record: Record) -> int:
+        """Where torch's writer puts the record's data (spec §2.4), computed from the directory."""
+        alignment = self._zip_info.storage_alignment if self._zip_info else 64
+        return computed_data_offset(record.header_offset, record.name, record.size, alignment)
+
+    def info(self, name: str) -> TensorInfo:
+        """dtype, shape, stride, storage key and file offset of one tensor; reads no data.
+
+        Raises
+        ------
+        KeyError
+            No tensor has that name.
+        """
+        t = self._tensor(name)
+        storage = t.storage
+        offset = None if storage is None else self._storage_offset(storage)
+        if storage is None:
+            return TensorInfo(name, t.dtype, t._shape, t._stride, t._offset, None, 0, "meta",
+                              None, t.requires_grad, isinstance(t, Parameter))
+        return TensorInfo(name, t.dtype, t._shape, t._stride, t._offset, storage.key,
+                          storage.nbytes, storage.location, offset, t.requires_grad,
+                          isinstance(t, Parameter))
+
+    def infos(self) -> Iterator[TensorInfo]:
+        """:meth:`info` of every tensor, in key order."""
+        return (self.info(name) for name in self._tensors)
+
+    def _record(self, storage: Storage) -> Record | None:
+        if self._zip is None or self._zip_info is None or storage.key is None:
+            return None
+        return self._zip.get(f"{self._zip_info.prefix}/data/{storage.key}")
+
+    def _storage_offset(self, storage: Storage) -> int | None:
+        record = self._record(storage)
+        return None if record is None else self.record_data_offset(record)
+
+    def _storage_bytes(self, storage: Storage, start: int, n: int, name: str) -> memoryview:
+        if storage.data is not None:
+            return storage.data[start:start + n]
+        record = self._record(storage)
+        if record is None or self._zip is None:
+            raise StorageError(f"tensor {name!r}: storage {storage.key!r} has no record")
+        if record.method != 0:
+            raise UnsupportedFeatureError(f"record {record.name!r} is compressed; ptfile.load "
+                                          "reads compressed checkpoints")
+        base = self._zip.data_offset(record)
+        return self._source.view(base + start, n, f"tensor {name!r}")
+
+    def _read_view(self, t: Tensor, name: str, offset: int, shape: tuple[int, ...],
+                   stride: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        np_dtype = t.dtype.numpy_dtype()
+        if t.storage is None:
+            raise UnsupportedFeatureError(f"tensor {name!r} is a meta tensor: it has no data")
+        if 0 in shape:
+            return np.empty(shape, np_dtype)
+        low, high = _span(offset, shape, stride)
+        item = t.dtype.itemsize
+        buffer = self._storage_bytes(t.storage, low * item, (high - low) * item, name)
+        array: np.ndarray[Any, Any] = np.ndarray(
+            shape, np_dtype, buffer=buffer, offset=(offset - low) * item,
+            strides=tuple(s * item for s in stride))
+        if t.storage.byteorder == "big":
+            array = _swapped(array, t.dtype)
+        if t.is_conj:
+            array = np.conj(array)
+        if t.is_neg:
+            array = np.negative(array)
+        return array
+
+    # -- lifetime ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the file; arrays already returned stay valid."""
+        if not self._closed:
+            self._closed = True
+            self._source.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        name = self._source.name or "in-memory"
+        return f"<ptfile.CheckpointReader {name}: {self.format.value}, {len(self)} tensors>"
+
+
+# --------------------------------------------------------------------------- open
+
+
+def _zip_meta(info: ZipInfo) -> dict[str, str]:
+    meta = {"format": Format.ZIP.value, "version": str(info.version),
+            "byteorder": info.byteorder, "storage_alignment": str(info.storage_alignment),
+            "prefix": info.prefix}
+    if info.format_version is not None:
+        meta["format_version"] = str(info.format_version)
+    if info.serialization_id is not None:
+        meta["serialization_id"] = info.serialization_id
+    return meta
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while building ~10^5 acyclic objects (it would rescan them ~100x)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
+    reader = ZipReader(source, limits=limits)
+    info = read_info(reader, config.current())
+    data_name = f"{info.prefix}/data.pkl"
+    if info.is_torchscript or reader.get(f"{info.prefix}/archive_format") is not None:
+        return None
+    if reader.get(data_name) is None:
+        raise FormatError("the archive has no data.pkl record", member=data_name)
+    loader = _StorageStubs(reader, source, info)
+    with _gc_paused():
+        obj, _ = unpickle(reader.read(data_name), find_class=_find_class(),
+                          persistent_load=loader, limits=limits)
+        ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
+                              zip_reader=reader, zip_info=info)
+    ck._keys = frozenset(loader.storages)
+    return ck
+
+
+def _open_other(source: Source, fmt: Format, limits: Limits) -> CheckpointReader:
+    from . import api  # api imports this module
+
+    obj = api._read(source, map_location=None, limits=limits, settings=config.current(),
+                     skip_data=False, encoding="ASCII")
+    return CheckpointReader(source, obj, fmt=fmt, meta={"format": fmt.value})
+
+
+def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None) -> CheckpointReader:
+    """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
+
+    Parameters
+    ----------
+    f
+        A path or a seekable binary file object (read from its current position).
+    mmap
+        Map a path read-only, so tensors are zero-copy views of the file;
+        False reads each selection with positioned reads instead.
+    limits
+        Ceilings for untrusted input.
+
+    Returns
+    -------
+    CheckpointReader
+        A context manager and read-only ``Mapping[str, Tensor]``.
+
+    Raises
+    ------
+    FormatError
+        The file is not a well-formed checkpoint.
+    UnsafeGlobalError
+        The pickle names a global outside torch's weights-only allowlist.
+    LimitExceededError, UnsupportedFeatureError
+
+    Examples
+    --------
+    >>> import io, numpy as np, ptfile
+    >>> buf = io.BytesIO(); ptfile.save({"w": np.ones((2, 3), "float32")}, buf)
+    >>> with ptfile.open(io.BytesIO(buf.getvalue())) as ck:
+    ...     list(ck.keys()), ck.info("w").shape, ck.get_tensor("w").sum()
+    (['w'], (2, 3), np.float32(6.0))
+    """
+    limits = limits or DEFAULT_LIMITS
+    source = open_source(f, mmap=mmap and is_path(f), access="r", lazy=True)
+    try:
+        head = source.pread(0, min(source.size, 512), "file signature")
+        fmt = detect(head)
+        opened = _open_zip(source, limits) if fmt is Format.ZIP else None
+        return opened if opened is not None else _open_other(source, fmt, limits)
+    except PtfileError:
+        source.close()
+        raise
+    except _DAMAGE as exc:
+        source.close()
+        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc

@@ -21,6 +21,8 @@ from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import read_zip, write_zip
 from .limits import DEFAULT_LIMITS, Limits
 from .location import MapLocation
+from .policy import find_strict_class
+from .structural import StructuralFindClass
 
 __all__ = ["detect_format", "load", "load_torchscript", "save"]
 
@@ -75,6 +77,7 @@ def load(
     mmap: bool | str | None = None,
     limits: Limits | None = None,
     skip_data: bool = False,
+    structural: bool = False,
     **pickle_load_args: Any,
 ) -> Any:
     """Load an object saved by ``torch.save`` (or :func:`save`) without torch.
@@ -104,6 +107,13 @@ def load(
         Ceilings for untrusted input (:class:`ptfile.Limits`).
     skip_data
         Build tensors (shape, dtype, strides) without reading any storage bytes.
+    structural
+        ``False`` (default): globals outside torch's weights-only allowlist and
+        :func:`ptfile.add_safe_globals` raise :class:`UnsafeGlobalError`.
+        ``True``: they load as inert stand-ins that record their name,
+        arguments and state (:mod:`ptfile.structural`); nothing from the file is
+        imported or called.  ``ptfile.state_dict(obj)`` extracts the state dict
+        of a whole ``torch.save(model)`` file.
     pickle_load_args
         ``encoding=``/``errors=`` for Python 2 pickles.
 
@@ -143,7 +153,8 @@ def load(
     try:
         return _read(source, map_location=map_location, limits=limits,
                      settings=config.current(), skip_data=skip_data,
-                     encoding=pickle_load_args.get("encoding", "utf-8"))
+                     encoding=pickle_load_args.get("encoding", "utf-8"),
+                     find_class=StructuralFindClass() if structural else find_strict_class)
     except PtfileError:
         raise
     except _DAMAGE as exc:

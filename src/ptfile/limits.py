@@ -28,8 +28,9 @@ class Limits:
     #: Memo index: a valid memo index is below the number of opcodes seen so
     #: far; anything larger would make the unpickler allocate a huge memo table.
     max_memo_index: int = 2**31
-    #: Nesting of MARKs (tuples/lists/dicts under construction at once).
-    #: torch state dicts nest < 10 deep; deep nesting is only an attack.
+    #: Nesting of MARKs (tuples/lists/dicts under construction at once), and
+    #: of tuples in tuples (hashing a tuple recurses in C without a depth
+    #: check).  torch state dicts nest < 10 deep; deep nesting is only an attack.
     max_depth: int = 1000
     #: Records in one archive.  torch handles ~10^6-tensor checkpoints.
     max_records: int = 10_000_000
@@ -37,5 +38,13 @@ class Limits:
     max_name_length: int = 65_535
     #: Rank of a tensor; torch's own limit is 64 dimensions.
     max_ndim: int = 64
+    #: Distinct dict/set keys of one pickle that may share one hash value.
+    #: Colliding keys make each insertion probe all earlier ones (quadratic
+    #: time: int keys ``k * (2**61 - 1)`` all hash to 0); real files have none.
+    max_hash_collisions: int = 1000
+    #: Elements of one tensor.  A meta tensor (no storage) or a legacy
+    #: ``torch.FloatTensor(n)`` constructor declares a size without bytes to
+    #: back it; 2**40 elements is beyond any real tensor (4 TiB of float32).
+    max_numel: int = 2**40
 
 DEFAULT_LIMITS: Final = Limits()

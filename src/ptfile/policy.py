@@ -1,0 +1,301 @@
+"""Which globals a pickle may name: the safe-globals registry and the ``find_class`` policies.
+
+A pickle names globals (``GLOBAL``, ``STACK_GLOBAL``, ``INST``) by ``module``
+and ``name`` strings.  ptfile never imports anything by name: every name is
+looked up in a table, and what the table holds is what the stream gets.
+
+Policies
+--------
+``strict`` (the default of :func:`ptfile.load`)
+    torch 2.13's ``weights_only=True`` allowlist (:data:`ptfile.rebuild.SAFE_GLOBALS`),
+    then the user's registry.  Modules ``sys``, ``os``, ``posix`` and ``nt``
+    are refused even when registered, as torch refuses them.  Anything else
+    raises :class:`~ptfile.errors.UnsafeGlobalError`, whose message says how to
+    allow the name or how to load the file structurally.
+``structural`` (``ptfile.load(f, structural=True)``)
+    The same lookups, but an unknown name becomes an inert stand-in class
+    (:mod:`ptfile.structural`) instead of an error.  Nothing from the file is
+    ever called except ptfile's own rebuild functions and the user's entries.
+
+Guarding what the stream receives
+---------------------------------
+``BUILD`` works on *any* object on the stack, including the very objects
+``find_class`` returned: it calls their ``__setstate__`` or sets attributes
+(``__defaults__`` of a function).  The allowlist's objects are shared by every
+load in the process, so a stream that BUILDs on ``torch.FloatStorage`` or on
+``collections.OrderedDict`` would change what every later load reads.  So
+:func:`find_allowed` never hands out the table's objects as they are: functions
+are wrapped in a slotted :class:`CallOnly` (call, compare and hash like the
+function; ``__setstate__`` raises), and the table's data objects (dtypes,
+storage and tensor types, qschemes) get a ``__setstate__`` that refuses to
+touch them (fresh copies, as ``pickle``/``copy`` make, are unaffected).
+
+The registry
+------------
+Torch's API, keyed the way torch keys it (``"module.qualname"``):
+:func:`add_safe_globals`, :func:`get_safe_globals`, :func:`clear_safe_globals`
+and the :func:`safe_globals` context manager.  An entry maps the name a pickle
+uses to an object the *user* trusts; a bare object is keyed by its own
+``__module__`` and ``__qualname__``.  The stream can mutate what it gets
+(``BUILD`` sets attributes, ``APPENDS`` calls ``extend``; see
+:mod:`ptfile.picklevm.unpickler`), so register callables and classes whose
+instances are fresh per call, as with torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Final, TypeAlias
+
+from .errors import UnsafeGlobalError
+from .rebuild import SAFE_GLOBALS, lookup
+
+__all__ = [
+    "BLOCKED_MODULES",
+    "SafeGlobals",
+    "add_safe_globals",
+    "clear_safe_globals",
+    "find_strict_class",
+    "get_safe_globals",
+    "safe_globals",
+    "unsafe_global_message",
+]
+
+#: Modules refused whatever the registry says (torch's ``_blocklisted_modules``).
+BLOCKED_MODULES: Final = frozenset({"sys", "os", "posix", "nt"})
+
+#: What :func:`add_safe_globals` takes: a mapping from ``"module.qualname"`` to an
+#: object, or an iterable of objects and ``(object, "module.qualname")`` pairs.
+SafeGlobals: TypeAlias = "Mapping[str, object] | Iterable[object]"
+
+_LOCK: Final = threading.Lock()
+_REGISTRY: dict[str, object] = {}
+
+
+def _entries(globals_: SafeGlobals) -> dict[str, object]:
+    """Normalise the accepted forms to ``{"module.qualname": object}``."""
+    if isinstance(globals_, Mapping):
+        items = list(globals_.items())
+    else:
+        items = []
+        for entry in globals_:
+            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
+                items.append((entry[1], entry[0]))
+            else:
+                items.append((_own_name(entry), entry))
+    for name, _ in items:
+        if not isinstance(name, str) or "." not in name.strip("."):
+            raise ValueError(f"safe global names are 'module.qualname' strings, got {name!r}")
+    return dict(items)
+
+
+def _own_name(obj: object) -> str:
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise TypeError(f"{obj!r} has no __module__/__qualname__: pass (obj, 'module.qualname')")
+    return f"{module}.{qualname}"
+
+
+def add_safe_globals(globals_: SafeGlobals) -> None:
+    """Allow pickles to name more globals, each mapped to an object you trust.
+
+    Parameters
+    ----------
+    globals_ : mapping or iterable
+        ``{"module.qualname": obj}``, or a list of objects (keyed by their own
+        ``__module__`` and ``__qualname__``) and ``(obj, "module.qualname")``
+        pairs, as ``torch.serialization.add_safe_globals`` takes them.
+
+    Raises
+    ------
+    ValueError
+        A name is not of the form ``"module.qualname"``.
+    TypeError
+        A bare object has no ``__module__``/``__qualname__``.
+
+    Examples
+    --------
+    >>> import ptfile
+    >>> ptfile.add_safe_globals({"mylib.Config": dict})
+    >>> "mylib.Config" in ptfile.get_safe_globals()
+    True
+    >>> ptfile.clear_safe_globals()
+    """
+    entries = _entries(globals_)
+    with _LOCK:
+        _REGISTRY.update(entries)
+
+
+def get_safe_globals() -> dict[str, object]:
+    """A copy of the user's registry, ``{"module.qualname": object}``.
+
+    Examples
+    --------
+    >>> import ptfile
+    >>> ptfile.get_safe_globals()
+    {}
+    """
+    with _LOCK:
+        return dict(_REGISTRY)
+
+
+def clear_safe_globals() -> None:
+    """Forget every user entry (torch's default allowlist is unaffected).
+
+    Examples
+    --------
+    >>> import ptfile
+    >>> ptfile.clear_safe_globals()
+    """
+    with _LOCK:
+        _REGISTRY.clear()
+
+
+@contextlib.contextmanager
+def safe_globals(globals_: SafeGlobals) -> Iterator[None]:
+    """Add entries for the duration of a ``with`` block, then restore the registry.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`add_safe_globals`.
+
+    Examples
+    --------
+    >>> import ptfile
+    >>> with ptfile.safe_globals({"mylib.Config": dict}):
+    ...     sorted(ptfile.get_safe_globals())
+    ['mylib.Config']
+    >>> ptfile.get_safe_globals()
+    {}
+    """
+    entries = _entries(globals_)
+    with _LOCK:
+        saved = dict(_REGISTRY)
+        _REGISTRY.update(entries)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _REGISTRY.clear()
+            _REGISTRY.update(saved)
+
+
+class CallOnly:
+    """An allowlisted function as the stream sees it: callable, not mutable.
+
+    Equal to (and hashing like) the function, so table lookups keyed by the
+    function still find it.
+
+    Examples
+    --------
+    >>> wrapped = CallOnly(len)
+    >>> wrapped([1, 2]), wrapped == len
+    (2, True)
+    """
+
+    __slots__ = ("_function",)
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self._function = function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._function(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return self._function == (other._function if isinstance(other, CallOnly) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._function)
+
+    def __setstate__(self, state: object) -> None:
+        raise UnsafeGlobalError(f"the pickle BUILDs on the global {self._function!r}: "
+                                "allowlisted globals are read-only",
+                                module="", name=getattr(self._function, "__name__", "?"))
+
+    def __repr__(self) -> str:
+        return repr(self._function)
+
+
+_WRAPPED: Final[dict[int, CallOnly]] = {}
+_PROTECTED: Final[set[int]] = set()
+
+
+def _refusing_setstate(original: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    def refuse(self: Any, state: Any) -> None:
+        if id(self) in _PROTECTED:
+            raise UnsafeGlobalError(f"the pickle BUILDs on the global {self!r}: allowlisted "
+                                    "globals are read-only", module="", name=repr(self))
+        original(self, state)
+    return refuse
+
+
+def _guard_table() -> None:
+    """Wrap the allowlist's functions; make its data objects refuse ``BUILD``."""
+    patched: set[type] = set()
+    for value in SAFE_GLOBALS.values():
+        if callable(value) and not isinstance(value, type):
+            _WRAPPED[id(value)] = CallOnly(value)
+            continue
+        _PROTECTED.add(id(value))
+        cls = type(value)
+        if cls not in patched and hasattr(cls, "__setstate__"):
+            cls.__setstate__ = _refusing_setstate(cls.__setstate__)
+            patched.add(cls)
+
+
+_guard_table()
+
+
+def _guarded(value: object) -> object:
+    return _WRAPPED.get(id(value), value)
+
+
+def _user_entry(module: str, name: str) -> object | None:
+    with _LOCK:
+        return _REGISTRY.get(f"{module}.{name}")
+
+
+def find_allowed(module: str, name: str) -> Any:
+    """The object for ``module.name`` from the allowlist or the registry, or None."""
+    if module.split(".")[0] in BLOCKED_MODULES:
+        return None
+    found = lookup(module, name)
+    return _guarded(found) if found is not None else _user_entry(module, name)
+
+
+def unsafe_global_message(module: str, name: str) -> str:
+    """The refusal text: what was refused, and the three ways forward."""
+    qual = f"{module}.{name}"
+    if module.split(".")[0] in BLOCKED_MODULES:
+        return (f"the pickle names {qual}, in module {module.split('.')[0]!r}, which ptfile "
+                "(like torch) never allows. To look at the file without running anything: "
+                "ptfile.load(f, structural=True) or ptfile.scan(f)")
+    return (
+        f"unsupported global {qual}: it is not one of the globals torch.load(weights_only="
+        "True) allows, so ptfile will not reconstruct it. If you trust it, map the name to "
+        f"an object of yours: ptfile.add_safe_globals({{{qual!r}: obj}}) or `with "
+        f"ptfile.safe_globals({{{qual!r}: obj}}): ...`. To load the file without calling "
+        "anything (unknown objects become inert stand-ins): ptfile.load(f, structural=True). "
+        "To list everything it references: ptfile.scan(f)"
+    )
+
+
+def find_strict_class(module: str, name: str) -> Any:
+    """``find_class`` of the default policy: the allowlist, the registry, or an error.
+
+    Raises
+    ------
+    UnsafeGlobalError
+        ``module.name`` is neither allowlisted nor registered, or its module is blocked.
+    """
+    found = find_allowed(module, name)
+    if found is None:
+        raise UnsafeGlobalError(unsafe_global_message(module, name), module=module, name=name)
+    return found
+
+
+FindClass: TypeAlias = Callable[[str, str], Any]

@@ -1,0 +1,466 @@
+"""``ptfile.scan``: a static scanner for every pickle a checkpoint holds.  Nothing runs.
+
+What is scanned
+---------------
+* ZIP archives (torch ≥ 1.6, TorchScript): every record whose name ends in
+  ``.pkl`` or ``.debug_pkl`` (``data.pkl``, ``constants.pkl``, ``bytecode.pkl``…),
+  including records the central directory names twice and *shadow* local
+  headers it never names; plus the archive anomalies of
+  :mod:`ptfile._scan_containers` (duplicate names, local/central mismatch,
+  overlaps, data outside the archive, bytes before the first record, a second
+  archive in the comment).
+* Legacy streams and plain pickles: the consecutive pickles at the start (torch
+  unpickles five: magic, protocol, sys_info, object, storage keys).
+* Legacy tar files: every pickle in every member.
+* A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
+* Nested pickles: every byte string that starts like a pickle or a ZIP
+  (``torch.storage._load_from_bytes`` unpickles such bytes) is scanned in turn,
+  up to :data:`MAX_NESTING` levels.
+
+Every pickle is walked by :func:`ptfile.picklevm.symbolic.trace`, whose
+symbolic stack and memo resolve ``STACK_GLOBAL`` names built indirectly.
+
+Verdicts
+--------
+Each :class:`Finding` has a :class:`Verdict`: ``allowed`` (on torch's
+weights-only allowlist or in :func:`ptfile.add_safe_globals`), ``dangerous``
+(the tables :data:`DANGEROUS_MODULES` and :data:`DANGEROUS_NAMES`: code
+execution, file or network access, a nested unpickler; plus EXT codes,
+unresolvable ``STACK_GLOBAL`` names, numpy object arrays and hash-flooding or
+deeply nested keys), or ``unknown`` (anything else: ``ptfile.load`` refuses it
+by default, ``torch.load(weights_only=False)`` would import and run it).
+Ambiguities (archive anomalies, data after ``STOP``) are ``unknown``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Final
+
+from ._io import BytesSource, FileLike, Source, is_path, open_source
+from ._scan_containers import Anomaly, read_member, walk_tar, walk_zip
+from .errors import PtfileError
+from .limits import DEFAULT_LIMITS, Limits
+from .picklevm.symbolic import GlobalRef, NameUse, Result, Trace, trace
+from .policy import BLOCKED_MODULES, find_allowed
+
+__all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "Finding", "ScanResult", "Verdict", "scan"]
+
+#: Nested pickles inside nested pickles are scanned this deep.
+MAX_NESTING: Final = 4
+#: Consecutive pickles scanned at the start of a stream (torch's legacy loader reads 5).
+MAX_STREAM_PICKLES: Final = 5
+#: Pickles searched for inside one tar member, at most.
+MAX_TAR_PICKLES: Final = 4096
+
+
+class Verdict(str, Enum):
+    """How much to worry about a finding, in increasing order."""
+
+    ALLOWED = "allowed"
+    UNKNOWN = "unknown"
+    DANGEROUS = "dangerous"
+
+
+#: Modules whose every global is dangerous (prefix match on dotted names).
+DANGEROUS_MODULES: Final = frozenset({
+    *BLOCKED_MODULES, "subprocess", "_posixsubprocess", "runpy", "importlib", "imp",
+    "pty", "shutil", "socket", "ctypes", "_ctypes", "pickle", "_pickle", "cPickle",
+    "marshal", "code", "codeop", "commands", "webbrowser", "multiprocessing", "signal",
+    "asyncio", "bdb", "pdb", "timeit", "pydoc", "ensurepip", "venv", "distutils",
+    "setuptools", "pip", "zipimport", "http", "urllib", "urllib2", "requests", "ftplib",
+    "smtplib", "telnetlib", "shelve", "dill", "cloudpickle", "joblib", "builtins.open",
+    "torch.hub", "torch.package", "torch.utils.cpp_extension", "torch._inductor",
+    "torch._dynamo", "torch.distributed.rpc", "numpy.f2py", "numpy.distutils",
+    "numpy.ctypeslib", "numpy.testing", "sysconfig", "ntpath", "posixpath", "glob",
+    "tempfile", "io", "_io", "types", "gc", "inspect", "operator",
+})
+
+#: Single globals that are dangerous: evaluation, attribute access, nested loaders.
+DANGEROUS_NAMES: Final = frozenset({
+    *((m, n) for m in ("builtins", "__builtin__") for n in (
+        "eval", "exec", "execfile", "compile", "open", "file", "__import__", "getattr",
+        "setattr", "delattr", "globals", "locals", "vars", "input", "breakpoint", "apply",
+        "reload", "help", "exit", "quit", "memoryview", "super", "type", "object",
+        "classmethod", "staticmethod", "property", "__build_class__", "dir", "map",
+        "filter")),
+    ("torch", "load"), ("torch.serialization", "load"), ("torch.serialization", "_load"),
+    ("torch.serialization", "_legacy_load"), ("torch.storage", "_load_from_bytes"),
+    ("torch.jit", "load"), ("torch.jit._serialization", "load"), ("torch", "save"),
+    ("torch.fx.graph_module", "_forward_from_src"), ("torch.fx.graph_module", "reduce_graph_module"),
+    ("torch.fx.graph_module", "_deserialize_graph_module"), ("functools", "partial"),
+    ("functools", "reduce"), ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"),
+    ("numpy", "load"), ("numpy.lib.npyio", "load"), ("numpy.lib.format", "read_array"),
+    ("numpy", "fromfile"), ("numpy", "memmap"), ("numpy", "loadtxt"),
+    ("collections", "defaultdict"), ("_operator", "attrgetter"), ("_operator", "methodcaller"),
+    ("_operator", "getitem"),
+})
+
+#: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
+_NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing the scanner saw.
+
+    Attributes
+    ----------
+    kind : str
+        ``global`` (a name a pickle imports), ``ext``, ``nested`` (a pickle
+        inside bytes), ``numpy-object-array``, ``hazard`` (hash flooding, deep
+        keys), ``stream`` (malformed pickle, data after ``STOP``), ``archive``
+        (a container anomaly; ``name`` holds its code) or ``format``.
+    verdict : Verdict
+    location : str
+        Where: the record or member, ``stream#N`` for the N-th pickle of a
+        stream, with `` > nested@0x..`` for nested pickles.
+    offset : int or None
+        Byte offset within that location (a pickle opcode, a header).
+    module, name : str
+        The global (empty for other kinds; ``name`` is the anomaly code for archive ones).
+    opcode : str
+        ``GLOBAL``, ``STACK_GLOBAL``, ``INST``, ``EXT1``…, or empty.
+    message : str
+        A sentence for humans.
+    """
+
+    kind: str
+    verdict: Verdict
+    location: str
+    offset: int | None
+    module: str = ""
+    name: str = ""
+    opcode: str = ""
+    message: str = ""
+
+    @property
+    def qualname(self) -> str:
+        """``module.name`` for globals, else the name."""
+        return f"{self.module}.{self.name}" if self.module else self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (the verdict as its string value)."""
+        out = asdict(self)
+        out["verdict"] = self.verdict.value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """What :func:`scan` found in one file.
+
+    Attributes
+    ----------
+    source : str or None
+        The path, when scanning a path.
+    format : str
+        ``zip``, ``torchscript``, ``legacy``, ``tar``, ``pickle`` or ``unknown``.
+    findings : tuple of Finding
+        In file order per location.
+    """
+
+    source: str | None
+    format: str
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def is_dangerous(self) -> bool:
+        """True when any finding is dangerous."""
+        return any(f.verdict is Verdict.DANGEROUS for f in self.findings)
+
+    @property
+    def is_clean(self) -> bool:
+        """True when every finding is allowed: ``ptfile.load`` would load it as is."""
+        return all(f.verdict is Verdict.ALLOWED for f in self.findings)
+
+    @property
+    def globals(self) -> frozenset[str]:
+        """Every ``module.name`` the file's pickles import."""
+        return frozenset(f.qualname for f in self.findings if f.kind == "global")
+
+    @property
+    def unsafe_globals(self) -> frozenset[str]:
+        """Globals outside the allowlist (torch's ``get_unsafe_globals_in_checkpoint``)."""
+        return frozenset(f.qualname for f in self.findings
+                         if f.kind == "global" and f.verdict is not Verdict.ALLOWED)
+
+    @property
+    def verdict(self) -> Verdict:
+        """The worst verdict of any finding (``allowed`` when there are none)."""
+        order = list(Verdict)
+        return max((f.verdict for f in self.findings), key=order.index, default=Verdict.ALLOWED)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able summary: source, format, verdict, findings.
+
+        Examples
+        --------
+        >>> ScanResult(None, "zip").to_dict()["verdict"]
+        'allowed'
+        """
+        return {"source": self.source, "format": self.format, "verdict": self.verdict.value,
+                "is_dangerous": self.is_dangerous,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def _module_dangerous(module: str) -> bool:
+    parts = module.split(".")
+    return any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1))
+
+
+def verdict_of(module: str, name: str) -> Verdict:
+    """The verdict for a global ``module.name`` (tables first, then the allowlist).
+
+    Examples
+    --------
+    >>> verdict_of("posix", "system"), verdict_of("torch", "FloatStorage")
+    (<Verdict.DANGEROUS: 'dangerous'>, <Verdict.ALLOWED: 'allowed'>)
+    """
+    if _module_dangerous(module) or (module, name) in DANGEROUS_NAMES \
+            or (module, name.split(".")[0]) in DANGEROUS_NAMES:
+        return Verdict.DANGEROUS
+    if find_allowed(module, name) is not None:
+        return Verdict.ALLOWED
+    return Verdict.UNKNOWN
+
+
+@dataclass(slots=True)
+class _Scan:
+    """One scan's state: limits, findings, how deep in nested pickles."""
+
+    limits: Limits
+    findings: list[Finding] = field(default_factory=list)
+
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        self.findings.append(Finding(*args, **kwargs))
+
+
+def _name_finding(s: _Scan, use: NameUse, where: str) -> None:
+    if not use.resolved:
+        s.add("global", Verdict.DANGEROUS, where, use.pos, use.module, use.name, use.opcode,
+              "STACK_GLOBAL with a module or name that is not a string literal: the name is "
+              "computed while unpickling and cannot be known statically")
+        return
+    verdict = verdict_of(use.module, use.name)
+    s.add("global", verdict, where, use.pos, use.module, use.name, use.opcode,
+          f"imports {use.module}.{use.name}")
+
+
+def _object_arrays(s: _Scan, info: Trace, where: str) -> None:
+    for call in info.calls:
+        func = call.func
+        if isinstance(func, GlobalRef) and (func.module.replace("._core", ".core"),
+                                            func.name) in _NUMPY_DTYPE | {("numpy.core.multiarray", "dtype")} \
+                and isinstance(call.args, tuple) and call.args \
+                and isinstance(call.args[0], str) and call.args[0].lstrip("|<>=").startswith("O"):
+            s.add("numpy-object-array", Verdict.DANGEROUS, where, call.pos, func.module,
+                  func.name, call.opcode, "a numpy array of dtype object: its items are "
+                  "arbitrary pickled objects")
+
+
+def _hazards(s: _Scan, info: Trace, where: str) -> None:
+    if info.max_collisions > s.limits.max_hash_collisions:
+        s.add("hazard", Verdict.DANGEROUS, where, None, "", "hash-flooding", "",
+              f"{info.max_collisions} distinct dict/set keys share one hash value: inserting "
+              "them takes quadratic time")
+    if info.max_tuple_depth > s.limits.max_depth:
+        s.add("hazard", Verdict.DANGEROUS, where, None, "", "deep-tuples", "",
+              f"tuples nest {info.max_tuple_depth} deep: hashing one recurses in C and can "
+              "overflow the stack")
+
+
+def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int = 0) -> int:
+    """Scan the pickle at ``data[start:]``; returns the offset after STOP (or -1)."""
+    try:
+        info = trace(data, start, limits=s.limits)
+    except PtfileError as exc:
+        s.add("stream", Verdict.UNKNOWN, where, start, message=f"not a readable pickle: {exc}")
+        return -1
+    for use in info.names:
+        _name_finding(s, use, where)
+    for code, pos in info.exts:
+        s.add("ext", Verdict.DANGEROUS, where, pos, "", str(code), "EXT",
+              f"extension code {code} resolves through copyreg's process-wide registry")
+    if info.error is not None:
+        s.add("stream", Verdict.UNKNOWN, where, None, message=f"the unpickler stops: {info.error}")
+    _object_arrays(s, info, where)
+    _hazards(s, info, where)
+    for blob, pos in info.blobs:
+        _scan_blob(s, blob, f"{where} > nested@{pos:#x}", depth)
+    return info.end
+
+
+def _looks_like_pickle(blob: bytes) -> bool:
+    return len(blob) >= 2 and ((blob[0] == 0x80 and 1 <= blob[1] <= 5)
+                               or (blob[:1] in (b"c", b"(") and blob.rstrip().endswith(b".")))
+
+
+def _scan_blob(s: _Scan, blob: bytes, where: str, depth: int) -> None:
+    if depth >= MAX_NESTING:
+        if _looks_like_pickle(blob) or blob.startswith(b"PK\x03\x04"):
+            s.add("nested", Verdict.DANGEROUS, where, 0,
+                  message=f"pickles nested more than {MAX_NESTING} deep")
+        return
+    if blob.startswith(b"PK\x03\x04"):
+        s.add("nested", Verdict.UNKNOWN, where, 0, message="bytes holding a ZIP archive")
+        _scan_source(s, _bytes_source(blob), where, depth + 1)
+    elif _looks_like_pickle(blob):
+        s.add("nested", Verdict.UNKNOWN, where, 0, message="bytes holding a pickle")
+        _scan_stream(s, blob, where, depth + 1)
+
+
+def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) -> None:
+    """Consecutive pickles at the start of ``data`` (legacy: five; plain pickles: one+)."""
+    pos = 0
+    for i in range(max(count, 1)):
+        label = where if count == 1 else f"{where}#{i}"
+        end = _scan_pickle(s, data, label, pos, depth)
+        if end < 0:
+            return
+        pos = end
+        if pos >= len(data):
+            return
+    if count == 1 and pos < len(data):
+        s.add("stream", Verdict.UNKNOWN, where, pos, message=f"{len(data) - pos} bytes after "
+              "STOP: loaders ignore them, other tools may not")
+        if _looks_like_pickle(data[pos:pos + 2]):
+            _scan_pickle(s, data, f"{where} (after STOP)", pos, depth)
+
+
+def _bytes_source(data: bytes) -> Source:
+    return BytesSource(data)
+
+
+def _is_pickle_record(name: str) -> bool:
+    return name.endswith((".pkl", ".debug_pkl"))
+
+
+def _scan_zip(s: _Scan, source: Source, where: str, depth: int) -> str:
+    walked = walk_zip(source)
+    if walked is None:
+        s.add("format", Verdict.UNKNOWN, where, None, message="no ZIP end record")
+        return "unknown"
+    entries, anomalies = walked
+    for anomaly in anomalies:
+        _anomaly(s, anomaly, where)
+    fmt = "zip"
+    for entry in entries:
+        label = f"{where}:{entry.name}" if where else entry.name
+        if entry.name.endswith("/constants.pkl"):
+            fmt = "torchscript"
+        if entry.name.split("/", 1)[-1].startswith("code/") and entry.name.endswith(".py"):
+            s.add("format", Verdict.UNKNOWN, label, entry.header_offset, "", "torchscript-code",
+                  message="TorchScript code: torch.jit.load compiles and runs it")
+        if _is_pickle_record(entry.name):
+            data = read_member(source, entry, s.limits.max_pickle_bytes)
+            if data is None:
+                s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
+                      message="record cannot be read (method or bounds)")
+                continue
+            _scan_stream(s, data, label, depth)
+    return fmt
+
+
+def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
+    label = anomaly.member or where or "archive"
+    s.add("archive", Verdict.UNKNOWN, label, anomaly.offset, "", anomaly.code,
+          message=anomaly.message)
+
+
+def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
+    members, anomalies = walk_tar(source)
+    for anomaly in anomalies:
+        _anomaly(s, anomaly, "tar")
+    for member in members:
+        data = source.pread(member.offset, member.size, f"tar member {member.name}")
+        label = f"tar:{member.name}"
+        pos, found = 0, 0
+        while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
+            end = _scan_pickle(_probe := _Scan(s.limits), data, label, pos, depth)
+            if end > pos:
+                s.findings.extend(_probe.findings)
+                found, pos = found + 1, end
+            else:
+                pos = data.find(b"\x80", pos + 1)
+
+
+def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
+    head = source.pread(0, min(source.size, 512), "file signature")
+    if head[:4] == b"PK\x03\x04":
+        return _scan_zip(s, source, where, depth)
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        _scan_tar(s, source, depth)
+        return "tar"
+    data = source.pread(0, min(source.size, s.limits.max_pickle_bytes), "pickle stream")
+    legacy = b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19" in head[:32]
+    if walk_zip(source) is not None:
+        s.add("archive", Verdict.UNKNOWN, where or "file", 0, "", "polyglot",
+              message="the file holds a ZIP archive but does not start with one: torch reads "
+              "the leading bytes, ZIP tools the archive")
+        _scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
+    if _looks_like_pickle(head) or legacy:
+        _scan_stream(s, data, where or "stream", depth, MAX_STREAM_PICKLES if legacy else 1)
+        return "legacy" if legacy else "pickle"
+    s.add("format", Verdict.UNKNOWN, where or "file", 0,
+          message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
+    return "unknown"
+
+
+def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
+    """Statically scan a checkpoint: every global, call target and anomaly, with verdicts.
+
+    Nothing is imported, called or unpickled.  The scan reads records and
+    pickles; tensor data is not read.
+
+    Parameters
+    ----------
+    f : path, file object or bytes
+        The checkpoint.
+    limits : Limits, optional
+        Ceilings (pickle size, opcodes, names; ``max_hash_collisions`` and
+        ``max_depth`` decide the hazard findings).
+
+    Returns
+    -------
+    ScanResult
+        ``findings`` with verdicts; ``is_dangerous``, ``is_clean``,
+        ``unsafe_globals``, ``to_dict()``.
+
+    Raises
+    ------
+    OSError
+        The file cannot be opened.
+
+    Examples
+    --------
+    >>> import ptfile
+    >>> result = ptfile.scan(b"\\x80\\x02cposix\\nsystem\\nX\\x02\\x00\\x00\\x00hi\\x85R.")
+    >>> result.is_dangerous, sorted(result.unsafe_globals)
+    (True, ['posix.system'])
+    """
+    limits = limits or DEFAULT_LIMITS
+    source = _bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \
+        else open_source(f, mmap=is_path(f), access="r")
+    try:
+        state = _Scan(limits)
+        if source.size == 0:
+            state.add("format", Verdict.UNKNOWN, "file", 0, message="empty file")
+            fmt = "unknown"
+        else:
+            fmt = _scan_source(state, source, "", 0)
+        name = os.fspath(f) if is_path(f) else None  # type: ignore[arg-type]
+        return ScanResult(str(name) if name is not None else None, fmt, tuple(state.findings))
+    finally:
+        source.close()
+
+
+def iter_dangerous(result: ScanResult) -> Iterator[Finding]:
+    """The dangerous findings of ``result``, in order."""
+    return (f for f in result.findings if f.verdict is Verdict.DANGEROUS)
+
+
+_ = Result  # re-exported type for annotations of trace users

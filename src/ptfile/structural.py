@@ -1,0 +1,274 @@
+"""Structural loading: any pickle as an inert tree, and the state dict of a whole-model pickle.
+
+``ptfile.load(f, structural=True)`` unpickles a file whatever globals it
+names, without importing or calling anything the file chooses.  Globals on the
+allowlist (and the user's registry, :mod:`ptfile.policy`) resolve as usual, so
+tensors are real :class:`ptfile.Tensor` objects.  Every other global resolves to
+a *stand-in class* made for this one load, which records its ``module`` and
+``name``; what the stream does with it is recorded, never performed:
+
+================  =============================================================
+opcode            effect on a stand-in
+================  =============================================================
+``REDUCE``        ``cls(*args)``: a new :class:`StandIn` instance, ``how="call"``,
+``INST``/``OBJ``  ``args`` recorded
+``NEWOBJ``        ``cls.__new__(cls, *args)``: an instance, ``how="new"``
+``NEWOBJ_EX``     the same with ``kwargs``
+``BUILD``         ``state`` recorded (the last one wins; torch passes one)
+``APPEND(S)``     ``listitems`` extended
+``SETITEM(S)``    ``dictitems`` appended as ``(key, value)`` pairs
+``ADDITEMS``      ``listitems`` extended
+``REDUCE`` on an  a :class:`StandIn` of the same class with ``how="call-instance"``
+instance          and ``func`` set to the called instance
+================  =============================================================
+
+Stand-in classes are fresh per load (the stream can only mutate objects of this
+load) and their methods only store references: the C unpickler's calls
+(``__new__``, ``__init__``, ``__setstate__``, ``extend``, ``append``,
+``__setitem__``, ``add``, ``__call__``) end in plain attribute stores.  Nothing
+defined by the file runs, ever.
+
+A ``torch.save(model)`` file pickles each ``nn.Module`` as
+``GLOBAL <class> EMPTY_TUPLE NEWOBJ <__dict__> BUILD``; the ``__dict__`` holds
+``_parameters``, ``_buffers``, ``_non_persistent_buffers_set`` and
+``_modules``.  :func:`state_dict` walks that tree the way
+``nn.Module.state_dict`` does.  Legacy files give module classes the persistent
+id ``('module', cls, source_file, source)``; :func:`structural_persistent_load`
+turns it into a :class:`ModuleSource` record.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Final
+
+from .errors import LimitExceededError
+from .policy import find_allowed
+from .tensor import Parameter, Tensor
+
+__all__ = [
+    "ModuleSource",
+    "StandIn",
+    "StandInType",
+    "StructuralFindClass",
+    "is_module",
+    "state_dict",
+    "structural_persistent_load",
+]
+
+#: ``StandIn.state`` before any ``BUILD``.
+NO_STATE: Final = type("NoState", (), {"__repr__": lambda self: "NO_STATE"})()
+
+
+class StandInType(type):
+    """Metaclass of stand-in classes: a readable ``repr`` naming the global."""
+
+    module: str
+    name: str
+
+    def __repr__(cls) -> str:
+        return f"<stand-in class {cls.module}.{cls.name}>"
+
+
+class StandIn(metaclass=StandInType):
+    """An inert instance of a global ptfile did not import: what the pickle said, recorded.
+
+    Attributes
+    ----------
+    module, name : str
+        The global, as the pickle names it (class attributes).
+    how : str
+        ``"new"`` (``NEWOBJ``), ``"call"`` (``REDUCE``/``INST``/``OBJ``) or
+        ``"call-instance"`` (an instance called in turn; ``func`` is that instance).
+    args : tuple
+        Positional arguments.
+    kwargs : dict
+        Keyword arguments (``NEWOBJ_EX``).
+    state : object
+        The ``BUILD`` state, or ``NO_STATE``.
+    listitems : list
+        Items given by ``APPEND``/``APPENDS``/``ADDITEMS``.
+    dictitems : list of (key, value)
+        Pairs given by ``SETITEM``/``SETITEMS``.
+    """
+
+    __slots__ = ("args", "dictitems", "func", "how", "kwargs", "listitems", "state")
+    module: str = "?"
+    name: str = "?"
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    how: str
+    func: StandIn | None
+    state: Any
+    listitems: list[Any]
+    dictitems: list[tuple[Any, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> StandIn:  # noqa: PYI034 - any subclass
+        self = object.__new__(cls)
+        self.args, self.kwargs, self.how, self.func = args, kwargs, "new", None
+        self.state, self.listitems, self.dictitems = NO_STATE, [], []
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.how = "call"  # __init__ runs only when the class itself is called
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def append(self, item: Any) -> None:
+        self.listitems.append(item)
+
+    def extend(self, items: Any) -> None:
+        self.listitems.extend(items)
+
+    add = append
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.dictitems.append((key, value))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> StandIn:
+        called = type(self).__new__(type(self), *args, **kwargs)
+        called.how, called.func = "call-instance", self
+        return called
+
+    def __repr__(self) -> str:
+        state = "" if self.state is NO_STATE else ", state=..."
+        return f"<stand-in {self.module}.{self.name} {self.how}{self.args!r:.60}{state}>"
+
+
+class ModuleSource:
+    """A legacy persistent id ``('module', cls, source_file, source)``: class and its source."""
+
+    __slots__ = ("cls", "source", "source_file")
+
+    def __init__(self, cls: object, source_file: object, source: object) -> None:
+        self.cls, self.source_file, self.source = cls, source_file, source
+
+    def __repr__(self) -> str:
+        return f"<module source {self.cls!r} from {self.source_file!r:.60}>"
+
+
+def make_stand_in(module: str, name: str) -> StandInType:
+    """A fresh stand-in class for ``module.name`` (never the real one)."""
+    namespace = {"__slots__": (), "module": module, "name": name, "__module__": __name__}
+    return StandInType("StandIn", (StandIn,), namespace)
+
+
+class StructuralFindClass:
+    """``find_class`` of the structural policy: allowlist/registry, else a per-load stand-in.
+
+    Examples
+    --------
+    >>> find = StructuralFindClass()
+    >>> find("os", "system")
+    <stand-in class os.system>
+    >>> find("os", "system") is find("os", "system")
+    True
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str], StandInType] = {}
+
+    def __call__(self, module: str, name: str) -> Any:
+        found = find_allowed(module, name)
+        if found is not None:
+            return found
+        cls = self._made.get((module, name))
+        if cls is None:
+            cls = self._made[module, name] = make_stand_in(module, name)
+        return cls
+
+
+def structural_persistent_load(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Wrap a reader's ``persistent_load``: module-class ids become :class:`ModuleSource`."""
+
+    def load(pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
+            return ModuleSource(*pid[1:])
+        return inner(pid)
+
+    return load
+
+
+def is_module(obj: object) -> bool:
+    """True for a stand-in whose state looks like an ``nn.Module``'s ``__dict__``.
+
+    Examples
+    --------
+    >>> is_module({"_parameters": {}})
+    False
+    """
+    return isinstance(obj, StandIn) and isinstance(obj.state, dict) \
+        and "_parameters" in obj.state and "_modules" in obj.state
+
+
+def _entries(state: dict[str, Any], key: str) -> list[tuple[Any, Any]]:
+    table = state.get(key)
+    return list(table.items()) if isinstance(table, dict) else []
+
+
+#: Module visits :func:`state_dict` makes at most: a submodule shared by two
+#: names is walked twice, so a pickle of shared chains could ask for 2**depth.
+MAX_MODULE_VISITS: Final = 1_000_000
+
+
+def _module_tensors(module: StandIn, prefix: str, out: OrderedDict[str, Any],
+                    seen: set[int], visits: list[int]) -> None:
+    visits[0] += 1
+    if visits[0] > MAX_MODULE_VISITS:
+        raise LimitExceededError("max_records", MAX_MODULE_VISITS, visits[0],
+                                 "module visits while collecting the state dict")
+    state: dict[str, Any] = module.state
+    for name, param in _entries(state, "_parameters"):
+        if param is not None:
+            out[prefix + str(name)] = param.data if isinstance(param, Parameter) else param
+    skipped = state.get("_non_persistent_buffers_set")
+    for name, buffer in _entries(state, "_buffers"):
+        if buffer is not None and not (isinstance(skipped, set) and name in skipped):
+            out[prefix + str(name)] = buffer
+    for name, child in _entries(state, "_modules"):
+        if is_module(child) and id(child) not in seen:  # a cycle is damage, not a model
+            _module_tensors(child, f"{prefix}{name}.", out, seen | {id(child)}, visits)
+
+
+def state_dict(obj: object, prefix: str = "") -> OrderedDict[str, Tensor | Any]:
+    """The ``state_dict()`` of a structurally loaded ``nn.Module``, without torch.
+
+    Parameters (``.data``, as ``state_dict`` detaches them) and persistent
+    buffers, in torch's order: a module's own parameters, then its buffers,
+    then each submodule's, depth first.  A submodule reached by two names is
+    listed under both, as ``nn.Module.state_dict`` lists it.
+
+    Parameters
+    ----------
+    obj : StandIn
+        What ``ptfile.load(f, structural=True)`` returned for ``torch.save(model)``.
+    prefix : str
+        Prepended to every key.
+
+    Returns
+    -------
+    OrderedDict
+        Name → :class:`ptfile.Tensor`.
+
+    Raises
+    ------
+    TypeError
+        ``obj`` is not a structurally loaded module.
+    LimitExceededError
+        Shared submodules would make the walk visit more than a million modules.
+
+    Examples
+    --------
+    >>> state_dict({})
+    Traceback (most recent call last):
+    ...
+    TypeError: expected a structurally loaded nn.Module (ptfile.load(f, structural=True)), got dict
+    """
+    if not is_module(obj):
+        raise TypeError("expected a structurally loaded nn.Module (ptfile.load(f, "
+                        f"structural=True)), got {type(obj).__name__}")
+    out: OrderedDict[str, Any] = OrderedDict()
+    _module_tensors(obj, prefix, out, {id(obj)}, [0])  # type: ignore[arg-type]
+    return out

@@ -54,6 +54,11 @@ def register_package(priority: int, tagger: Tagger, deserializer: Deserializer) 
         _PACKAGES.sort()
 
 
+def has_packages() -> bool:
+    """True once any package was registered (the fast path skips the registry otherwise)."""
+    return bool(_PACKAGES)
+
+
 def location_tag(obj: Any) -> str | None:
     """The tag the first registered tagger gives ``obj`` (None when no package knows it)."""
     for package in list(_PACKAGES):

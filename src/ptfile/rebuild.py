@@ -79,8 +79,13 @@ def _int(value: object, what: str) -> int:
     return value
 
 
+_INT_ONLY: Final = {int}
+
+
 def _ints(value: object, what: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or any(type(v) is not int for v in value):
+    if type(value) is not tuple and not isinstance(value, (tuple, list)):
+        raise _fail(what, value)
+    if value and set(map(type, value)) != _INT_ONLY:
         raise _fail(what, value)
     if len(value) > 64:
         raise StorageError(f"{what}: rank {len(value)} exceeds torch's 64 dimensions")
@@ -348,6 +353,8 @@ def safe_complex(real: object = 0.0, imag: object = 0.0) -> complex:
 
 def safe_ordered_dict(items: object = ()) -> OrderedDict[Any, Any]:
     """``collections.OrderedDict`` (empty, or from a list of pairs)."""
+    if items == ():
+        return OrderedDict()  # every tensor's backward_hooks: the hot path
     if not isinstance(items, (list, tuple, dict)):
         raise _fail("OrderedDict", items)
     return OrderedDict(items)

@@ -16,6 +16,7 @@ storage before it is made: a view reading outside its storage is a
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
@@ -105,7 +106,7 @@ class Storage:
         byteorder: str = "little",
         nbytes: int | None = None,
     ) -> None:
-        self.data = data if data is None else data.cast("B")
+        self.data = data if data is None or data.format == "B" else data.cast("B")
         self.dtype = UINT8 if untyped else dtype
         self.untyped = untyped
         self.location = location
@@ -129,9 +130,9 @@ class Storage:
 
 def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
     """Elements a view spans past its offset (0 when empty)."""
-    if any(s == 0 for s in shape):
+    if 0 in shape:
         return 0
-    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    return 1 + sum(map(operator.mul, map((-1).__add__, shape), stride))
 
 
 def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int],
@@ -141,7 +142,7 @@ def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int]
         raise StorageError(f"size {tuple(shape)} and stride {tuple(stride)} differ in length")
     if len(shape) > MAX_NDIM:
         raise LimitExceededError("max_ndim", MAX_NDIM, len(shape), "tensor rank")
-    if offset < 0 or any(s < 0 for s in shape) or any(s < 0 for s in stride):
+    if offset < 0 or min(shape, default=0) < 0 or min(stride, default=0) < 0:
         raise StorageError(
             f"negative storage_offset/size/stride: offset {offset}, size {tuple(shape)}, "
             f"stride {tuple(stride)}"

@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Final
 
-from .._io import Source
+from .._io import BytesSource, MmapSource, Source
 from ..errors import ArchiveError, LimitExceededError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
+from ._bulk import bulk_data_offsets
 from .records import (
     CENTRAL_DIRECTORY_SIGNATURE,
     CENTRAL_DIRECTORY_STRUCT,
@@ -61,6 +62,8 @@ EOCD_SEARCH_BYTES: Final = EndOfCentralDirectory.SIZE + U16_MAX
 #: CRC checks read stored members in slices of this size.
 CRC_CHUNK_BYTES: Final = 1 << 24
 
+#: Below this many records, checking local headers one at a time is as fast.
+_BULK_MIN_RECORDS: Final = 64
 _CD_FIXED: Final = CENTRAL_DIRECTORY_STRUCT.size
 _LOCAL_FIXED: Final = LOCAL_FILE_HEADER_STRUCT.size
 
@@ -423,6 +426,7 @@ class ZipReader:
         self._by_name = parsed.by_name
         self._cd_offset = directory.offset
         self._data_offsets: dict[int, int] = {}
+        self._bulk_checked = False
         #: Every member, in central directory order.
         self.records: tuple[Record, ...] = tuple(parsed.records)
 
@@ -462,7 +466,7 @@ class ZipReader:
                 raise KeyError(name_or_record)
             return record
         index = name_or_record.index
-        if not 0 <= index < len(self.records) or self.records[index] != name_or_record:
+        if not 0 <= index < len(self.records) or self.records[index] is not name_or_record:
             raise ValueError(f"{name_or_record!r} is not a record of this archive")
         return name_or_record
 
@@ -478,15 +482,27 @@ class ZipReader:
         """
         record = self._resolve(record)
         found = self._data_offsets.get(record.index)
+        if found is None and not self._bulk_checked:
+            self._check_all_local_headers()
+            found = self._data_offsets.get(record.index)
         if found is None:
             found = self._read_local_header(record)
             self._data_offsets[record.index] = found
         return found
 
+    def _check_all_local_headers(self) -> None:
+        """Check every local header in one vectorised pass when the archive is in memory."""
+        self._bulk_checked = True
+        if len(self.records) >= _BULK_MIN_RECORDS and isinstance(
+            self._source, (BytesSource, MmapSource)
+        ):
+            whole = self._source.view(0, self._source.size, "archive")
+            self._data_offsets.update(bulk_data_offsets(whole, self.records, self._cd_offset))
+
     def _read_local_header(self, record: Record) -> int:
         name = record.name.encode("utf-8")
         at = record.header_offset
-        raw = self._source.pread(at, _LOCAL_FIXED + len(name), "local file header")
+        raw = self._source.view(at, _LOCAL_FIXED + len(name), "local file header")
         sig, *_, nlen, elen = LOCAL_FILE_HEADER_STRUCT.unpack_from(raw)
         offset: int = at + _LOCAL_FIXED + nlen + elen
         if sig != LOCAL_FILE_HEADER_SIGNATURE:

@@ -1,0 +1,126 @@
+"""Two costs of CPython's unpickler that no opcode-level rule bounds: hash floods, deep tuples.
+
+Hash flooding
+-------------
+Distinct dict or set keys that hash alike make every insertion probe all the
+earlier ones: ``n`` keys cost ``n**2 / 2`` comparisons (int keys
+``k * (2**61 - 1)`` all hash to 0; ``complex`` and tuple keys can be solved for
+any hash).  Small ints, strings and bytes cannot flood: ints below ``2**61 - 1``
+hash to themselves and str/bytes hashes are randomised per process.  Every
+flooding key needs its own *wide* number literal (``LONG1`` of 8 bytes or more,
+``LONG4``, ``BINFLOAT``, or protocol 0's text numbers), so
+:func:`~ptfile.picklevm.check_stream` counts those, and only a stream with
+more of them than ``Limits.max_hash_collisions`` is walked by
+:func:`check_number_keys` (the symbolic machine, which hashes every key it can
+know without running anything and counts distinct keys per hash value).
+
+Deep tuples
+-----------
+Hashing a tuple recurses in C with no depth check: a dict key nested some
+hundred thousand tuples deep (``TUPLE1`` repeated) overflows the C stack and
+kills the process.  A tuple cannot nest deeper than the number of tuple-building
+opcodes in its stream, and each nesting level of the recursion takes well under
+:data:`STACK_BYTES_PER_LEVEL` bytes.  :func:`call_with_stack` therefore runs the
+unpickler inline when the stream's tuple-opcode bytes bound the depth below what
+any thread's stack holds, and otherwise in a thread whose stack is sized for the
+bound (address space only: pages are touched only by a real deep recursion).
+A bound needing more than :data:`MAX_STACK_BYTES` is refused.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from ..errors import LimitExceededError
+from ..limits import Limits
+from .lexer import Buffer
+
+__all__ = ["call_with_stack", "check_number_keys", "stack_bytes_for"]
+
+T = TypeVar("T")
+
+#: C stack bytes per level of tuple hashing (measured ~50-80 on CPython 3.11 x86-64).
+STACK_BYTES_PER_LEVEL: Final = 256
+#: Stacks at most this big are assumed available inline (threads get 8 MiB by default
+#: on Linux; the main thread as much).
+INLINE_STACK_BYTES: Final = 2 << 20
+#: Address space reserved for one unpickling thread's stack, at most.
+MAX_STACK_BYTES: Final = 16 << 30
+_TUPLE_OPCODES: Final = (b"\x85", b"\x86", b"\x87", b"t")
+_STACK_LOCK: Final = threading.Lock()
+
+
+def stack_bytes_for(stream: bytes) -> int:
+    """C stack the hashing of any tuple the stream can build may need (an upper bound).
+
+    Examples
+    --------
+    >>> stack_bytes_for(b"\\x80\\x02K\\x01\\x85.")
+    256
+    """
+    levels = sum(stream.count(code) for code in _TUPLE_OPCODES)
+    return levels * STACK_BYTES_PER_LEVEL
+
+
+def call_with_stack(function: Callable[[], T], stack_bytes: int) -> T:
+    """``function()``, on a thread with at least ``stack_bytes`` of C stack when that is large.
+
+    The caller's context variables are visible inside; exceptions propagate.
+
+    Raises
+    ------
+    LimitExceededError
+        The stack would exceed :data:`MAX_STACK_BYTES`, or the thread cannot start.
+    """
+    if stack_bytes <= INLINE_STACK_BYTES:
+        return function()
+    size = max(stack_bytes + (8 << 20), 32 << 20)
+    if size > MAX_STACK_BYTES:
+        raise LimitExceededError("max_depth", MAX_STACK_BYTES // STACK_BYTES_PER_LEVEL,
+                                 stack_bytes // STACK_BYTES_PER_LEVEL,
+                                 "tuple-building opcodes (each may nest a tuple one deeper)")
+    results: list[T] = []
+    errors: list[BaseException] = []
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            results.append(context.run(function))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+
+    with _STACK_LOCK:  # threading.stack_size is process-wide
+        previous = threading.stack_size(size)
+        try:
+            worker = threading.Thread(target=run, name="ptfile-unpickle", daemon=True)
+            worker.start()
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            raise LimitExceededError("max_depth", 0, stack_bytes // STACK_BYTES_PER_LEVEL,
+                                     f"a {size >> 20} MiB unpickling stack ({exc})") from exc
+        finally:
+            threading.stack_size(previous)
+    worker.join()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def check_number_keys(data: Buffer, start: int, limits: Limits) -> None:
+    """Refuse a stream whose dict/set keys flood one hash value, or whose keys nest too deep.
+
+    Raises
+    ------
+    LimitExceededError
+        More than ``limits.max_hash_collisions`` distinct keys share a hash value
+        (``max_hash_collisions``), or tuples nest deeper than ``limits.max_depth``.
+    """
+    from .symbolic import trace  # symbolic imports the lexer, which calls us
+
+    info = trace(data, start, limits=limits)
+    if info.max_collisions > limits.max_hash_collisions:
+        raise LimitExceededError("max_hash_collisions", limits.max_hash_collisions,
+                                 info.max_collisions,
+                                 f"dict/set keys sharing one hash value in the pickle at {start:#x}")

@@ -101,6 +101,28 @@ def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
     return fields
 
 
+def _member_size(header: bytes, pending: dict[bytes, bytes], pos: int) -> int:
+    """The member's size: a preceding PAX ``size`` field overrides the header's."""
+    text = pending.get(b"size")
+    if text is None:
+        return _octal(header[124:136], "size", pos)
+    if not text.isdigit() or len(text) > 20:
+        raise FormatError(f"PAX size {text!r:.40} is not a decimal number", offset=pos)
+    return int(text)
+
+
+def _extended(source: Source, pos: int, size: int, kind: bytes,
+              limits: Limits) -> dict[bytes, bytes]:
+    """The fields a GNU long-name or PAX header sets for the next member."""
+    if size > limits.max_name_length + BLOCK:
+        raise LimitExceededError("max_name_length", limits.max_name_length, size,
+                                 "tar extended header")
+    data = source.pread(pos + BLOCK, size, "tar extended header")
+    if kind == LONG_NAME_TYPE:
+        return {b"path": data.split(b"\0", 1)[0]}
+    return _pax(data, pos + BLOCK) if kind == b"x" else {}
+
+
 def list_members(source: Source, limits: Limits) -> dict[str, TarMember]:
     """The regular files of the tar archive in ``source`` (the last of equal names wins).
 
@@ -118,20 +140,13 @@ def list_members(source: Source, limits: Limits) -> dict[str, TarMember]:
         if header == bytes(BLOCK):
             break
         _check_header(header, pos)
-        size = int(pending.get(b"size", b"") or _octal(header[124:136], "size", pos))
+        size = _member_size(header, pending, pos)
         if pos + BLOCK + size > source.size:
             raise FormatError(f"tar member of {size} bytes reaches beyond the end of the input",
                               offset=pos)
         kind = header[156:157]
         if kind == LONG_NAME_TYPE or kind in PAX_TYPES:
-            if size > limits.max_name_length + BLOCK:
-                raise LimitExceededError("max_name_length", limits.max_name_length, size,
-                                         "tar extended header")
-            data = source.pread(pos + BLOCK, size, "tar extended header")
-            if kind == b"x":
-                pending = _pax(data, pos + BLOCK)
-            elif kind == LONG_NAME_TYPE:
-                pending = {b"path": data.split(b"\0", 1)[0]}
+            pending = _extended(source, pos, size, kind, limits)
         else:
             if kind in REGULAR_TYPES:
                 name = pending.get(b"path") or _header_name(header)

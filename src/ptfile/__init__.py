@@ -10,8 +10,6 @@ np.float32(6.0)
 from __future__ import annotations
 
 from .api import detect_format, load, load_torchscript, save
-from .reader import CheckpointReader, TensorInfo, TensorSlice
-from .reader import open  # noqa: A004 - ptfile.open, like gzip.open
 from .config import (
     MAP_PRIVATE,
     MAP_SHARED,
@@ -39,8 +37,15 @@ from .errors import (
     UnsupportedFeatureError,
 )
 from .formats import Format
+from .formats.torchscript import ScriptObject, TorchScriptArchive
 from .limits import DEFAULT_LIMITS, Limits
 from .location import register_package
+from .reader import (
+    CheckpointReader,
+    TensorInfo,
+    TensorSlice,
+    open,
+)
 from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __version__ = "0.1.0"
@@ -64,6 +69,7 @@ __all__ = [
     "PtfileWarning",
     "QuantizedTensor",
     "SaveError",
+    "ScriptObject",
     "Settings",
     "Size",
     "SparseTensor",
@@ -72,6 +78,7 @@ __all__ = [
     "Tensor",
     "TensorInfo",
     "TensorSlice",
+    "TorchScriptArchive",
     "UnknownFormatError",
     "UnsafeGlobalError",
     "UnsupportedFeatureError",
@@ -81,8 +88,8 @@ __all__ = [
     "get_default_load_endianness",
     "get_default_mmap_options",
     "load",
-    "open",
     "load_torchscript",
+    "open",
     "register_package",
     "save",
     "set_crc32_options",
@@ -92,7 +99,8 @@ __all__ = [
 ]
 
 for _name in ("DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
-              "Storage", "Tensor", "Limits", "Settings", "Format",
+              "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
+              "TorchScriptArchive",
               "CheckpointReader", "TensorInfo", "TensorSlice"):
     globals()[_name].__module__ = "ptfile"
 del _name

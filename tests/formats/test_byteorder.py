@@ -144,3 +144,17 @@ def test_byteorder_keyword_is_checked() -> None:
         ptfile.save({}, io.BytesIO(), byteorder="middle")
     with pytest.raises(ValueError, match="little-endian only"):
         ptfile.save({}, io.BytesIO(), byteorder="big", _use_new_zipfile_serialization=False)
+
+
+def test_byteorder_big_endian_torchscript_archive() -> None:
+    module = torch.nn.Module()
+    buffers = {"f32": sample(torch.float32), "u16": sample(torch.uint16),
+               "i64": sample(torch.int64), "c64": sample(torch.complex64)}
+    for name, value in buffers.items():
+        module.register_buffer(name, value)
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(module), buf)
+    data = big_endian_copy(buf.getvalue(), [swap_unit(t.dtype) for t in buffers.values()])
+    ours = ptfile.load(io.BytesIO(data))
+    for name, value in buffers.items():
+        assert_tensor_equal(ours[name], value)

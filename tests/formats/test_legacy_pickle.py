@@ -219,3 +219,15 @@ def test_legacy_key_list_must_name_the_used_storages() -> None:
     data = craft({"a": _Tensor(_Ref(pid), 0, (1,), (1,))}, ["other"], [bytes(4)], [1])
     with pytest.raises(ptfile.StorageError, match="key list"):
         ptfile.load(io.BytesIO(data))
+
+
+@pytest.mark.parametrize("dtype", V2_DTYPES, ids=str)
+def test_legacy_ptfile_writes_every_typed_dtype_torch_reads(dtype: torch.dtype) -> None:
+    x = sample(dtype, 8)
+    src = ptfile.load(io.BytesIO(legacy_bytes({"x": x, "v": x[2:6].view(2, 2)})))
+    buf = io.BytesIO()
+    ptfile.save(src, buf, _use_new_zipfile_serialization=False)
+    theirs = torch.load(io.BytesIO(buf.getvalue()))
+    assert torch.equal(theirs["x"], x)
+    assert torch.equal(theirs["v"], x[2:6].view(2, 2))
+    assert_sharing(src, theirs)

@@ -170,3 +170,25 @@ def test_torchscript_code_is_matched_not_evaluated() -> None:
     assert classes["__torch__.a.C"].buffers == ("b", "c")
     assert not classes["__torch__.a.D"].is_module
     assert classes["__torch__.a.D"].parameters == ()
+
+
+def test_torchscript_cyclic_or_deep_module_trees_are_format_errors() -> None:
+    from ptfile.formats.torchscript import ScriptClass, TorchScriptArchive
+
+    def module(**attrs: Any) -> ScriptObject:
+        obj = ScriptObject.__new__(ScriptObject)
+        obj.__setstate__({"training": True, **attrs})
+        return obj
+
+    root = module()
+    root.attributes["self"] = root
+    archive = TorchScriptArchive(module=root, constants=(), code={}, extra={},
+                                 classes={"__torch__": ScriptClass(is_module=True)})
+    with pytest.raises(ptfile.FormatError, match="cyclic or too deep"):
+        archive.state_dict()
+    deep = module()
+    for _ in range(500):
+        deep = module(child=deep)
+    with pytest.raises(ptfile.FormatError, match="cyclic or too deep"):
+        TorchScriptArchive(module=deep, constants=(), code={}, extra={},
+                           classes={}).state_dict()

@@ -59,8 +59,9 @@ __all__ = ["ScriptObject", "TorchScriptArchive", "read_torchscript"]
 _CLASS_LINE: Final = re.compile(r"^class (\w+)\((\w*)\):\s*$", re.MULTILINE)
 _LIST_LINE: Final = re.compile(r"^  (__parameters__|__buffers__) = \[(.*)\]\s*$", re.MULTILINE)
 _QUOTED: Final = re.compile(r'"(\w+)"')
-#: Module trees nest a few levels; a deeper one is damage or an attack.
-MAX_MODULE_DEPTH: Final = 1000
+#: Module trees nest a few levels (real models < 20); deeper is damage or an attack,
+#: and this bound keeps the recursive walk far from Python's recursion limit.
+MAX_MODULE_DEPTH: Final = 200
 
 
 class ScriptObject:
@@ -139,7 +140,7 @@ class TorchScriptArchive:
         Raises
         ------
         FormatError
-            The module tree is cyclic or nested beyond 1000 levels.
+            The module tree is cyclic or nested beyond 200 levels.
         """
         out: OrderedDict[str, Tensor] = OrderedDict()
         metadata: OrderedDict[str, dict[str, int]] = OrderedDict()

@@ -232,10 +232,13 @@ class LegacyStorages:
             raise StorageError(f"storage {storage.key!r} has {count} elements on disk; the "
                                f"pickle says {storage.nbytes // storage.dtype.itemsize} "
                                "(torch: storage has wrong byte size)", offset=pos)
-        data = source.view(pos + 8, storage.nbytes, f"storage {storage.key!r}")
+        end = pos + 8 + storage.nbytes
+        if end > source.size:
+            raise StorageError(f"storage {storage.key!r} of {storage.nbytes} bytes reaches "
+                               f"beyond the end of the input ({source.size:#x})", offset=pos)
         if not skip_data:
-            storage.data = data
-        return pos + 8 + storage.nbytes
+            storage.data = source.view(pos + 8, storage.nbytes, f"storage {storage.key!r}")
+        return end
 
 
 def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,

@@ -149,9 +149,8 @@ class _View:
 class LegacyStorages:
     """``persistent_load`` for the legacy stream: storages now, their bytes once located."""
 
-    def __init__(self, map_location: MapLocation, find_class: Callable[[str, str], Any]) -> None:
+    def __init__(self, map_location: MapLocation) -> None:
         self._map_location = map_location
-        self._find_class = find_class
         self.roots: dict[str, Storage] = {}
         self.views: dict[str, _View] = {}
 
@@ -209,7 +208,16 @@ class LegacyStorages:
         return view
 
     def fill(self, source: Source, keys: object, start: int, skip_data: bool) -> None:
-        """Attach each storage's bytes, read in the order of the key list from ``start``."""
+        """Attach each storage's bytes, read in the order of the key list from ``start``.
+
+        Raises
+        ------
+        FormatError
+            ``keys`` is not a list of strings.
+        StorageError
+            The list does not name exactly the storages the object uses, or a
+            count disagrees with the pickle, or the bytes run past the input.
+        """
         if not isinstance(keys, list):
             raise FormatError(f"the storage key list must be a list, got {keys!r:.100}",
                               offset=start)
@@ -258,7 +266,7 @@ def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
     """
     data = source.view(0, source.size, "legacy stream")
     info = read_header(data, limits)
-    storages = LegacyStorages(map_location, find_class)
+    storages = LegacyStorages(map_location)
     obj, pos = unpickle(data, find_class=find_class, persistent_load=storages, limits=limits,
                         encoding=encoding, start=info.object_offset)
     keys, pos = unpickle(data, find_class=_plain, persistent_load=None, limits=limits,

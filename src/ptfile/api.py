@@ -210,6 +210,7 @@ def save(
     *,
     archive_name: str | None = None,
     byteorder: str | None = None,
+    skip_data: bool = False,
 ) -> None:
     """Save ``obj`` as ``torch.save`` does, byte for byte, without torch.
 
@@ -221,7 +222,6 @@ def save(
 
     Parameters
     ----------
-    skip_data: bool = False,
     obj
         The object to save.
     f
@@ -238,6 +238,14 @@ def save(
     byteorder
         ``"little"`` or ``"big"``: the byte order of the storages and of the
         ``byteorder`` record (ZIP only); default the host's, as torch does.
+    skip_data
+        Write each storage record's space without its data (zeros, CRC 0, as
+        torch's ``serialization.skip_data()``; a path target gets holes, so
+        the file is sparse).  Fill it later through ``load(path, mmap="r+")``.
+        Storages need no data then (``Storage(None, dtype, nbytes=n)``).
+
+    torch tensors (when torch is already imported) are converted through
+    :mod:`ptfile.bridge`, sharing kept.
 
     Raises
     ------
@@ -249,14 +257,6 @@ def save(
     >>> import io, numpy as np, ptfile
     >>> buf = io.BytesIO()
     >>> ptfile.save({"w": np.arange(3, dtype="int64")}, buf)
-    skip_data
-        Write each storage record's space without its data (zeros, CRC 0, as
-        torch's ``serialization.skip_data()``; a path target gets holes, so
-        the file is sparse).  Fill it later through ``load(path, mmap="r+")``.
-        Storages need no data then (``Storage(None, dtype, nbytes=n)``).
-
-    torch tensors (when torch is already imported) are converted through
-    :mod:`ptfile.bridge`, sharing kept.
     >>> buf.getvalue()[:4]
     b'PK\\x03\\x04'
     """
@@ -264,6 +264,10 @@ def save(
         raise TypeError("ptfile.save does not take a pickle_module")
     if byteorder not in (None, "little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
+    if "torch" in sys.modules:  # never import torch ourselves: only convert what is there
+        from .bridge import from_torch  # the bridge imports torch: only here
+
+        obj = from_torch(obj)
     emit: Callable[[Callable[[Any], Any]], None]
     if _use_new_zipfile_serialization:
         settings = config.current()
@@ -275,10 +279,6 @@ def save(
         def emit(write: Callable[[Any], Any]) -> None:
             write_zip(obj, write, prefix, settings, pickle_protocol=pickle_protocol,
                       byteorder=order, skip_data=skip_data)
-    if "torch" in sys.modules:  # never import torch ourselves: only convert what is there
-        from .bridge import from_torch  # the bridge imports torch: only here
-
-        obj = from_torch(obj)
     else:
         if byteorder == "big":
             raise ValueError("the legacy format stores storages little-endian only")
@@ -292,17 +292,6 @@ def save(
     emit(f.write)  # type: ignore[union-attr]
 
 
-def _fields(settings: config.Settings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in settings.__slots__}
-
-
-def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
-    """The checkpoint format of ``f``, from its bytes (never from its name).
-
-    Parameters
-    ----------
-    f
-        A path, bytes, or a binary file object (read from its current position).
 #: Zero runs at least this long become holes in skip_data files.
 _HOLE_BYTES: Final = 1 << 16
 
@@ -323,6 +312,17 @@ def _sparse_write(fp: IO[bytes]) -> Callable[[Any], Any]:
     return write
 
 
+def _fields(settings: config.Settings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in settings.__slots__}
+
+
+def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
+    """The checkpoint format of ``f``, from its bytes (never from its name).
+
+    Parameters
+    ----------
+    f
+        A path, bytes, or a binary file object (read from its current position).
     limits
         Ceilings for untrusted input.
 
@@ -345,6 +345,8 @@ def _sparse_write(fp: IO[bytes]) -> Callable[[Any], Any]:
     >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
     <Format.LEGACY: 'legacy'>
     """
+    position = None if is_path(f) or isinstance(f, (bytes, bytearray, memoryview)) \
+        else f.tell()  # type: ignore[union-attr]
     source = open_source(f, lazy=True)
     try:
         return detect_source(source, limits or DEFAULT_LIMITS)
@@ -354,6 +356,8 @@ def _sparse_write(fp: IO[bytes]) -> Callable[[Any], Any]:
         raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
     finally:
         source.close()
+        if position is not None:
+            f.seek(position)  # type: ignore[union-attr]
 
 
 def load_torchscript(

@@ -82,6 +82,9 @@ def _child_task(task: str, path: str) -> Callable[[], Any]:
         "ptfile_load": lambda: ptfile.load(path),
         "ptfile_load_mmap": lambda: ptfile.load(path, mmap=True),
         "read_bytes": lambda: _read_into_fresh_memory(path),
+        "ptfile_open_list": lambda: _open_and_list(path),
+        "torch_fake_load": lambda: _torch_fake_load(path),
+        "torch_meta_load": lambda: torch.load(path, weights_only=True, map_location="meta"),
     }
     timed = {"torch_save": torch_save, "ptfile_save": ptfile_save, "raw_write_crc": raw_write_crc}
     if task in timed:
@@ -94,6 +97,23 @@ def _child_task(task: str, path: str) -> Callable[[], Any]:
             _touch_all(obj)
         _report(time.perf_counter() - start)
     return run
+
+
+def _open_and_list(path: str) -> int:
+    """ptfile.open + every tensor's dtype, shape, stride, storage key and file offset."""
+    import ptfile
+
+    with ptfile.open(path) as ck:
+        return sum(len(info.shape) + (info.data_offset or 0) for info in ck.infos())
+
+
+def _torch_fake_load(path: str) -> Any:
+    """torch's metadata-only load: FakeTensorMode (fake tensors know their _checkpoint_offset)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return torch.load(path, weights_only=True)
 
 
 def _read_into_fresh_memory(path: str) -> bytearray:
@@ -149,6 +169,8 @@ ROWS = [
     ("A", "save", "ptfile_save", "raw_write_crc", "write bytes + CRC32"),
     ("B", "load", "ptfile_load", "torch_load", "torch"),
     ("B", "save", "ptfile_save", "torch_save", "torch"),
+    ("B", "open + metadata", "ptfile_open_list", "torch_meta_load", "torch map_location=meta"),
+    ("B", "open + metadata", "ptfile_open_list", "torch_fake_load", "torch FakeTensorMode"),
 ]
 
 
@@ -157,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0, help="size factor for A and B")
     parser.add_argument("--repeat", type=int, default=2, help="runs per measurement (best kept)")
+    parser.add_argument("--only", default="", metavar="TEXT",
+                        help="run only the rows whose operation contains TEXT (e.g. 'open')")
     parser.add_argument("--child", nargs=2, metavar=("TASK", "FILE"), help=argparse.SUPPRESS)
     parser.add_argument("--make", nargs=2, metavar=("FOLDER", "SCALE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -167,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         _child_task(*args.child)()
         return 0
     with tempfile.TemporaryDirectory(dir=os.environ.get("PTFILE_BENCH_DIR")) as tmp:
-        files = dict(zip("AB", make_files(Path(tmp), args.scale)))
+        files = dict(zip("AB", make_files(Path(tmp), args.scale), strict=True))
         sizes = {k: v.stat().st_size / 2**20 for k, v in files.items()}
         print(f"A: {sizes['A']:.0f} MiB, 300 tensors;  B: {sizes['B']:.1f} MiB, "
               f"{max(1, int(100_000 * args.scale))} tensors\n")
@@ -175,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'other s':>8} {'RSS MiB':>8} {'speed-up':>9}")
         cache: dict[tuple[str, str], dict[str, float]] = {}
         for file, op, ours, theirs, label in ROWS:
+            if args.only not in op:
+                continue
             for task in (ours, theirs):
                 if (file, task) not in cache:
                     cache[file, task] = measure(task, files[file], args.repeat)

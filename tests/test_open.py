@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import ptfile
-from ptfile.archive import ZipReader
 from ptfile._io import open_source
+from ptfile.archive import ZipReader
 
 
 class CountingFile(io.RawIOBase):
@@ -78,10 +78,13 @@ def test_open_keys_and_metadata(views_file: tuple[Path, dict[str, torch.Tensor]]
     with ptfile.open(path) as ck:
         assert list(ck.keys()) == list(_expected(sd))
         meta = ck.metadata()
-        assert meta["format"] == "zip" and meta["byteorder"] == "little"
-        assert meta["storage_alignment"] == "64" and meta["version"] == "3"
+        assert meta["format"] == "zip"
+        assert meta["byteorder"] == "little"
+        assert meta["storage_alignment"] == "64"
+        assert meta["version"] == "3"
         assert ck.format is ptfile.Format.ZIP
-        assert "missing" not in ck and len(ck) == len(_expected(sd))
+        assert "missing" not in ck
+        assert len(ck) == len(_expected(sd))
 
 
 @pytest.mark.parametrize("mmap", [True, False])
@@ -93,11 +96,13 @@ def test_open_info_matches_torch(views_file: tuple[Path, dict[str, torch.Tensor]
         for name, t in _expected(sd).items():
             info = ck.info(name)
             assert info.dtype.name == str(t.dtype).removeprefix("torch.")
-            assert info.shape == tuple(t.shape) and info.stride == t.stride()
+            assert info.shape == tuple(t.shape)
+            assert info.stride == t.stride()
             assert info.storage_offset == t.storage_offset()
             assert info.is_parameter == isinstance(t, torch.nn.Parameter)
             record = reader.get(f"views/data/{info.storage_key}")
-            assert record is not None and info.data_offset == reader.data_offset(record)
+            assert record is not None
+            assert info.data_offset == reader.data_offset(record)
             assert info.storage_nbytes == t.untyped_storage().nbytes()
         assert ck.info("sub").storage_key == ck.info("base").storage_key == ck.info("t").storage_key
 
@@ -127,7 +132,8 @@ def test_get_slice_matches_numpy(views_file: tuple[Path, dict[str, torch.Tensor]
         for name in ("base", "t"):
             want = sd[name].numpy()[key]
             sl = ck.get_slice(name)
-            assert sl.get_shape() == list(sd[name].shape) and sl.get_dtype() == "float32"
+            assert sl.get_shape() == list(sd[name].shape)
+            assert sl.get_dtype() == "float32"
             np.testing.assert_array_equal(sl[key], want)
 
 
@@ -170,7 +176,8 @@ def test_open_legacy_formats_fall_back(golden: Path) -> None:
 def test_open_big_endian(golden: Path) -> None:
     with ptfile.open(golden / "tiny_bigendian.pt") as ck:
         values = {k: ck.get_tensor(k).tolist() for k in ck}
-    assert [1, 258] in values.values() and [1.0, 2.0] in values.values()
+    assert [1, 258] in values.values()
+    assert [1.0, 2.0] in values.values()
 
 
 # ----------------------------------------------------------------------------- scale
@@ -190,7 +197,8 @@ def test_open_100k_tensors_reads_only_headers_and_pickle(many_file: Path) -> Non
     with ptfile.open(counting, mmap=False) as ck:
         infos = list(ck.infos())
         assert len(infos) == 100_000
-        assert infos[-1].shape == (4,) and infos[-1].dtype.name == "float32"
+        assert infos[-1].shape == (4,)
+        assert infos[-1].dtype.name == "float32"
         after_listing = counting.bytes_read
         row = ck.get_tensor("model.layers.99999.weight")
         assert counting.bytes_read - after_listing < 200  # one local header + 16 data bytes
@@ -222,13 +230,15 @@ def test_open_2gib_sparse_file_reads_little(tmp_path: Path) -> None:
     counting = CountingFile(path)
     with ptfile.open(counting, mmap=False) as ck:
         info = ck.info("big")
-        assert info.shape == (n,) and info.data_offset is not None
+        assert info.shape == (n,)
+        assert info.data_offset is not None
         assert info.data_offset + info.storage_nbytes > 2**31
         np.testing.assert_array_equal(ck.get_slice("big")[-2:], [2.0, 3.0])
         np.testing.assert_array_equal(ck.get_tensor("small"), [5.0, 6.0])
     assert counting.bytes_read < 2**20
     loaded = torch.load(path, mmap=True)
-    assert loaded["big"][-1].item() == 3.0 and loaded["small"].tolist() == [5.0, 6.0]
+    assert loaded["big"][-1].item() == 3.0
+    assert loaded["small"].tolist() == [5.0, 6.0]
 
 
 # ----------------------------------------------------------------------------- skip_data
@@ -249,7 +259,8 @@ def test_save_skip_data_is_torch_layout_with_zero_crc(tmp_path: Path) -> None:
         elif not record.name.endswith("serialization_id"):
             assert record.crc32 == zlib.crc32(reader.read(record))
     loaded = torch.load(io.BytesIO(b))
-    assert loaded["w"].shape == (2, 3) and loaded["w"].abs().sum().item() == 0
+    assert loaded["w"].shape == (2, 3)
+    assert loaded["w"].abs().sum().item() == 0
     path = tmp_path / "skip.pt"
     ptfile.save(sd, path, skip_data=True)
     mapped = ptfile.load(path, mmap="r+")
@@ -262,6 +273,7 @@ def test_load_skip_data_builds_tensors_without_data(views_file: tuple[Path, Any]
     path, sd = views_file
     counting = CountingFile(path)
     obj = ptfile.load(counting, skip_data=True)
-    assert obj["sub"].shape == tuple(sd["sub"].shape) and obj["sub"].stride() == (6, 2)
+    assert obj["sub"].shape == tuple(sd["sub"].shape)
+    assert obj["sub"].stride() == (6, 2)
     with pytest.raises(ptfile.UnsupportedFeatureError):
         obj["base"].numpy()

@@ -38,6 +38,7 @@ from .errors import (
 )
 from .formats import Format
 from .formats.torchscript import ScriptObject, TorchScriptArchive
+from .inspection import Inspection, inspect
 from .limits import DEFAULT_LIMITS, Limits
 from .location import register_package
 from .reader import (
@@ -61,6 +62,7 @@ __all__ = [
     "Device",
     "Format",
     "FormatError",
+    "Inspection",
     "LimitExceededError",
     "Limits",
     "Parameter",
@@ -87,6 +89,7 @@ __all__ = [
     "get_crc32_options",
     "get_default_load_endianness",
     "get_default_mmap_options",
+    "inspect",
     "load",
     "load_torchscript",
     "open",
@@ -101,6 +104,6 @@ __all__ = [
 for _name in ("DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
               "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
               "TorchScriptArchive",
-              "CheckpointReader", "TensorInfo", "TensorSlice"):
+              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection"):
     globals()[_name].__module__ = "ptfile"
 del _name

@@ -445,6 +445,25 @@ class CheckpointReader(Mapping[str, Tensor]):
         return frozenset(t.storage.key for t in self._tensors.values()
                          if t.storage is not None and t.storage.key is not None) | self._keys
 
+    def load_tensors(self) -> dict[str, Tensor]:
+        """Every tensor with its data; tensors sharing a storage in the file share one here."""
+        storages: dict[int, Storage] = {}
+        out: dict[str, Tensor] = {}
+        for name, t in self._tensors.items():
+            s = t.storage
+            if s is None:
+                out[name] = t
+                continue
+            loaded = storages.get(id(s))
+            if loaded is None:
+                loaded = storages[id(s)] = Storage(
+                    self._storage_bytes(s, 0, s.nbytes, name), s.dtype, location=s.location,
+                    key=s.key, untyped=s.untyped, byteorder=s.byteorder)
+            view = Tensor(loaded, t._offset, t._shape, t._stride, dtype=t.dtype,
+                          requires_grad=t.requires_grad, metadata=t.metadata)
+            out[name] = Parameter(view, t.requires_grad) if isinstance(t, Parameter) else view
+        return out
+
     def tensors(self) -> dict[str, Tensor]:
         """The data-less tensors of :attr:`object` by dotted name."""
         return dict(self._tensors)

@@ -1,0 +1,399 @@
+"""The ``ptfile`` command: inspect, scan, convert, verify and diff PyTorch checkpoints.
+
+Exit codes follow ClamAV and fickling: :data:`EXIT_OK` (0) when all is well,
+:data:`EXIT_UNSAFE` (1) when a check found something (``scan``: a dangerous
+global; ``verify``: damage; ``diff``: a difference), :data:`EXIT_ERROR` (2)
+when the command could not do its work (bad usage, unreadable input).
+
+Every read command takes ``--json`` and then prints one JSON document on
+stdout.  Long work (convert, verify, diff) shows a progress bar on stderr when
+stderr is a terminal and ``tqdm`` is installed (``pip install ptfile[cli]``);
+piped, it is silent.  ``tqdm`` is optional, not a runtime dependency: the
+library itself needs only numpy and ml_dtypes, and a missing bar costs nothing
+but the bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, TextIO
+
+from .errors import PtfileError
+from .inspection import Inspection, diff, inspect, verify
+from .reader import TensorInfo
+from .reader import open as open_checkpoint
+
+__all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNSAFE", "main"]
+
+EXIT_OK: Final = 0
+#: ``scan`` found something dangerous.
+EXIT_UNSAFE: Final = 1
+#: ``verify`` found damage (same value as EXIT_UNSAFE: "the check failed").
+EXIT_INVALID: Final = 1
+#: ``diff`` found a difference (as diff(1)).
+EXIT_DIFFERENT: Final = 1
+#: The command could not run: bad arguments, unreadable or unsupported input.
+EXIT_ERROR: Final = 2
+
+_EPILOG: Final = """\
+exit codes: 0 ok, 1 the check failed (scan: dangerous; verify: damaged; diff: different),
+            2 error (bad arguments, unreadable input)
+
+examples:
+  ptfile inspect model.pt                  what is inside (reads no tensor data)
+  ptfile inspect model.pt --json | jq .totals
+  ptfile scan *.pt                         is it safe to load? (never executes anything)
+  ptfile convert model.pt model.safetensors
+  ptfile convert pytorch_model.bin.index.json out/   sharded HF checkpoint, shard by shard
+  ptfile verify model.pt                   CRC of every record, structure, bounds
+  ptfile diff before.pt after.pt           added/removed keys, changes, max |a-b|
+"""
+
+
+# --------------------------------------------------------------------------- output helpers
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _print_json(doc: Any, out: TextIO) -> None:
+    json.dump(doc, out, indent=2, default=str)
+    out.write("\n")
+
+
+@contextlib.contextmanager
+def _progress(total: int, desc: str, enabled: bool, unit: str = "B") -> Iterator[
+        Callable[[int], None]]:
+    """A tqdm bar on stderr when it is a terminal (and tqdm is installed), else a no-op."""
+    bar = None
+    if enabled and sys.stderr.isatty():
+        with contextlib.suppress(ImportError):
+            tqdm = importlib.import_module("tqdm").tqdm
+            bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
+                       file=sys.stderr)
+    try:
+        yield (bar.update if bar is not None else (lambda _n: None))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        out.write(indent + "  ".join(cells).rstrip() + "\n")
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+def _tensor_row(t: TensorInfo, shared: set[str]) -> list[str]:
+    offset = "-" if t.data_offset is None else \
+        f"{t.data_offset + t.storage_offset * t.dtype.itemsize:#x}"
+    flags = ("param " if t.is_parameter else "") + ("shared" if t.storage_key in shared else "")
+    return [t.name or "(root)", t.dtype.name, str(list(t.shape)), str(t.stride),
+            str(t.storage_key), offset, _size(t.nbytes), flags.strip()]
+
+
+def _tree_lines(node: Any, by_name: dict[str, TensorInfo], prefix: str, limit: int,
+                out: list[str]) -> None:
+    items = node.get("items", {})
+    pairs = list(items.items()) if isinstance(items, dict) else list(enumerate(items))
+    shown = pairs if not limit else pairs[:limit]
+    for i, (key, child) in enumerate(shown):
+        last = i == len(shown) - 1 and len(shown) == len(pairs)
+        out.append(f"{prefix}{'└── ' if last else '├── '}{key}: {_node_label(child, by_name)}")
+        if "items" in child:
+            _tree_lines(child, by_name, prefix + ("    " if last else "│   "), limit, out)
+    if len(shown) < len(pairs):
+        out.append(f"{prefix}└── … {len(pairs) - len(shown)} more (--limit 0 shows all)")
+
+
+def _node_label(node: Any, by_name: dict[str, TensorInfo]) -> str:
+    if "tensor" in node:
+        t = by_name.get(node["tensor"])
+        if t is None:
+            return "tensor"
+        kind = "Parameter " if t.is_parameter else ""
+        return f"{kind}{t.dtype.name}{list(t.shape)}"
+    if "items" in node:
+        return f"{node['type']} ({len(node['items'])})"
+    return f"{node['type']} = {node.get('value', node.get('repr'))!r}"[:100]
+
+
+def _render_header(ins: Inspection, out: TextIO) -> None:
+    meta = ins.metadata
+    out.write(f"{ins.path or '<stream>'}: {meta.get('format', ins.format)} checkpoint, "
+              f"{_size(ins.file_size)}\n")
+    keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix")
+    out.write("  " + " · ".join(f"{k} {meta[k]}" for k in keys if k in meta) + "\n")
+    if "serialization_id" in meta:
+        out.write(f"  serialization_id {meta['serialization_id']}\n")
+
+
+def _render_totals(ins: Inspection, out: TextIO) -> None:
+    totals = ins.totals
+    out.write(f"\nTotals: {totals['tensors']:,} tensors · {totals['parameters']:,} parameters · "
+              f"{totals['storages']:,} storages · {_size(totals['storage_bytes'])}\n")
+    rows = [[dtype, _size(n)] for dtype, n in totals["bytes_by_dtype"].items()]
+    if rows:
+        _table(rows, out, "    ")
+
+
+def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
+    _render_header(ins, out)
+    shared = set(ins.shared)
+    tensors = ins.tensors if not limit else ins.tensors[:limit]
+    out.write(f"\nTensors ({len(ins.tensors):,})\n")
+    rows = [["name", "dtype", "shape", "stride", "storage", "offset", "bytes", ""]]
+    _table(rows + [_tensor_row(t, shared) for t in tensors], out)
+    if len(tensors) < len(ins.tensors):
+        out.write(f"  … {len(ins.tensors) - len(tensors):,} more (--limit 0 shows all)\n")
+    lines: list[str] = []
+    _tree_lines(ins.tree, {t.name: t for t in ins.tensors}, "  ", limit, lines)
+    root = ins.tree
+    out.write(f"\nObject tree: {_node_label(root, {t.name: t for t in ins.tensors})}\n")
+    out.write("".join(line + "\n" for line in lines))
+    if ins.records:
+        out.write(f"\nRecords ({len(ins.records):,})\n")
+        records = ins.records if not limit else ins.records[:limit]
+        rows = [["data offset", "size", "crc32", "name"]]
+        rows += [[f"{r.data_offset:#x}", str(r.size), f"{r.crc32:08x}", r.name] for r in records]
+        _table(rows, out)
+        if len(records) < len(ins.records):
+            out.write(f"  … {len(ins.records) - len(records):,} more\n")
+    _render_totals(ins, out)
+    if ins.shared:
+        out.write("\nShared storages\n")
+        out.writelines(f"  storage {key}: {', '.join(names)}\n" for key, names in list(ins.shared.items())[: limit or None])
+
+
+def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    ins = inspect(args.file)
+    if args.json:
+        _print_json(ins.to_dict(), out)
+    else:
+        _render_inspection(ins, out, args.limit)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- scan
+
+
+def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        scan = importlib.import_module("ptfile.scan").scan
+    except (ImportError, AttributeError):
+        raise PtfileError("this ptfile has no scanner (ptfile.scan)") from None
+    results, dangerous, failed = [], False, False
+    for path in args.files:
+        try:
+            result = scan(path)
+        except (PtfileError, OSError) as exc:
+            failed = True
+            results.append({"source": path, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        dangerous |= bool(result.is_dangerous)
+        results.append({"source": path, **result.to_dict()})
+    if args.json:
+        _print_json(results if len(results) > 1 else results[0], out)
+    else:
+        for doc in results:
+            _render_scan(doc, out, args.verbose)
+    return EXIT_UNSAFE if dangerous else EXIT_ERROR if failed else EXIT_OK
+
+
+#: How a file's overall scan verdict reads in text output.
+_VERDICTS: Final = {"allowed": "clean", "unknown": "UNKNOWN globals (not loadable as is)"}
+
+
+def _render_scan(doc: dict[str, Any], out: TextIO, verbose: bool) -> None:
+    if "error" in doc:
+        out.write(f"{doc['source']}: ERROR {doc['error']}\n")
+        return
+    findings = doc.get("findings", [])
+    verdict = "DANGEROUS" if doc.get("is_dangerous") else _VERDICTS.get(
+        str(doc.get("verdict")), str(doc.get("verdict")).upper())
+    out.write(f"{doc['source']}: {verdict} ({doc.get('format', '?')}, "
+              f"{len(findings)} findings)\n")
+    for f in findings:
+        if verbose or f.get("verdict") != "allowed":
+            name = ".".join(x for x in (f.get("module"), f.get("name")) if x)
+            where = f.get("location", "")
+            out.write(f"  {f.get('verdict', '?'):9} {f.get('kind', '')}: {name} at {where} — "
+                      f"{f.get('message', '')}".rstrip() + "\n")
+
+
+# --------------------------------------------------------------------------- convert
+
+
+def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
+    from .export import convert  # the safetensors package only when converting
+
+    to = args.to or convert.target_kind(args.output, args.input)
+    with _progress(0, "convert", not args.no_progress, unit="shard") as step:
+        summary = convert.convert(args.input, args.output, to=to, shared=args.shared,
+                                  on_step=step)
+    if args.json:
+        _print_json(summary, out)
+    else:
+        aliases = summary.get("aliases", {})
+        out.write(f"wrote {summary['output']} ({summary['kind']}, {summary['tensors']} tensors"
+                  f"{', ' + str(summary['shards']) + ' shards' if summary.get('shards') else ''})\n")
+        out.writelines(f"  {alias}: same data as {kept} (stored once)\n" for alias, kept in aliases.items())
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- verify / diff
+
+
+def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    size = os.path.getsize(args.file)
+    with _progress(size, "verify", not args.no_progress) as step:
+        report = verify(args.file, progress=step)
+    if args.json:
+        _print_json(report.to_dict(), out)
+    else:
+        status = "OK" if report.ok else "DAMAGED"
+        out.write(f"{args.file}: {status} ({report.format}; {report.records_checked} records, "
+                  f"{_size(report.bytes_checked)} checked; {report.tensors_checked} tensors)\n")
+        out.writelines(f"  {p.severity}: {p.where}: {p.message}\n" for p in report.problems)
+    return EXIT_OK if report.ok else EXIT_INVALID
+
+
+def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
+    with open_checkpoint(args.a) as first:
+        total = len(first)
+    with _progress(total, "diff", not args.no_progress, unit="tensor") as step:
+        report = diff(args.a, args.b, progress=step)
+    if args.json:
+        _print_json(report.to_dict(), out)
+    else:
+        _render_diff(report, out, args.verbose)
+    return EXIT_OK if report.identical else EXIT_DIFFERENT
+
+
+def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
+    if report.identical:
+        out.write("identical: same names, dtypes, shapes and values\n")
+        return
+    out.writelines(f"- {name}\n" for name in report.removed)
+    out.writelines(f"+ {name}\n" for name in report.added)
+    out.writelines(f"~ {name}: {change}\n" for name, change in report.changed.items())
+    for name, value in report.max_abs_diff.items():
+        if value != 0 or verbose:
+            out.write(f"≠ {name}: max |a-b| = {value:.6g}\n")
+    same = sum(1 for v in report.max_abs_diff.values() if v == 0)
+    out.write(f"{len(report.removed)} removed, {len(report.added)} added, "
+              f"{len(report.changed)} changed, {len(report.max_abs_diff) - same} differ in "
+              f"value, {same} equal\n")
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ptfile", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
+        description="Read, vet and convert PyTorch checkpoints (.pt/.pth/.bin) without torch.")
+    from . import __version__  # ptfile imports cli lazily, never at import time
+
+    parser.add_argument("--version", action="version", version=f"ptfile {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (func, helptext) in _COMMANDS.items():
+        p = sub.add_parser(name, help=helptext, description=helptext,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        _ARGUMENTS[name](p)
+    return parser
+
+
+def _args_inspect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="checkpoint to describe")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--limit", type=int, default=40, metavar="N",
+                   help="rows per table and items per container (0: all; default 40)")
+
+
+def _args_scan(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="checkpoints to scan")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="also list allowed globals")
+
+
+def _args_convert(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="checkpoint, .safetensors, or a Hugging Face *.index.json")
+    p.add_argument("output", help="output file (or folder for a sharded index)")
+    p.add_argument("--to", choices=("safetensors", "npz", "pt"),
+                   help="output kind (default: from the output's suffix)")
+    p.add_argument("--shared", choices=("dedupe", "copy", "error"), default="dedupe",
+                   help="tensors sharing storage: store tied views once (default), copy "
+                        "each, or refuse")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _args_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="checkpoint to check")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _args_diff(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="first checkpoint")
+    p.add_argument("b", help="second checkpoint")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="also list equal tensors")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+_COMMANDS: Final[dict[str, tuple[Callable[[argparse.Namespace, TextIO], int], str]]] = {
+    "inspect": (_cmd_inspect, ("describe a checkpoint: format, records, tensors, tree, totals "
+                              "(reads no tensor data)")),
+    "scan": (_cmd_scan, ("list the globals each file's pickles reference and flag dangerous "
+                        "ones (never executes)")),
+    "convert": (_cmd_convert, ("convert to/from .safetensors, to .npz, or to the current .pt "
+                              "format; sharded Hugging Face checkpoints shard by shard")),
+    "verify": (_cmd_verify, ("check structure, the CRC-32 of every record, and every tensor's "
+                            "bounds")),
+    "diff": (_cmd_diff, ("compare two checkpoints: keys added/removed, dtype/shape changes, "
+                        "max |a-b| per tensor")),
+}
+_ARGUMENTS: Final[dict[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "inspect": _args_inspect, "scan": _args_scan, "convert": _args_convert,
+    "verify": _args_verify, "diff": _args_diff,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ptfile`` command line; return its exit code.
+
+    Examples
+    --------
+    >>> main(["--version"])  # doctest: +SKIP
+    ptfile 0.1.0
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    out = sys.stdout
+    try:
+        return int(args.func(args, out))
+    except BrokenPipeError:  # `ptfile inspect big.pt | head`
+        return EXIT_OK
+    except (PtfileError, OSError) as exc:
+        if getattr(args, "json", False):
+            _print_json({"error": type(exc).__name__, "message": str(exc)}, out)
+        print(f"ptfile {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,223 @@
+"""The ``ptfile`` command, run as a real subprocess on files written by real torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ptfile.cli import EXIT_DIFFERENT, EXIT_ERROR, EXIT_INVALID, EXIT_OK, EXIT_UNSAFE
+
+ENTRY = Path(sys.executable).with_name("ptfile")
+
+
+def run(*args: str | Path, module: bool = False) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "ptfile"] if module or not ENTRY.exists() else [str(ENTRY)]
+    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.fc = torch.nn.Linear(4, 3)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    net = Tied()
+    ckpt = {"model": net.state_dict(), "step": 7,
+            "ema": {"w": net.fc.weight.detach().to(torch.bfloat16)}}
+    paths = {"model": folder / "model.pt", "other": folder / "other.pt"}
+    torch.save(ckpt, paths["model"])
+    changed = {"model": {k: v.clone() for k, v in net.state_dict().items()}, "step": 8}
+    changed["model"]["fc.bias"] += 0.5
+    changed["model"]["extra"] = torch.zeros(2)
+    del changed["model"]["fc.weight"]
+    torch.save(changed, paths["other"])
+    return paths
+
+
+def test_help_is_readable_and_lists_every_command() -> None:
+    result = run("--help")
+    assert result.returncode == EXIT_OK
+    for word in ("inspect", "scan", "convert", "verify", "diff", "exit codes"):
+        assert word in result.stdout
+    assert run("convert", "--help").returncode == EXIT_OK
+    assert run().returncode == EXIT_ERROR  # no command: argparse usage error
+    assert run("--help", module=True).returncode == EXIT_OK
+
+
+def test_inspect_text(files: dict[str, Path]) -> None:
+    result = run("inspect", files["model"])
+    assert result.returncode == EXIT_OK, result.stderr
+    out = result.stdout
+    assert "zip checkpoint" in out
+    assert "byteorder little" in out
+    assert "model.embed.weight" in out
+    assert "bfloat16" in out
+    assert "[10, 4]" in out
+    assert "Shared storages" in out
+    assert "model.embed.weight, model.head.weight" in out
+    assert "Object tree: dict (3)" in out
+    assert "step: int = 7" in out
+    assert "Records (" in out
+    assert "Totals:" in out
+
+
+def test_inspect_json_matches_torch(files: dict[str, Path]) -> None:
+    result = run("inspect", files["model"], "--json")
+    assert result.returncode == EXIT_OK
+    doc = json.loads(result.stdout)
+    tensors = {t["name"]: t for t in doc["tensors"]}
+    sd = torch.load(files["model"])
+    for name, t in sd["model"].items():
+        info = tensors[f"model.{name}"]
+        assert info["shape"] == list(t.shape)
+        assert info["stride"] == list(t.stride())
+        assert info["dtype"] == str(t.dtype).removeprefix("torch.")
+    assert doc["totals"]["parameters"] == 40 + 12 + 3 + 12
+    assert doc["metadata"]["version"] == "3"
+    assert doc["format"] == "zip"
+    assert any(r["name"] == "model/data.pkl" for r in doc["records"])
+    assert doc["shared_storages"]
+
+
+def test_inspect_errors_exit_2(tmp_path: Path, files: dict[str, Path]) -> None:
+    missing = run("inspect", tmp_path / "missing.pt")
+    assert missing.returncode == EXIT_ERROR
+    assert "error" in missing.stderr
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(files["model"].read_bytes()[:300])
+    result = run("inspect", bad, "--json")
+    assert result.returncode == EXIT_ERROR
+    assert json.loads(result.stdout)["error"]
+
+
+def test_verify_ok_and_damage(tmp_path: Path, files: dict[str, Path]) -> None:
+    ok = run("verify", files["model"])
+    assert ok.returncode == EXIT_OK
+    assert "OK" in ok.stdout
+    assert ok.stderr == ""
+    data = bytearray(files["model"].read_bytes())
+    reader_doc = json.loads(run("inspect", files["model"], "--json").stdout)
+    record = next(r for r in reader_doc["records"] if r["name"].endswith("data/1"))
+    data[record["data_offset"] + 1] ^= 0xFF
+    flipped = tmp_path / "flipped.pt"
+    flipped.write_bytes(bytes(data))
+    result = run("verify", flipped)
+    assert result.returncode == EXIT_INVALID
+    assert "CRC-32 mismatch" in result.stdout
+    assert "model/data/1" in result.stdout
+    doc = json.loads(run("verify", flipped, "--json").stdout)
+    assert doc["ok"] is False
+    assert doc["problems"][0]["where"] == "model/data/1"
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(bytes(data[: len(data) // 2]))
+    assert run("verify", cut).returncode == EXIT_INVALID
+
+
+def test_verify_warns_on_skip_data_crc(tmp_path: Path) -> None:
+    import numpy as np
+
+    import ptfile
+
+    path = tmp_path / "skip.pt"
+    ptfile.save({"w": np.ones(4, np.float32)}, path, skip_data=True)
+    result = run("verify", path)
+    assert result.returncode == EXIT_OK
+    assert "no CRC-32 recorded" in result.stdout
+
+
+def test_diff(files: dict[str, Path]) -> None:
+    same = run("diff", files["model"], files["model"])
+    assert same.returncode == EXIT_OK
+    assert "identical" in same.stdout
+    result = run("diff", files["model"], files["other"])
+    assert result.returncode == EXIT_DIFFERENT
+    assert "- model.fc.weight" in result.stdout
+    assert "+ model.extra" in result.stdout
+    assert "model.fc.bias: max |a-b| = 0.5" in result.stdout
+    doc = json.loads(run("diff", files["model"], files["other"], "--json").stdout)
+    assert doc["max_abs_diff"]["model.fc.bias"] == pytest.approx(0.5)
+    assert doc["removed"] == ["model.fc.weight", "ema.w"]
+    assert doc["added"] == ["model.extra"]
+
+
+def test_convert_to_safetensors_loads_in_safetensors(tmp_path: Path,
+                                                     files: dict[str, Path]) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "model.safetensors"
+    result = run("convert", files["model"], out)
+    assert result.returncode == EXIT_OK, result.stderr
+    assert "same data as model.embed.weight" in result.stdout
+    loaded = load_file(out)
+    sd = torch.load(files["model"])
+    for name, t in sd["model"].items():
+        if name != "head.weight":
+            assert torch.equal(loaded[f"model.{name}"], t)
+    assert torch.equal(loaded["ema.w"], sd["ema"]["w"])
+    assert run("convert", files["model"], tmp_path / "x.unknown").returncode == EXIT_ERROR
+
+
+def test_convert_sharded_index(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    src = tmp_path / "hf"
+    src.mkdir()
+    torch.manual_seed(1)
+    shards = [{"a.weight": torch.randn(3, 2), "a.bias": torch.randn(3)},
+              {"b.weight": torch.randn(2, 2).to(torch.float16)}]
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"pytorch_model-0000{i}-of-00002.bin"
+        torch.save(shard, src / name)
+        weight_map.update(dict.fromkeys(shard, name))
+    (src / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    out = tmp_path / "out"
+    result = run("convert", src / "pytorch_model.bin.index.json", out)
+    assert result.returncode == EXIT_OK, result.stderr
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"]["b.weight"] == "model-00002-of-00002.safetensors"
+    for name, shard_file in index["weight_map"].items():
+        tensor = load_file(out / shard_file)[name]
+        want = next(s[name] for s in shards if name in s)
+        assert torch.equal(tensor, want)
+    back = tmp_path / "back"
+    assert run("convert", out / "model.safetensors.index.json", back).returncode == EXIT_OK
+    back_index = json.loads((back / "pytorch_model.bin.index.json").read_text())
+    assert torch.equal(torch.load(back / back_index["weight_map"]["a.bias"])["a.bias"],
+                       shards[0]["a.bias"])
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("echo pwned",))
+
+
+def test_scan_exit_codes(tmp_path: Path, files: dict[str, Path]) -> None:
+    pytest.importorskip("ptfile.scan")
+    clean = run("scan", files["model"])
+    assert clean.returncode == EXIT_OK, clean.stdout + clean.stderr
+    assert "clean" in clean.stdout
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"w": _Evil()}, protocol=2))
+    result = run("scan", files["model"], evil)
+    assert result.returncode == EXIT_UNSAFE
+    assert "DANGEROUS" in result.stdout
+    assert "system" in result.stdout
+    doc = json.loads(run("scan", evil, "--json").stdout)
+    assert doc["is_dangerous"] is True

@@ -41,12 +41,15 @@ from .formats.torchscript import ScriptObject, TorchScriptArchive
 from .inspection import Inspection, inspect
 from .limits import DEFAULT_LIMITS, Limits
 from .location import register_package
+from .policy import add_safe_globals, clear_safe_globals, get_safe_globals, safe_globals
 from .reader import (
     CheckpointReader,
     TensorInfo,
     TensorSlice,
     open,
 )
+from .scan import Finding, ScanResult, Verdict, scan
+from .structural import StandIn, state_dict
 from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __version__ = "0.1.0"
@@ -60,6 +63,7 @@ __all__ = [
     "CheckpointReader",
     "DType",
     "Device",
+    "Finding",
     "Format",
     "FormatError",
     "Inspection",
@@ -71,10 +75,12 @@ __all__ = [
     "PtfileWarning",
     "QuantizedTensor",
     "SaveError",
+    "ScanResult",
     "ScriptObject",
     "Settings",
     "Size",
     "SparseTensor",
+    "StandIn",
     "Storage",
     "StorageError",
     "Tensor",
@@ -84,24 +90,33 @@ __all__ = [
     "UnknownFormatError",
     "UnsafeGlobalError",
     "UnsupportedFeatureError",
+    "Verdict",
     "__version__",
+    "add_safe_globals",
+    "clear_safe_globals",
     "detect_format",
     "get_crc32_options",
     "get_default_load_endianness",
     "get_default_mmap_options",
+    "get_safe_globals",
     "inspect",
     "load",
     "load_torchscript",
     "open",
     "register_package",
+    "safe_globals",
     "save",
+    "scan",
     "set_crc32_options",
     "set_default_load_endianness",
     "set_default_mmap_options",
     "settings",
+    "state_dict",
 ]
 
-for _name in ("DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
+for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict",
+              "add_safe_globals", "clear_safe_globals", "get_safe_globals", "safe_globals",
+              "DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
               "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
               "TorchScriptArchive",
               "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection"):

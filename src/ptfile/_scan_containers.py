@@ -37,7 +37,7 @@ from typing import Final
 from ._io import Source
 from .errors import PtfileError
 
-__all__ = ["Anomaly", "TarMember", "ZipEntry", "walk_tar", "walk_zip"]
+__all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "walk_tar", "walk_zip"]
 
 _EOCD: Final = struct.Struct("<4s4H2LH")
 _CD: Final = struct.Struct("<4s6H3L5H2L")
@@ -59,6 +59,10 @@ class Anomaly:
     message: str
     offset: int | None = None
     member: str | None = None
+    #: ``(start, size)`` of another archive the anomaly points at, to be scanned too.
+    region: tuple[int, int] | None = None
+    #: Offset of another end record, whose archive is to be scanned too.
+    eocd: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +94,12 @@ def _pread(source: Source, offset: int, n: int) -> bytes | None:
         return None
 
 
-def _find_end(source: Source, out: list[Anomaly]) -> tuple[int, tuple[int, ...]] | None:
+def _find_end(source: Source, out: list[Anomaly],
+              forced: int | None) -> tuple[int, tuple[int, ...]] | None:
     window = min(source.size, _SEARCH)
     tail = _pread(source, source.size - window, window) or b""
     base = source.size - window
-    pos = tail.rfind(b"PK\x05\x06")
+    pos = tail.rfind(b"PK\x05\x06") if forced is None else forced - base
     while pos >= 0 and pos + _EOCD.size > len(tail):
         pos = tail.rfind(b"PK\x05\x06", 0, pos)
     if pos < 0:
@@ -107,10 +112,13 @@ def _find_end(source: Source, out: list[Anomaly]) -> tuple[int, tuple[int, ...]]
     comment = tail[pos + _EOCD.size:comment_end]
     if b"PK\x03\x04" in comment or b"PK\x01\x02" in comment:
         out.append(Anomaly("archive-in-comment", "the archive comment holds ZIP records (a "
-                           "second archive)", base + pos))
-    if tail.rfind(b"PK\x05\x06", 0, pos) >= 0:
+                           "second archive)", base + pos,
+                           region=(base + pos + _EOCD.size, len(comment))))
+    earlier = tail.rfind(b"PK\x05\x06", 0, pos)
+    if earlier >= 0 and earlier + _EOCD.size <= len(tail):
         out.append(Anomaly("several-end-records", "more than one end of central directory "
-                           "signature near the end of the file", base + pos))
+                           "record near the end of the file: readers that stop at another one "
+                           "see another archive", base + earlier, eocd=base + earlier))
     return base + pos, fields
 
 
@@ -247,13 +255,15 @@ def _shadow(source: Source, at: int, out: list[Anomaly]) -> list[ZipEntry]:
     return [ZipEntry(name, at, data, f[8], f[7], f[3], shadow=True)]
 
 
-def walk_zip(source: Source) -> tuple[list[ZipEntry], list[Anomaly]] | None:
+def walk_zip(source: Source, eocd: int | None = None,
+             ) -> tuple[list[ZipEntry], list[Anomaly]] | None:
     """Every member of the ZIP in ``source`` (shadow records included) and its anomalies.
 
+    ``eocd`` forces the end record at that offset (by default the last one).
     Returns None when ``source`` has no end of central directory record.
     """
     out: list[Anomaly] = []
-    end = _find_end(source, out)
+    end = _find_end(source, out, eocd)
     if end is None:
         return None
     cd_offset, cd_size, count = _directory(source, *end)
@@ -277,6 +287,33 @@ def read_member(source: Source, entry: ZipEntry, limit: int) -> bytes | None:
         return zlib.decompressobj(-zlib.MAX_WBITS).decompress(raw, limit)
     except zlib.error:
         return None
+
+
+class Window:
+    """``size`` bytes of a source from ``start``, as a source of their own."""
+
+    def __init__(self, source: Source, start: int, size: int) -> None:
+        self._source, self._start = source, start
+        self.size = max(0, min(size, source.size - start))
+        self.name = source.name
+
+    def _check(self, offset: int, n: int, what: str) -> None:
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise PtfileError(f"{what}: {offset:#x}+{n:#x} outside a {self.size:#x}-byte window")
+
+    def pread(self, offset: int, n: int, what: str) -> bytes:
+        self._check(offset, n, what)
+        return self._source.pread(self._start + offset, n, what)
+
+    def view(self, offset: int, n: int, what: str) -> memoryview:
+        self._check(offset, n, what)
+        return self._source.view(self._start + offset, n, what)
+
+    def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
+        return bytearray(self.pread(offset, n, what))
+
+    def close(self) -> None:
+        return
 
 
 def walk_tar(source: Source, limit: int = 1 << 16) -> tuple[list[TarMember], list[Anomaly]]:

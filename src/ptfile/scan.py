@@ -41,7 +41,7 @@ from enum import Enum
 from typing import Any, Final
 
 from ._io import BytesSource, FileLike, Source, is_path, open_source
-from ._scan_containers import Anomaly, read_member, walk_tar, walk_zip
+from ._scan_containers import Anomaly, Window, read_member, walk_tar, walk_zip
 from .errors import PtfileError
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm.symbolic import GlobalRef, NameUse, Result, Trace, trace
@@ -76,7 +76,8 @@ DANGEROUS_MODULES: Final = frozenset({
     "torch.hub", "torch.package", "torch.utils.cpp_extension", "torch._inductor",
     "torch._dynamo", "torch.distributed.rpc", "numpy.f2py", "numpy.distutils",
     "numpy.ctypeslib", "numpy.testing", "sysconfig", "ntpath", "posixpath", "glob",
-    "tempfile", "io", "_io", "types", "gc", "inspect", "operator",
+    "tempfile", "io", "_io", "types", "gc", "inspect", "operator", "profile", "cProfile",
+    "trace", "doctest", "idlelib", "lib2to3", "pickletools",
 })
 
 #: Single globals that are dangerous: evaluation, attribute access, nested loaders.
@@ -285,6 +286,10 @@ def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int =
     for code, pos in info.exts:
         s.add("ext", Verdict.DANGEROUS, where, pos, "", str(code), "EXT",
               f"extension code {code} resolves through copyreg's process-wide registry")
+    for use in info.global_builds:
+        s.add("build-on-global", Verdict.DANGEROUS, where, use.pos, use.module, use.name,
+              use.opcode, "BUILD sets attributes on an imported object (smuggles names past "
+              "scanners, or changes the object for everyone who imports it)")
     if info.error is not None:
         s.add("stream", Verdict.UNKNOWN, where, None, message=f"the unpickler stops: {info.error}")
     _object_arrays(s, info, where)
@@ -339,14 +344,23 @@ def _is_pickle_record(name: str) -> bool:
     return name.endswith((".pkl", ".debug_pkl"))
 
 
-def _scan_zip(s: _Scan, source: Source, where: str, depth: int) -> str:
-    walked = walk_zip(source)
+def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
+    walked = walk_zip(source, eocd)
     if walked is None:
         s.add("format", Verdict.UNKNOWN, where, None, message="no ZIP end record")
         return "unknown"
     entries, anomalies = walked
     for anomaly in anomalies:
         _anomaly(s, anomaly, where)
+        if depth >= MAX_NESTING:
+            continue
+        if anomaly.region is not None and 0 < anomaly.region[1] < source.size:
+            start, size = anomaly.region
+            _scan_source(s, Window(source, start, size), f"{where}({anomaly.code}@{start:#x})",
+                         depth + 1)
+        if anomaly.eocd is not None:
+            _scan_zip(s, source, f"{where}({anomaly.code}@{anomaly.eocd:#x})", depth + 1,
+                      anomaly.eocd)
     fmt = "zip"
     for entry in entries:
         label = f"{where}:{entry.name}" if where else entry.name

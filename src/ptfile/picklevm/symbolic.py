@@ -113,6 +113,10 @@ class Trace:
         pickle or a ZIP): where nested pickles hide.
     persistent_ids : list of (object, pos)
         Persistent ids handed to ``persistent_load``.
+    global_builds : list of NameUse
+        ``BUILD`` applied to a global itself (sets attributes on an imported
+        object: how names get smuggled past scanners, and how shared objects
+        get changed for later loads).
     max_collisions, max_tuple_depth : int
         The hazards described in the module docstring.
     end : int
@@ -126,6 +130,7 @@ class Trace:
     exts: list[tuple[int, int]] = field(default_factory=list)
     blobs: list[tuple[bytes, int]] = field(default_factory=list)
     persistent_ids: list[tuple[object, int]] = field(default_factory=list)
+    global_builds: list[NameUse] = field(default_factory=list)
     max_collisions: int = 0
     max_tuple_depth: int = 0
     end: int = -1
@@ -409,7 +414,9 @@ def _memoize(m: _Machine, op: Op) -> None:
 
 def _build(m: _Machine, op: Op) -> None:
     m.pop()
-    m.top()
+    target = m.top()
+    if isinstance(target, GlobalRef):
+        m.out.global_builds.append(NameUse(target.module, target.name, op.opcode.name, op.pos))
 
 
 def _set_from_list(m: _Machine) -> None:

@@ -36,6 +36,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import dtypes
+from .._io import Source
 from ..archive import Record, ZipReader, ZipWriter, computed_data_offset
 from ..config import Settings
 from ..dtypes import DType
@@ -43,16 +44,15 @@ from ..errors import (
     FormatError,
     SaveError,
     StorageError,
-    UnsafeGlobalError,
     UnsupportedFeatureError,
 )
 from ..limits import Limits
 from ..location import MapLocation, has_packages, restore_location
 from ..picklevm import unpickle
-from ..picklevm.pickler import Global, PersistentId, Pickler, Reduce, global_
-from ..rebuild import Layout, QScheme, StorageType, TensorType, lookup
+from ..picklevm.pickler import Global, PersistentId, Pickler, Reduce, ViewReduce, global_
+from ..policy import find_strict_class
+from ..rebuild import Layout, QScheme, StorageType, TensorType
 from ..tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
-from .._io import Source
 
 __all__ = ["ZipInfo", "read_zip", "write_zip"]
 
@@ -130,16 +130,12 @@ def read_info(reader: ZipReader, settings: Settings) -> ZipInfo:
 
 
 def find_safe_class(module: str, name: str) -> Any:
-    """``find_class`` of the default (weights-only) policy: the allowlist or UnsafeGlobalError."""
-    found = None if module.split(".")[0] in BLOCKED_MODULES else lookup(module, name)
-    if found is None:
-        raise UnsafeGlobalError(
-            f"unsupported global {module}.{name}: it is not one of the globals torch.load("
-            "weights_only=True) allows, so ptfile will not reconstruct it. Check what the file "
-            "contains with ptfile.scan before trusting it",
-            module=module, name=name,
-        )
-    return found
+    """``find_class`` of the default (weights-only) policy: :func:`ptfile.policy.find_strict_class`.
+
+    The allowlist (guarded against ``BUILD``), then :func:`ptfile.add_safe_globals`
+    entries; anything else raises UnsafeGlobalError saying how to allow it.
+    """
+    return find_strict_class(module, name)
 
 
 class StorageLoader:
@@ -333,23 +329,28 @@ class _Reducer:
         self._dtypes: dict[int, DType] = {}
 
     def persistent_id(self, obj: object) -> object:
-        # Called first for every object, like torch's persistent_id; it is also the one place
-        # that sees every object, so the save-time refusal of empty bytes lives here.
+        # torch's persistent_id, asked about the PERSISTENT_TYPES only (the others all give
+        # None); the save-time refusal of empty bytes lives here too.
         if type(obj) is not Storage:
             if type(obj) is bytes and not obj:
                 raise SaveError("empty bytes pickle as builtins.bytes(), which torch.load("
                                 "weights_only=True) refuses; save bytearray() or None instead")
             return None
+        return self.storage_pid(obj)
+
+    def storage_pid(self, obj: Storage) -> tuple[object, ...]:
+        """A fresh pid tuple, as torch builds one per reference (its key str is reused)."""
         key = self._keys.get(id(obj))
         if key is None:
             key = str(len(self._keys))
             self._keys[id(obj)] = key
             self.storages.append(obj)
         location = _CPU if obj.location == _CPU else _location(obj.location)
-        if obj.untyped or obj.dtype.is_v3:  # v3 dtypes (e.g. from TorchScript) save untyped
+        dtype = obj.dtype
+        if obj.untyped or dtype.storage is None:  # v3 dtypes (e.g. from TorchScript) save untyped
             return (_STORAGE_LITERAL, _UNTYPED, key, location, obj.nbytes)
-        storage_type = global_("torch", obj.dtype.storage or "")
-        return (_STORAGE_LITERAL, storage_type, key, location, obj.numel())
+        storage_type = _STORAGE_TYPES.get(dtype.storage) or global_("torch", dtype.storage)
+        return (_STORAGE_LITERAL, storage_type, key, location, obj.nbytes // dtype.itemsize)
 
     def reduce(self, obj: object) -> Reduce | PersistentId | Global | None:
         handler = _REDUCERS.get(type(obj))
@@ -372,7 +373,15 @@ class _Reducer:
             base = (*base, t.metadata)
         return (_V3 if t.dtype.is_v3 else _V2), base
 
-    def tensor(self, t: Tensor) -> Reduce:
+    def tensor(self, t: Tensor) -> Reduce | ViewReduce:
+        storage = t.storage
+        if type(storage) is Storage and t.dtype.storage and not t.metadata and t.type_name is None:
+            # The common tensor: _rebuild_tensor_v2(storage, offset, size, stride,
+            # requires_grad, hooks), whose pid the reducer makes now, just before the
+            # pickler would have asked for it (so keys keep first-encounter order).
+            self._dtypes.setdefault(id(storage), t.dtype)
+            return ViewReduce(_V2, self.storage_pid(storage), t._offset, t._shape, t._stride,
+                              t.requires_grad, t.backward_hooks)
         func, args = self.tensor_args(t)
         if t.type_name is not None and t.type_name.count(".") and t.python_state is not None:
             module, _, name = t.type_name.rpartition(".")
@@ -406,6 +415,14 @@ class _Reducer:
         else:
             parts = (s.compressed_indices, s.plain_indices, s.values, s.size)
         return Reduce(_SPARSE, (layout, parts))
+
+
+#: The typed storage classes, by name (``global_`` of each, without its call per tensor).
+_STORAGE_TYPES: Final = {
+    name: global_("torch", name) for name in dtypes.STORAGE_DTYPES
+}
+#: The only objects _Reducer.persistent_id may answer for (see Pickler's persistent_types).
+PERSISTENT_TYPES: Final = (Storage, bytes)
 
 
 def _device(_: _Reducer, d: Device) -> Reduce:
@@ -456,21 +473,28 @@ def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: S
     if byteorder not in ("little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
     reducer = _Reducer()
-    pickler = Pickler(pickle_protocol, reducer=reducer.reduce, persistent_id=reducer.persistent_id)
-    data = pickler.dump(obj)
+    pickler = Pickler(pickle_protocol, reducer=reducer.reduce, persistent_id=reducer.persistent_id,
+                      persistent_types=PERSISTENT_TYPES)
+    with paused_gc():  # ~10 objects per tensor, none of them garbage
+        data = pickler.dump(obj)
     writer = ZipWriter(write, prefix, alignment=settings.storage_alignment, crc32=settings.crc32)
-    writer.write_record("data.pkl", data)
-    writer.write_record(".format_version", b"1")
-    writer.write_record(".storage_alignment", str(settings.storage_alignment).encode())
-    if settings.byteorder_record:
-        writer.write_record("byteorder", byteorder.encode())
-    for key, storage in enumerate(reducer.storages):
-        if skip_data:
+    head = [("data.pkl", data), (".format_version", b"1"),
+            (".storage_alignment", str(settings.storage_alignment).encode())]
+    order = [("byteorder", byteorder.encode())]
+    writer.write_records(head + order if settings.byteorder_record else head)
+    if skip_data:
+        for key, storage in enumerate(reducer.storages):
             writer.write_record_skip_data(f"data/{key}", storage.nbytes)
-            continue
-        writer.write_record(f"data/{key}", _ordered_bytes(storage, reducer.swap_dtype(storage),
-                                                          byteorder))
-    writer.write_record("version", b"3\n")
-    if not settings.byteorder_record:
-        writer.write_record("byteorder", byteorder.encode())
+    else:
+        writer.write_records(_storage_records(reducer, byteorder))
+    writer.write_records([("version", b"3\n")] + ([] if settings.byteorder_record else order))
     writer.close()
+
+
+def _storage_records(reducer: _Reducer, byteorder: str) -> Iterator[tuple[str, memoryview]]:
+    """``("data/<key>", bytes in byteorder)`` of every storage, in key order."""
+    for key, storage in enumerate(reducer.storages):
+        data = storage.data
+        if data is None or storage.byteorder != byteorder:
+            data = _ordered_bytes(storage, reducer.swap_dtype(storage), byteorder)
+        yield f"data/{key}", data

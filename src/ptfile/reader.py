@@ -22,11 +22,7 @@ interface; only their metadata is then not "free".
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import operator
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -34,15 +30,15 @@ import numpy as np
 
 from . import config
 from ._io import FileLike, Source, is_path, open_source
+from ._skeleton import StorageStubs, find_class_fast, gc_paused
 from .archive import Record, ZipReader, computed_data_offset
-from .dtypes import UINT8, DType
+from .dtypes import DType
 from .errors import FormatError, PtfileError, StorageError, UnsupportedFeatureError
 from .formats import Format, detect
-from .formats.zipped import StorageLoader, ZipInfo, find_safe_class, read_info
+from .formats.zipped import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
-from .rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
-from .tensor import MAX_NDIM, Parameter, Storage, Tensor, _swapped
+from .tensor import Parameter, Storage, Tensor, _swapped
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -93,117 +89,6 @@ class TensorInfo(NamedTuple):
         out = self._asdict()
         out.update(dtype=self.dtype.name, shape=list(self.shape), stride=list(self.stride))
         return out
-
-
-# --------------------------------------------------------------------------- skeleton
-
-
-def _geometry_extent(size: tuple[Any, ...], stride: tuple[Any, ...]) -> int | None:
-    """Elements a valid (size, stride) pair spans, or None when it is not plain and valid."""
-    ndim = len(size)
-    if (ndim != len(stride) or ndim > MAX_NDIM or not set(map(type, size + stride)) <= _INTS
-            or (ndim and (min(size) < 0 or min(stride) < 0))):
-        return None
-    if ndim and not min(size):
-        return 0
-    return int(1 + sum(map(operator.mul, size, stride)) - sum(stride))
-
-
-class _Geometry(dict[tuple[Any, Any], "int | None"]):
-    """Cache of :func:`_geometry_extent`: a state dict repeats a handful of shapes."""
-
-    def __missing__(self, key: tuple[Any, Any]) -> int | None:
-        extent: int | None = _geometry_extent(*key)
-        self[key] = extent
-        return extent
-
-
-def _fast_tensor(geometry: _Geometry, storage: object, offset: object, size: object,
-                 stride: object, requires_grad: object, hooks: object, dtype: object,
-                 metadata: object) -> Tensor | None:
-    """A data-less Tensor, validated with C-level builtins; None sends odd input the long way."""
-    if (type(storage) is not Storage or type(offset) is not int or type(size) is not tuple
-            or type(stride) is not tuple or type(hooks) is not OrderedDict
-            or (metadata is not None and type(metadata) is not dict)):
-        return None
-    extent = geometry[size, stride]
-    dtype = dtype if isinstance(dtype, DType) else storage.dtype
-    if extent is None or offset < 0 or (extent and
-                                        offset + extent > storage.nbytes // dtype.itemsize):
-        return None
-    t = object.__new__(Tensor)
-    t.storage, t.dtype = storage, dtype
-    t._offset, t._shape, t._stride = offset, size, stride
-    t.requires_grad, t.backward_hooks, t.metadata = bool(requires_grad), hooks, metadata
-    t.python_state, t.type_name = None, None
-    return t
-
-
-def _find_class() -> Callable[[str, str], Any]:
-    """The weights-only allowlist with per-load fast tensor constructors.
-
-    The constructors are closures made per load, so nothing a stream does to
-    them (``BUILD`` on a global) outlives the load (see :mod:`ptfile.picklevm.unpickler`).
-    """
-    geometry = _Geometry()
-
-    def v2(storage: object, offset: object, size: object, stride: object, requires_grad: object,
-           hooks: object, metadata: object = None) -> Tensor:
-        t = _fast_tensor(geometry, storage, offset, size, stride, requires_grad, hooks, None,
-                         metadata)
-        return t if t is not None else rebuild_tensor_v2(
-            storage, offset, size, stride, requires_grad, hooks, metadata)
-
-    def v3(storage: object, offset: object, size: object, stride: object, requires_grad: object,
-           hooks: object, dtype: object, metadata: object = None) -> Tensor:
-        t = None if not isinstance(dtype, DType) else _fast_tensor(
-            geometry, storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
-        return t if t is not None else rebuild_tensor_v3(
-            storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
-
-    fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): v2,
-                                        ("torch._utils", "_rebuild_tensor_v3"): v3}
-
-    def find_class(module: str, name: str) -> Any:
-        found = fast.get((module, name))
-        return found if found is not None else find_safe_class(module, name)
-
-    return find_class
-
-
-class _StorageStubs:
-    """``persistent_load`` for metadata loads: data-less Storages, checked against their records.
-
-    The same checks as :class:`~ptfile.formats.zipped.StorageLoader`, which
-    reports anything unusual; locations stay as recorded (no ``map_location``).
-    """
-
-    def __init__(self, reader: ZipReader, source: Source, info: ZipInfo) -> None:
-        self._slow = StorageLoader(reader, source, info, map_location=None, skip_data=True)
-        self._records = reader
-        self._prefix = f"{info.prefix}/data/"
-        self._byteorder = info.byteorder
-        self.storages: dict[str, Storage] = {}
-
-    def __call__(self, pid: object) -> Storage:
-        if type(pid) is not tuple or len(pid) != 5:
-            return self._slow(pid)
-        tag, storage_type, key, location, numel = pid
-        found = self.storages.get(key) if type(key) is str else None
-        if found is not None:
-            return found
-        record = self._records.get(self._prefix + key) if type(key) is str else None
-        if (tag != "storage" or type(storage_type) is not StorageType or record is None
-                or type(location) is not str or type(numel) is not int or numel < 0):
-            return self._slow(pid)
-        dtype = storage_type.dtype or UINT8
-        if record.size != numel * dtype.itemsize:
-            return self._slow(pid)
-        storage = Storage(None, dtype, location=location, key=key,
-                          untyped=storage_type.dtype is None, byteorder=self._byteorder,
-                          nbytes=record.size)
-        self.storages[key] = storage
-        return storage
 
 
 def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
@@ -301,6 +186,9 @@ def _select(key: object, shape: tuple[int, ...], stride: tuple[int, ...],
     return offset, tuple(new_shape), tuple(new_stride)
 
 
+_make_info: Final = TensorInfo._make
+
+
 class TensorSlice:
     """A tensor not yet read: ``[...]`` reads only the bytes the selection needs.
 
@@ -363,6 +251,7 @@ class CheckpointReader(Mapping[str, Tensor]):
         self._tensors = flatten(obj)
         self._keys: frozenset[str] = frozenset()
         self._computed_ok: bool | None = None
+        self._offsets: dict[str, int] | None = None
         self._closed = False
 
     # -- mapping -----------------------------------------------------------------------
@@ -489,19 +378,40 @@ class CheckpointReader(Mapping[str, Tensor]):
         KeyError
             No tensor has that name.
         """
-        t = self._tensor(name)
-        storage = t.storage
-        offset = None if storage is None else self._storage_offset(storage)
-        if storage is None:
-            return TensorInfo(name, t.dtype, t._shape, t._stride, t._offset, None, 0, "meta",
-                              None, t.requires_grad, isinstance(t, Parameter))
-        return TensorInfo(name, t.dtype, t._shape, t._stride, t._offset, storage.key,
-                          storage.nbytes, storage.location, offset, t.requires_grad,
-                          isinstance(t, Parameter))
+        return self._info(name, self._tensor(name), self._offset_map())
+
+    def _info(self, name: str, t: Tensor, offsets: dict[str, int]) -> TensorInfo:
+        s = t.storage
+        if s is None:
+            return _make_info((name, t.dtype, t._shape, t._stride, t._offset, None, 0, "meta",
+                               None, t.requires_grad, isinstance(t, Parameter)))
+        offset = offsets.get(s.key) if s.key is not None else None
+        if offset is None:
+            offset = self._storage_offset(s)
+        return _make_info((name, t.dtype, t._shape, t._stride, t._offset, s.key, s.nbytes,
+                           s.location, offset, t.requires_grad, isinstance(t, Parameter)))
 
     def infos(self) -> Iterator[TensorInfo]:
         """:meth:`info` of every tensor, in key order."""
-        return (self.info(name) for name in self._tensors)
+        if self._closed:
+            raise ValueError("I/O operation on a closed CheckpointReader")
+        offsets = self._offset_map()
+        return (self._info(name, t, offsets) for name, t in self._tensors.items())
+
+    def _offset_map(self) -> dict[str, int]:
+        """Storage key → data offset, computed in one pass when the file has torch's layout."""
+        if self._offsets is not None:
+            return self._offsets
+        self._offsets = {}
+        if self._zip is None or self._zip_info is None:
+            return self._offsets
+        prefix = f"{self._zip_info.prefix}/data/"
+        records = [r for r in self._zip.records if r.name.startswith(prefix)]
+        if records and self.record_data_offset(records[0]) == self.computed_offset(records[0]):
+            alignment, start = self._zip_info.storage_alignment, len(prefix)
+            self._offsets = {r.name[start:]: computed_data_offset(
+                r.header_offset, r.name, r.size, alignment) for r in records}
+        return self._offsets
 
     def _record(self, storage: Storage) -> Record | None:
         if self._zip is None or self._zip_info is None or storage.key is None:
@@ -578,18 +488,6 @@ def _zip_meta(info: ZipInfo) -> dict[str, str]:
     return meta
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while building ~10^5 acyclic objects (it would rescan them ~100x)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
     reader = ZipReader(source, limits=limits)
     info = read_info(reader, config.current())
@@ -598,9 +496,9 @@ def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
         return None
     if reader.get(data_name) is None:
         raise FormatError("the archive has no data.pkl record", member=data_name)
-    loader = _StorageStubs(reader, source, info)
-    with _gc_paused():
-        obj, _ = unpickle(reader.read(data_name), find_class=_find_class(),
+    loader = StorageStubs(reader, source, info)
+    with gc_paused():
+        obj, _ = unpickle(reader.read(data_name), find_class=find_class_fast(),
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
                               zip_reader=reader, zip_info=info)

@@ -277,3 +277,14 @@ def test_load_skip_data_builds_tensors_without_data(views_file: tuple[Path, Any]
     assert obj["sub"].stride() == (6, 2)
     with pytest.raises(ptfile.UnsupportedFeatureError):
         obj["base"].numpy()
+
+
+def test_load_skip_data_reads_no_storage_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "big.pt"
+    torch.save({"w": torch.zeros(256, 1024), "b": torch.ones(3)}, path)
+    counting = CountingFile(path)
+    obj = ptfile.load(counting, skip_data=True)
+    counting.close()
+    assert obj["w"].shape == (256, 1024)
+    assert obj["b"].storage.nbytes == 12
+    assert counting.bytes_read < path.stat().st_size - 256 * 1024 * 4 + 70_000

@@ -146,10 +146,9 @@ def load(
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
     access = _mmap_access(mmap)
     limits = limits or DEFAULT_LIMITS
-    try:
-        source = open_source(f, mmap=access is not None and is_path(f), access=access or "private")
-    except OSError:
-        raise
+    # skip_data reads headers and the pickle only: read on demand instead of the whole file.
+    source = open_source(f, mmap=access is not None and is_path(f), access=access or "private",
+                         lazy=skip_data)
     try:
         return _read(source, map_location=map_location, limits=limits,
                      settings=config.current(), skip_data=skip_data,

@@ -28,6 +28,7 @@ from .tensor import MAX_NDIM, Storage, Tensor
 __all__ = ["StorageStubs", "find_class_fast", "gc_paused"]
 
 _INTS: Final = frozenset({int})
+_new_storage: Final = object.__new__
 
 
 def _geometry_extent(size: tuple[Any, ...], stride: tuple[Any, ...]) -> int | None:
@@ -131,9 +132,10 @@ class StorageStubs:
         dtype = storage_type.dtype or UINT8
         if record.size != numel * dtype.itemsize:
             return self._slow(pid)
-        storage = Storage(None, dtype, location=location, key=key,
-                          untyped=storage_type.dtype is None, byteorder=self._byteorder,
-                          nbytes=record.size)
+        storage = _new_storage(Storage)  # Storage(None, dtype, ...) without the kwargs parsing
+        storage.data, storage.dtype, storage.untyped = None, dtype, storage_type.dtype is None
+        storage.location, storage.key, storage.byteorder = location, key, self._byteorder
+        storage._nbytes = record.size
         self.storages[key] = storage
         return storage
 

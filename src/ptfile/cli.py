@@ -231,9 +231,10 @@ def _render_scan(doc: dict[str, Any], out: TextIO, verbose: bool) -> None:
     for f in findings:
         if verbose or f.get("verdict") != "allowed":
             name = ".".join(x for x in (f.get("module"), f.get("name")) if x)
-            where = f.get("location", "")
-            out.write(f"  {f.get('verdict', '?'):9} {f.get('kind', '')}: {name} at {where} — "
-                      f"{f.get('message', '')}".rstrip() + "\n")
+            where, message = f.get("location", ""), str(f.get("message") or "")
+            note = "" if not message or message.endswith(name) else f" — {message}"
+            out.write(f"  {f.get('verdict', '?'):9} {f.get('kind', '')}: {name} at {where}"
+                      f"{note}\n")
 
 
 # --------------------------------------------------------------------------- convert

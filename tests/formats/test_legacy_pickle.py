@@ -231,3 +231,25 @@ def test_legacy_ptfile_writes_every_typed_dtype_torch_reads(dtype: torch.dtype) 
     assert torch.equal(theirs["x"], x)
     assert torch.equal(theirs["v"], x[2:6].view(2, 2))
     assert_sharing(src, theirs)
+
+
+class _CountingFile(io.BytesIO):
+    bytes_read = 0
+
+    def read(self, n: int | None = -1) -> bytes:
+        out = super().read(n)
+        self.bytes_read += len(out)
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        got = super().readinto(buffer)
+        self.bytes_read += got
+        return got
+
+
+def test_legacy_skip_data_reads_the_pickles_only() -> None:
+    data = legacy_bytes({"big": torch.zeros(1 << 20), "small": torch.arange(3)})
+    f = _CountingFile(data)
+    sd = ptfile.load(f, skip_data=True)
+    assert sd["big"].shape == (1 << 20,)
+    assert f.bytes_read < 100_000 < len(data)

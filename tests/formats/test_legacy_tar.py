@@ -132,3 +132,22 @@ def test_tar_module_class_refused_by_default_policy() -> None:
     data = build_tar([], [], [], {"m": Ref((torch.nn.Linear, "file.py", "source"))})
     with pytest.raises(ptfile.UnsafeGlobalError):
         ptfile.load(io.BytesIO(data))
+
+
+def test_tar_skip_data_reads_no_storage_bytes() -> None:
+    big = np.zeros(1 << 20, np.float32)
+    data = build_tar([(1, torch.FloatStorage, big)], [], [(2, 1, (1 << 20,), (1,), 0)],
+                     {"t": Ref(2)})
+
+    class Counting(io.BytesIO):
+        bytes_read = 0
+
+        def read(self, n: int | None = -1) -> bytes:
+            out = super().read(n)
+            self.bytes_read += len(out)
+            return out
+
+    f = Counting(data)
+    assert ptfile.load(f, skip_data=True)["t"].shape == (1 << 20,)
+    assert f.bytes_read < 100_000 < len(data)
+    assert ptfile.load(io.BytesIO(data), mmap=False)["t"].numpy().sum() == 0

@@ -51,12 +51,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .. import dtypes
-from .._io import Source
+from .._io import FileSource, Source
 from ..config import Settings
-from ..errors import FormatError, StorageError, UnsupportedFeatureError
+from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError
 from ..limits import Limits
 from ..location import MapLocation, restore_location
-from ..picklevm import unpickle
+from ..picklevm import check_stream, unpickle
 from ..picklevm.pickler import Pickler
 from ..rebuild import StorageType
 from ..tensor import Storage
@@ -72,6 +72,8 @@ EXPECTED_TYPE_SIZES: Final = {"short": 2, "int": 4}
 #: torch writes ``long`` as 4 on every platform (see the module docstring).
 WRITTEN_TYPE_SIZES: Final = {"short": 2, "int": 4, "long": 4}
 _COUNT: Final = struct.Struct("<q")
+#: First window read to find where a pickle ends in a file read on demand.
+FIRST_WINDOW_BYTES: Final = 1 << 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,50 @@ def _text(value: object, what: str) -> str:
     return value
 
 
+def pickle_end(source: Source, start: int, stop: int, limits: Limits) -> int:
+    """Where the pickle at ``start`` ends (``stop`` bounds it), reading as little as possible.
+
+    Sources read on demand (:class:`~ptfile._io.FileSource`) are read in growing
+    windows, so storage bytes after the pickles are never read; in-memory and
+    mapped sources are checked in one go.
+
+    Raises
+    ------
+    PickleStreamError, LimitExceededError
+        The stream is malformed or hits a ceiling (offsets are in the input).
+    """
+    window = FIRST_WINDOW_BYTES if isinstance(source, FileSource) else stop - start
+    while start + window < stop:
+        try:  # a window that cuts the pickle fails the check; one that holds it passes
+            return start + check_stream(source.view(start, window, "pickle"), limits).end
+        except PickleStreamError:
+            window *= 4
+    base = _base(source, start)
+    return base + check_stream(source.view(base, stop - base, "pickle"), limits,
+                               start=start - base).end
+
+
+def _base(source: Source, start: int) -> int:
+    """Where to view ``source`` from: 0 keeps error offsets absolute where views are free."""
+    return start if isinstance(source, FileSource) else 0
+
+
+def unpickle_at(source: Source, start: int, stop: int, limits: Limits,
+                **kwargs: Any) -> tuple[Any, int]:
+    """:func:`~ptfile.picklevm.unpickle` of the pickle at ``start`` of ``source``.
+
+    Raises
+    ------
+    PickleStreamError, LimitExceededError, UnsafeGlobalError
+        As :func:`~ptfile.picklevm.unpickle`.
+    """
+    end = pickle_end(source, start, stop, limits)
+    base = _base(source, start)
+    obj, stream_end = unpickle(source.view(base, end - base, "pickle"), start=start - base,
+                               limits=limits, **kwargs)
+    return obj, base + stream_end
+
+
 def _plain(module: str, name: str) -> Any:
     raise FormatError(f"the legacy header pickles hold only plain values, not {module}.{name}")
 
@@ -116,7 +162,7 @@ def _check_sys_info(sys_info: object, offset: int) -> LegacyInfo:
     return LegacyInfo(version, little, dict(sizes), 0)
 
 
-def read_header(data: memoryview, limits: Limits) -> LegacyInfo:
+def read_header(source: Source, limits: Limits) -> LegacyInfo:
     """Check the magic number, protocol version and ``sys_info``; locate the object pickle.
 
     Raises
@@ -124,17 +170,19 @@ def read_header(data: memoryview, limits: Limits) -> LegacyInfo:
     FormatError
         The magic number or protocol version is wrong, or ``sys_info`` is malformed.
     """
-    magic, pos = unpickle(data, find_class=_plain, persistent_load=None, limits=limits)
+    def plain(start: int) -> tuple[Any, int]:
+        return unpickle_at(source, start, source.size, limits, find_class=_plain,
+                           persistent_load=None)
+
+    magic, pos = plain(0)
     if magic != LEGACY_MAGIC:
         raise FormatError(f"invalid magic number {magic!r:.40}; expected {LEGACY_MAGIC:#x} "
                           "(torch: Invalid magic number; corrupt file?)", offset=0)
-    version, next_pos = unpickle(data, find_class=_plain, persistent_load=None, limits=limits,
-                                 start=pos)
+    version, next_pos = plain(pos)
     if version != LEGACY_PROTOCOL_VERSION:
         raise FormatError(f"invalid protocol version {version!r:.40}; expected "
                           f"{LEGACY_PROTOCOL_VERSION}", offset=pos)
-    sys_info, end = unpickle(data, find_class=_plain, persistent_load=None, limits=limits,
-                             start=next_pos)
+    sys_info, end = plain(next_pos)
     info = _check_sys_info(sys_info, next_pos)
     return LegacyInfo(info.protocol_version, info.little_endian, info.type_sizes, end)
 
@@ -264,13 +312,12 @@ def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
     UnsafeGlobalError
         ``find_class`` refused a global.
     """
-    data = source.view(0, source.size, "legacy stream")
-    info = read_header(data, limits)
+    info = read_header(source, limits)
     storages = LegacyStorages(map_location)
-    obj, pos = unpickle(data, find_class=find_class, persistent_load=storages, limits=limits,
-                        encoding=encoding, start=info.object_offset)
-    keys, pos = unpickle(data, find_class=_plain, persistent_load=None, limits=limits,
-                         encoding=encoding, start=pos)
+    obj, pos = unpickle_at(source, info.object_offset, source.size, limits,
+                           find_class=find_class, persistent_load=storages, encoding=encoding)
+    keys, pos = unpickle_at(source, pos, source.size, limits, find_class=_plain,
+                            persistent_load=None, encoding=encoding)
     storages.fill(source, keys, pos, skip_data)
     return obj
 
@@ -280,9 +327,9 @@ def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
 class _LegacyReducer(_Reducer):
     """The ZIP writer's reducer, with torch's 6-tuple legacy persistent ids."""
 
-    def persistent_id(self, obj: object) -> object:
-        pid = super().persistent_id(obj)
-        return None if pid is None else (*pid, None)  # type: ignore[misc]
+    def storage_pid(self, obj: Storage) -> tuple[object, ...]:
+        """torch's legacy persistent id: the ZIP one plus ``view_metadata`` (always None)."""
+        return (*super().storage_pid(obj), None)
 
 
 def write_legacy(obj: object, write: Callable[[Any], Any], *, pickle_protocol: int = 2) -> None:

@@ -36,9 +36,9 @@ from ..config import Settings
 from ..errors import FormatError, LimitExceededError, StorageError
 from ..limits import Limits
 from ..location import MapLocation, restore_location
-from ..picklevm import unpickle
 from ..rebuild import StorageType
 from ..tensor import MAX_NDIM, Storage, Tensor
+from .legacy_pickle import unpickle_at
 from .zipped import find_safe_class
 
 __all__ = ["TarMember", "list_members", "read_tar"]
@@ -46,6 +46,7 @@ __all__ = ["TarMember", "list_members", "read_tar"]
 BLOCK: Final = 512
 _INT32: Final = struct.Struct("<i")
 _INT64: Final = struct.Struct("<q")
+_PAD: Final = struct.Struct("<4x")
 #: Header types that carry a member's data, and those that carry metadata only.
 REGULAR_TYPES: Final = frozenset({b"0", b"\0", b"7"})
 LONG_NAME_TYPE: Final = b"L"
@@ -169,27 +170,36 @@ def _key(value: object, what: str) -> int | str:
 
 
 class _Member:
-    """A cursor over one member's bytes: pickles and fixed-size integers in turn."""
+    """A cursor over one member's bytes: pickles and fixed-size integers in turn.
+
+    Reads go to the source as they come, so skipped storage bytes are never read.
+    """
 
     def __init__(self, source: Source, member: TarMember, limits: Limits,
                  find_class: Callable[[str, str], Any], encoding: str) -> None:
         self.source, self.member, self.limits = source, member, limits
         self.find_class, self.encoding = find_class, encoding
-        self.data = source.view(member.offset, member.size, f"tar member {member.name!r}")
         self.pos = 0
 
-    def pickle(self) -> Any:
-        obj, self.pos = unpickle(self.data, find_class=self.find_class, persistent_load=None,
-                                 limits=self.limits, encoding=self.encoding, start=self.pos)
+    def _take(self, n: int, what: str) -> int:
+        """The absolute offset of the next ``n`` bytes, which must lie in the member."""
+        if n < 0 or self.pos + n > self.member.size:
+            raise StorageError(f"{what}: {n} bytes reach beyond the end of the member",
+                               member=self.member.name, offset=self.pos)
+        self.pos += n
+        return self.member.offset + self.pos - n
+
+    def pickle(self, persistent_load: Callable[[Any], Any] | None = None) -> Any:
+        start = self.member.offset + self.pos
+        obj, end = unpickle_at(self.source, start, self.member.offset + self.member.size,
+                               self.limits, find_class=self.find_class,
+                               persistent_load=persistent_load, encoding=self.encoding)
+        self.pos = end - self.member.offset
         return obj
 
     def ints(self, layout: struct.Struct, what: str) -> tuple[int, ...]:
-        if self.pos + layout.size > self.member.size:
-            raise FormatError(f"{what} reaches beyond the end of the member",
-                              member=self.member.name, offset=self.pos)
-        values = layout.unpack_from(self.data, self.pos)
-        self.pos += layout.size
-        return values
+        at = self._take(layout.size, what)
+        return layout.unpack(self.source.pread(at, layout.size, what))
 
     def count(self, what: str, smallest: int) -> int:
         """A pickled item count, at most the items of ``smallest`` bytes that still fit."""
@@ -199,13 +209,9 @@ class _Member:
                               member=self.member.name, offset=self.pos)
         return n
 
-    def view(self, nbytes: int, what: str) -> memoryview:
-        if nbytes < 0 or self.pos + nbytes > self.member.size:
-            raise StorageError(f"{what}: {nbytes} bytes reach beyond the end of the member",
-                               member=self.member.name, offset=self.pos)
-        out = self.data[self.pos:self.pos + nbytes]
-        self.pos += nbytes
-        return out
+    def view(self, nbytes: int, what: str, *, read: bool) -> memoryview | None:
+        at = self._take(nbytes, what)
+        return self.source.view(at, nbytes, what) if read else None
 
 
 class _TarObjects:
@@ -225,10 +231,10 @@ class _TarObjects:
             key, location, storage_type = _key(entry[0], "storage key"), entry[1], entry[2]
             dtype = storage_type.dtype or dtypes.UINT8
             (count,) = member.ints(_INT64, f"element count of storage {key!r}")
-            data = member.view(count * dtype.itemsize, f"storage {key!r}")
-            storage = Storage(None if self.skip_data else data, dtype, location=location,
-                              key=str(key), untyped=storage_type.dtype is None,
-                              nbytes=data.nbytes)
+            nbytes = count * dtype.itemsize
+            data = member.view(nbytes, f"storage {key!r}", read=not self.skip_data)
+            storage = Storage(data, dtype, location=location, key=str(key),
+                              untyped=storage_type.dtype is None, nbytes=nbytes)
             self.objects[key] = restore_location(storage, location, self.map_location)
         views = member.pickle()
         if not isinstance(views, list):
@@ -268,7 +274,7 @@ class _TarObjects:
             if not 0 <= ndim <= MAX_NDIM:
                 raise FormatError(f"tensor {key!r} has {ndim} dimensions (at most {MAX_NDIM})",
                                   member="tensors")
-            member.pos += 4  # torch's old writer stored ndim as 8 bytes
+            member.ints(_PAD, "tensor ndim padding")  # torch's old writer stored ndim as 8 bytes
             layout = struct.Struct(f"<{ndim}q{ndim}qq")
             values = member.ints(layout, f"sizes/strides/offset of tensor {key!r}")
             self.objects[key] = Tensor(storage, values[-1], values[:ndim], values[ndim:-1])
@@ -310,6 +316,4 @@ def read_tar(source: Source, *, map_location: MapLocation, limits: Limits, setti
     for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
         read(_Member(source, _member(members, name), limits, find_class, encoding))
     data = _Member(source, _member(members, "pickle"), limits, find_class, encoding)
-    obj, _ = unpickle(data.data, find_class=find_class, persistent_load=objects.persistent_load,
-                      limits=limits, encoding=encoding)
-    return obj
+    return data.pickle(objects.persistent_load)

@@ -42,9 +42,5 @@ class Limits:
     #: Colliding keys make each insertion probe all earlier ones (quadratic
     #: time: int keys ``k * (2**61 - 1)`` all hash to 0); real files have none.
     max_hash_collisions: int = 1000
-    #: Elements of one tensor.  A meta tensor (no storage) or a legacy
-    #: ``torch.FloatTensor(n)`` constructor declares a size without bytes to
-    #: back it; 2**40 elements is beyond any real tensor (4 TiB of float32).
-    max_numel: int = 2**40
 
 DEFAULT_LIMITS: Final = Limits()

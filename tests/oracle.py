@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -67,8 +68,8 @@ def assert_same(p: Any, t: Any, path: str = "") -> None:
         assert repr(p) == str(t)
     elif isinstance(t, torch.device):
         assert p == ptfile.Device(str(t))
-    elif isinstance(t, float) and t != t:
-        assert p != p
+    elif isinstance(t, float) and math.isnan(t):
+        assert math.isnan(p)
     else:
         assert type(p) is type(t) and p == t, (path, p, t)
 

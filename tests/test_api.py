@@ -225,7 +225,7 @@ def test_api_view_outside_storage_is_storage_error(golden: Path) -> None:
 def test_api_unsafe_global_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "evil.pt"
     torch.save({"f": os.getcwd}, path)
-    with pytest.raises(ptfile.UnsafeGlobalError, match="posix.getcwd") as info:
+    with pytest.raises(ptfile.UnsafeGlobalError, match=r"posix\.getcwd") as info:
         ptfile.load(path)
     assert info.value.module == "posix" and info.value.name == "getcwd"
     assert isinstance(info.value, __import__("pickle").UnpicklingError)

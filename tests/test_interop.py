@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from oracle import assert_same, assert_sharing
 
 import ptfile
+from oracle import assert_same, assert_sharing
 
 torch.manual_seed(0)
 
@@ -208,11 +208,15 @@ def test_interop_meta_tensor(tmp_path: Path) -> None:
         got.numpy()
 
 
+def _numpy_views(x: np.ndarray) -> list[np.ndarray]:
+    return [x, x[2:5], x.reshape(3, 4).T, x[::3]]
+
+
 NUMPY_CASES: dict[str, Callable[[], Any]] = {
     "mixed": lambda: {"w": np.ones((2, 3), "float32"), "b": np.arange(4, dtype=np.int64),
                       "h": np.array([1.5, -2], np.float16), "flag": np.array(True),
                       "c": np.array([1 + 1j], np.complex64), "u16": np.array([1, 65535], np.uint16)},
-    "views": lambda: (lambda x: [x, x[2:5], x.reshape(3, 4).T, x[::3]])(np.arange(12.0)),
+    "views": lambda: _numpy_views(np.arange(12.0)),
     "negative": lambda: {"rev": np.arange(5.0)[::-1], "be": np.arange(3, dtype=">i4")},
 }
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 from hypothesis import given, settings
-from strategies import arrays, containers, scalars, shared_views
 
 import ptfile
+from strategies import arrays, containers, scalars, shared_views
 
 
 def _dump(obj: Any) -> bytes:

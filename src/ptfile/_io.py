@@ -153,9 +153,9 @@ class MmapSource:
     """A memory-mapped file; :meth:`view` returns zero-copy slices of the map."""
 
     def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
-        self.name = os.fspath(path)
+        self.name: str | None = os.fspath(path)
         mode = "r+b" if access == "shared" else "rb"
-        with open(path, mode) as fp:  # noqa: PTH123 - a real OS file is needed for mmap
+        with open(path, mode) as fp:
             self.size = os.fstat(fp.fileno()).st_size
             if self.size == 0:
                 self._map: _mmap.mmap | None = None
@@ -187,7 +187,7 @@ def is_path(f: object) -> bool:
 
 def read_file(path: str) -> bytearray:
     """The whole file in one fresh, writable buffer: one ``readinto``, no second copy."""
-    with open(path, "rb", buffering=0) as fp:  # noqa: PTH123
+    with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size
         out = bytearray(size)
         view = memoryview(out)
@@ -219,12 +219,12 @@ def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",
         if mmap:
             return MmapSource(path, access)
         if lazy:
-            return FileSource(open(path, "rb"), name=path, owned=True)  # noqa: SIM115, PTH123
+            return FileSource(open(path, "rb"), name=path, owned=True)
         return BytesSource(read_file(path), name=path)
     fp = f  # a file object
     if mmap and hasattr(fp, "fileno"):
         try:
-            fp.fileno()  # type: ignore[union-attr]
+            fp.fileno()
         except (OSError, io.UnsupportedOperation):
             pass
         else:

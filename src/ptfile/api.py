@@ -40,7 +40,7 @@ def _mmap_access(mmap: bool | str | None) -> str | None:
     if mmap is True:
         flags = config.current().mmap_flags
         return "shared" if flags == config.MAP_SHARED else "private"
-    if isinstance(mmap, str) and mmap in _MMAP_MODES:
+    if mmap in _MMAP_MODES:
         return _MMAP_MODES[mmap]
     raise ValueError(f"mmap must be a bool or one of {sorted(_MMAP_MODES)}, got {mmap!r}")
 
@@ -166,7 +166,7 @@ def archive_prefix(f: object) -> str:
     """torch's archive folder name: the file's stem for ASCII paths, else ``archive``."""
     if not is_path(f):
         return "archive"
-    name = os.path.basename(os.fspath(f))  # type: ignore[arg-type]
+    name: str = os.path.basename(os.fspath(f))  # type: ignore[call-overload]
     if not name.isascii():
         return "archive"
     stem = name[: name.rfind(".")] if "." in name else name

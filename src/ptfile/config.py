@@ -82,8 +82,9 @@ class Settings:
         return self.load_endianness or "little"
 
 
+# Settings is frozen (immutable), so sharing one default instance is safe.
 _CURRENT: Final[contextvars.ContextVar[Settings]] = contextvars.ContextVar(
-    "ptfile_settings", default=Settings()
+    "ptfile_settings", default=Settings()  # noqa: B039
 )
 
 

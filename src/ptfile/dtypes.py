@@ -43,7 +43,7 @@ class DType:
 
     name: str
     itemsize: int
-    numpy: np.dtype | None = field(compare=False)  # type: ignore[type-arg]
+    numpy: np.dtype | None = field(compare=False)
     storage: str | None = field(compare=False)
     scalar_type: str = field(compare=False)
     swap: int = field(compare=False)
@@ -69,7 +69,7 @@ class DType:
         """True for the complex dtypes."""
         return self.name.startswith("complex")
 
-    def numpy_dtype(self) -> np.dtype:  # type: ignore[type-arg]
+    def numpy_dtype(self) -> np.dtype:
         """The numpy dtype of this dtype's elements, or UnsupportedFeatureError."""
         if self.numpy is None:
             raise UnsupportedFeatureError(
@@ -79,7 +79,7 @@ class DType:
         return self.numpy
 
 
-def _np(x: object) -> np.dtype:  # type: ignore[type-arg]
+def _np(x: object) -> np.dtype:
     return np.dtype(x)  # type: ignore[call-overload, no-any-return]
 
 
@@ -123,7 +123,7 @@ _ROWS: Final = (
 
 #: Every torch dtype by canonical name (``torch.float32`` → ``DTYPES["float32"]``).
 DTYPES: Final[dict[str, DType]] = {
-    row[0]: DType(*row) for row in _ROWS  # type: ignore[arg-type]
+    row[0]: DType(*row) for row in _ROWS
 }
 
 #: Legacy typed-storage class name → element dtype (``FloatStorage`` → float32).
@@ -143,7 +143,7 @@ ALIASES: Final[dict[str, str]] = {
     "short": "int16", "bit": "bits8",
 }
 
-_NUMPY_TO_DTYPE: Final[dict[np.dtype, DType]] = {  # type: ignore[type-arg]
+_NUMPY_TO_DTYPE: Final[dict[np.dtype, DType]] = {
     d.numpy: d for d in DTYPES.values() if d.numpy is not None and not d.is_quantized
 }
 
@@ -166,7 +166,7 @@ def by_storage(storage_name: str) -> DType:
     return dtype
 
 
-def from_numpy(dtype: np.dtype) -> DType:  # type: ignore[type-arg]
+def from_numpy(dtype: np.dtype) -> DType:
     """The torch dtype for a numpy dtype (native byte order is implied)."""
     key = dtype.newbyteorder("<") if dtype.byteorder in "<>=" and dtype.itemsize > 1 else dtype
     try:

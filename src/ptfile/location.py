@@ -26,9 +26,9 @@ from .tensor import Device, Storage
 
 __all__ = ["MapLocation", "register_package", "restore_location"]
 
-Tagger = Callable[[Any], Union[str, None]]
-Deserializer = Callable[[Storage, str], Union[Storage, None]]
-MapLocation = Union[None, str, Device, Mapping[str, str], Callable[[Storage, str], Any]]
+Tagger = Callable[[Any], str | None]
+Deserializer = Callable[[Storage, str], Storage | None]
+MapLocation = Union[None, str, Device, Mapping[str, str], Callable[[Storage, str], Any]]  # noqa: UP007 - a runtime alias on 3.10
 
 
 @dataclass(order=True, frozen=True)
@@ -61,7 +61,7 @@ def has_packages() -> bool:
 
 def location_tag(obj: Any) -> str | None:
     """The tag the first registered tagger gives ``obj`` (None when no package knows it)."""
-    for package in list(_PACKAGES):
+    for package in _PACKAGES:
         tag = package.tagger(obj)
         if tag is not None:
             return tag
@@ -69,7 +69,7 @@ def location_tag(obj: Any) -> str | None:
 
 
 def _registry_restore(storage: Storage, location: str) -> Storage:
-    for package in list(_PACKAGES):
+    for package in _PACKAGES:
         result = package.deserializer(storage, location)
         if result is not None:
             return result

@@ -302,7 +302,7 @@ def torch_size(sizes: object = ()) -> Size:
     return Size(_ints(sizes, "torch.Size"))
 
 
-def torch_device(type: object, index: object = None) -> Device:  # noqa: A002 - torch's name
+def torch_device(type: object, index: object = None) -> Device:
     """``torch.device``."""
     if not isinstance(type, str) or (index is not None and type_of_int(index)):
         raise _fail("torch.device", (type, index))
@@ -323,9 +323,10 @@ def get_layout(name: object) -> Layout:
 
 def codecs_encode(obj: object, encoding: object = "utf-8", errors: object = "strict") -> bytes:
     """``_codecs.encode`` restricted to the text codecs pickle uses for bytes."""
-    if not isinstance(obj, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8", "ascii"):
+    if not isinstance(obj, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8", "ascii") \
+            or not isinstance(errors, str):
         raise _fail("_codecs.encode", (obj, encoding))
-    return codecs.encode(obj, encoding, errors)  # type: ignore[arg-type]
+    return codecs.encode(obj, str(encoding), errors)
 
 
 def safe_bytearray(source: object = b"", *args: object) -> bytearray:

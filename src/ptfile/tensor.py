@@ -60,9 +60,9 @@ class Device:
 
     __slots__ = ("index", "type")
 
-    def __init__(self, type: str, index: int | None = None) -> None:  # noqa: A002 - torch's name
+    def __init__(self, type: str, index: int | None = None) -> None:
         if index is None and ":" in type:
-            type, _, text = type.partition(":")  # noqa: A001
+            type, _, text = type.partition(":")
             index = int(text) if text.isdigit() else None
         self.type = type
         self.index = index
@@ -132,7 +132,8 @@ def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
     """Elements a view spans past its offset (0 when empty)."""
     if 0 in shape:
         return 0
-    return 1 + sum(map(operator.mul, map((-1).__add__, shape), stride))
+    extent: int = 1 + sum(map(operator.mul, map((-1).__add__, shape), stride))
+    return extent
 
 
 def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int],
@@ -158,14 +159,15 @@ def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int]
         )
 
 
-def _swapped(array: np.ndarray, dtype: DType) -> np.ndarray:  # type: ignore[type-arg]
+def _swapped(array: np.ndarray, dtype: DType) -> np.ndarray:
     """Values of a big-endian view: zero-copy for numpy's own kinds, else a swapped copy."""
     if dtype.swap == 1:
         return array
     if array.dtype.kind in "biufc":
         return array.view(array.dtype.newbyteorder(">"))
     raw = array.view(f"<u{dtype.swap}")
-    return raw.byteswap().view(array.dtype)
+    swapped: np.ndarray = raw.byteswap().view(array.dtype)
+    return swapped
 
 
 class Tensor:
@@ -265,22 +267,23 @@ class Tensor:
         return False
 
     # -- data ------------------------------------------------------------------------
-    def _raw_view(self, np_dtype: np.dtype) -> np.ndarray:  # type: ignore[type-arg]
+    def _raw_view(self, np_dtype: np.dtype) -> np.ndarray:
         storage = self.storage
         if storage is None or storage.data is None:
             raise UnsupportedFeatureError(f"{self!r} has no data (meta tensor or skip_data)")
         item = self.dtype.itemsize
         if self.numel() == 0:
             return np.empty(self._shape, np_dtype)
-        return np.ndarray(
+        view: np.ndarray = np.ndarray(
             self._shape,
             np_dtype,
             buffer=storage.data,
             offset=self._offset * item,
             strides=tuple(s * item for s in self._stride),
         )
+        return view
 
-    def numpy(self) -> np.ndarray:  # type: ignore[type-arg]
+    def numpy(self) -> np.ndarray:
         """The values as a numpy array: a zero-copy view of the storage where possible.
 
         Copies only where the values differ from the stored bytes: conj/neg
@@ -301,7 +304,7 @@ class Tensor:
             raise UnsupportedFeatureError(f"{self!r} has no data")
         return self.storage.data
 
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:  # type: ignore[type-arg]
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         array = self.numpy()
         if dtype is not None:
             array = array.astype(dtype, copy=False)
@@ -385,11 +388,13 @@ class QuantizedTensor:
         """The quantized dtype (torch.qint8…)."""
         return self.int_repr.dtype
 
-    def dequantize(self) -> np.ndarray:  # type: ignore[type-arg]
+    def dequantize(self) -> np.ndarray:
         """float32 values: ``(q - zero_point) * scale`` (per channel along ``axis``)."""
         q = self.int_repr.numpy().astype(np.float32)
         if self.scales is None:
-            return (q - np.float32(self.zero_point or 0)) * np.float32(self.scale or 1.0)
+            values: np.ndarray = (q - np.float32(self.zero_point or 0)) * np.float32(
+                self.scale or 1.0)
+            return values
         shape = [1] * q.ndim
         shape[self.axis or 0] = -1
         scales = np.asarray(self.scales.numpy(), np.float32).reshape(shape)
@@ -404,7 +409,7 @@ class SparseTensor:
     """A sparse tensor as its parts, indices validated against ``size``.
 
     ``layout`` is torch's name (``sparse_coo``, ``sparse_csr``, ``sparse_csc``,
-    ``sparse_bsr``, ``sparse_bsc``).  COO: ``indices`` (ndim × nnz) and ``values``;
+    ``sparse_bsr``, ``sparse_bsc``).  COO: ``indices`` (ndim x nnz) and ``values``;
     compressed layouts: ``compressed_indices``, ``plain_indices`` and ``values``.
     """
 
@@ -427,7 +432,7 @@ class SparseTensor:
         """The dense shape."""
         return self.size
 
-    def to_dense(self) -> np.ndarray:  # type: ignore[type-arg]
+    def to_dense(self) -> np.ndarray:
         """The dense values (COO and CSR only)."""
         values = self.values.numpy()
         out = np.zeros(tuple(self.size), values.dtype)

@@ -22,12 +22,12 @@ LOCAL_HEADER_BYTES: Final = 30
 _SIGNATURE: Final = np.frombuffer(b"PK\x03\x04", np.uint8)
 
 
-def _u16(columns: np.ndarray, at: int) -> np.ndarray:  # type: ignore[type-arg]
+def _u16(columns: np.ndarray, at: int) -> np.ndarray:
     return columns[:, at].astype(np.int64) | (columns[:, at + 1].astype(np.int64) << 8)
 
 
-def _names_match(data: np.ndarray, starts: np.ndarray,  # type: ignore[type-arg]
-                 names: list[bytes], lengths: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+def _names_match(data: np.ndarray, starts: np.ndarray,
+                 names: list[bytes], lengths: np.ndarray) -> np.ndarray:
     """Per record: do the bytes at ``starts`` equal its central-directory name?"""
     flat = np.frombuffer(b"".join(names), np.uint8)
     owner = np.repeat(np.arange(len(names)), lengths)

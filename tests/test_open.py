@@ -288,3 +288,39 @@ def test_load_skip_data_reads_no_storage_bytes(tmp_path: Path) -> None:
     assert obj["w"].shape == (256, 1024)
     assert obj["b"].storage.nbytes == 12
     assert counting.bytes_read < path.stat().st_size - 256 * 1024 * 4 + 70_000
+
+
+def _index(draw: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
+    from hypothesis import strategies as st
+
+    key: list[Any] = []
+    for n in shape:
+        kind = draw(st.sampled_from(["int", "slice", "none"]))
+        if kind == "int" and n:
+            key.append(draw(st.integers(-n, n - 1)))
+        elif kind == "none":
+            key.extend([None, slice(None)])
+        else:
+            bound = st.none() | st.integers(-n - 2, n + 2)
+            step = draw(st.none() | st.integers(-3, 3).filter(bool))
+            key.append(slice(draw(bound), draw(bound), step))
+    return tuple(key)
+
+
+def test_get_slice_agrees_with_numpy_on_random_views(tmp_path: Path) -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    base = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+    views = {"base": base, "t": base.transpose(2, 0, 1), "sub": base[1:, ::2, 3:],
+             "flat": base.reshape(-1)[7:50:3]}
+    path = tmp_path / "views.pt"
+    ptfile.save(views, path)
+
+    @given(name=st.sampled_from(sorted(views)), data=st.data())
+    def check(name: str, data: Any) -> None:
+        key = _index(data.draw, views[name].shape)
+        with ptfile.open(path, mmap=False) as ck:
+            np.testing.assert_array_equal(ck.get_slice(name)[key], views[name][key])
+
+    check()

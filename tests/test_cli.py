@@ -221,3 +221,13 @@ def test_scan_exit_codes(tmp_path: Path, files: dict[str, Path]) -> None:
     assert "system" in result.stdout
     doc = json.loads(run("scan", evil, "--json").stdout)
     assert doc["is_dangerous"] is True
+
+
+def test_inspect_and_convert_legacy_formats(tmp_path: Path) -> None:
+    golden = Path(__file__).parent / "golden"
+    result = run("inspect", golden / "tiny_legacy.pt")
+    assert result.returncode == EXIT_OK and "legacy checkpoint" in result.stdout
+    out = tmp_path / "current.pt"
+    assert run("convert", golden / "tiny_legacy.pt", out).returncode == EXIT_OK
+    assert out.read_bytes()[:4] == b"PK\x03\x04"
+    assert torch.load(out)[1].tolist() == [2.0, 3.0]

@@ -138,7 +138,9 @@ def _render_header(ins: Inspection, out: TextIO) -> None:
     out.write(f"{ins.path or '<stream>'}: {meta.get('format', ins.format)} checkpoint, "
               f"{_size(ins.file_size)}\n")
     keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix")
-    out.write("  " + " · ".join(f"{k} {meta[k]}" for k in keys if k in meta) + "\n")
+    details = " · ".join(f"{k} {meta[k]}" for k in keys if k in meta)
+    if details:
+        out.write(f"  {details}\n")
     if "serialization_id" in meta:
         out.write(f"  serialization_id {meta['serialization_id']}\n")
 

@@ -324,3 +324,24 @@ def test_get_slice_agrees_with_numpy_on_random_views(tmp_path: Path) -> None:
             np.testing.assert_array_equal(ck.get_slice(name)[key], views[name][key])
 
     check()
+
+
+@pytest.mark.parametrize("name", ["tiny_views.pt", "tiny_dtypes.pt", "tiny_state_dict.pt",
+                                  "tiny_bigendian.pt", "tiny_legacy.pt"])
+def test_open_error_contract_on_damaged_goldens(golden: Path, name: str) -> None:
+    """Truncations and bit flips: open/info/get_slice succeed or raise a PtfileError."""
+    data = (golden / name).read_bytes()
+    rng = np.random.default_rng(len(data))
+    samples = [data[:cut] for cut in range(0, len(data), max(1, len(data) // 40))]
+    for at in rng.integers(0, len(data), 60):
+        flipped = bytearray(data)
+        flipped[at] ^= 1 << int(rng.integers(0, 8))
+        samples.append(bytes(flipped))
+    for sample in samples:
+        try:
+            with ptfile.open(io.BytesIO(sample)) as ck:
+                for info in ck.infos():
+                    if info.dtype.numpy is not None and info.storage_key is not None:
+                        ck.get_slice(info.name)[...]
+        except ptfile.PtfileError:
+            pass

@@ -396,7 +396,8 @@ class CheckpointReader(Mapping[str, Tensor]):
         if self._closed:
             raise ValueError("I/O operation on a closed CheckpointReader")
         offsets = self._offset_map()
-        return (self._info(name, t, offsets) for name, t in self._tensors.items())
+        with gc_paused():  # 10^5 new tuples would trigger ~100 full collections
+            return iter([self._info(name, t, offsets) for name, t in self._tensors.items()])
 
     def _offset_map(self) -> dict[str, int]:
         """Storage key → data offset, computed in one pass when the file has torch's layout."""

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from ._io import BytesSource, FileLike, Source, is_path, open_source
 from ._scan_containers import Anomaly, Window, read_member, walk_tar, walk_zip
+from ._scan_fast import fast_names
 from .errors import PtfileError
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm.symbolic import GlobalRef, NameUse, Result, Trace, trace
@@ -274,8 +275,23 @@ def _hazards(s: _Scan, info: Trace, where: str) -> None:
               "overflow the stack")
 
 
+def _allowed(module: str, name: str) -> bool:
+    return verdict_of(module, name) is Verdict.ALLOWED
+
+
+def _heads_look_nested(head: bytes) -> bool:
+    return _looks_like_pickle(head) or head.startswith(b"PK")
+
+
 def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int = 0) -> int:
     """Scan the pickle at ``data[start:]``; returns the offset after STOP (or -1)."""
+    fast = fast_names(data, start, s.limits, _allowed, _heads_look_nested)
+    if fast is not None:  # plainly clean, as CPython itself resolves it (see _scan_fast)
+        names, end = fast
+        for module, name in names:
+            s.add("global", Verdict.ALLOWED, where, None, module, name, "",
+                  f"imports {module}.{name}")
+        return end
     try:
         info = trace(data, start, limits=s.limits)
     except PtfileError as exc:

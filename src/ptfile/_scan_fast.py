@@ -1,0 +1,139 @@
+"""The scanner's fast path: CPython's own unpickler, fed nothing but inert stand-ins.
+
+The symbolic walk of :mod:`ptfile.picklevm.symbolic` costs a few microseconds
+per opcode (~10 s for a 100,000-tensor state dict).  Most files are plain
+state dicts, so :func:`fast_names` first asks CPython itself which globals the
+stream resolves: it unpickles (after the same pre-check as ``load``) with a
+``find_class`` that returns a fresh stand-in class (:mod:`ptfile.structural`)
+for *every* name, allowlisted or not, and a ``persistent_load`` that returns
+one too.  Nothing but stand-in methods can run, and the names are exactly the
+ones CPython's unpickler would import (memo, stack and ``STACK_GLOBAL`` as
+CPython sees them).
+
+The fast path only *clears* streams.  It gives up (returns None), and the
+scanner does the precise symbolic walk, whenever anything is off: an error of
+any kind (EXT codes, ``BUILD`` on a global, a non-string ``STACK_GLOBAL``
+operand, a hash flood, damage), a name that is not allowed, a byte string that
+starts like a pickle or a ZIP, or tuples nested deeper than ``Limits.max_depth``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from .errors import PtfileError
+from .limits import Limits
+from .picklevm import unpickle
+from .structural import StandIn, make_stand_in
+
+__all__ = ["fast_names"]
+
+#: Objects the result walk visits, at most, before giving up (then: symbolic walk).
+MAX_OBJECTS: Final = 10_000_000
+
+
+class _Recorder:
+    """``find_class`` and ``persistent_load`` that record and hand out stand-ins."""
+
+    def __init__(self) -> None:
+        self.names: list[tuple[str, str]] = []
+        self._classes: dict[tuple[str, str], type] = {}
+        self._pid = make_stand_in("<persistent_load>", "id")
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.names.append((module, name))
+        cls = self._classes.get((module, name))
+        if cls is None:
+            cls = self._classes[module, name] = make_stand_in(module, name)
+        return cls
+
+    def persistent_load(self, pid: object) -> Any:
+        return self._pid(pid)
+
+
+_ATOMS: Final = frozenset({int, float, bool, complex, type(None)})
+_TEXT: Final = frozenset({str, bytes, bytearray})
+#: First characters (str) and bytes that may open a pickle or a ZIP.
+_HEADS: Final = frozenset({"\x80", "P", "c", "(", b"\x80", b"P", b"c", b"("})
+
+
+def _children(obj: object) -> tuple[object, ...]:
+    if isinstance(obj, (tuple, list, set, frozenset)):
+        return tuple(obj)
+    if isinstance(obj, dict):
+        return (*obj.keys(), *obj.values(), *getattr(obj, "__dict__", {}).values())
+    if isinstance(obj, StandIn):
+        return (*obj.args, *obj.kwargs.values(), obj.state, *obj.listitems,
+                *(x for pair in obj.dictitems for x in pair))
+    return ()
+
+
+def _suspicious(obj: str | bytes | bytearray, heads: Callable[[bytes], bool]) -> bool:
+    if isinstance(obj, str):
+        return obj[:1] in ("\x80", "P", "c", "(") and heads(obj[:8].encode("latin-1", "replace"))
+    return heads(bytes(obj[:8]))
+
+
+def _tuple_height(root: tuple[object, ...], heights: dict[int, int]) -> int:
+    """Nesting height of tuples in tuples (what tuple hashing recurses through), memoised."""
+    stack: list[tuple[tuple[object, ...], bool]] = [(root, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            heights[id(t)] = 1 + max((heights[id(c)] for c in t if type(c) is tuple), default=0)
+        elif id(t) not in heights:
+            heights[id(t)] = 0  # tuples alone cannot form cycles: final before the parent
+            stack.append((t, True))
+            stack.extend((c, False) for c in t if type(c) is tuple and id(c) not in heights)
+    return heights[id(root)]
+
+
+def _walk_is_plain(root: object, heads: Callable[[bytes], bool], max_depth: int) -> bool:
+    """No suspicious blob and no tuple taller than ``max_depth`` in the result graph."""
+    seen: set[int] = set()
+    heights: dict[int, int] = {}
+    stack = [(root,)]
+    while stack:
+        for child in _children(stack.pop()):
+            kind = type(child)
+            if kind in _ATOMS:
+                continue
+            if kind in _TEXT:
+                text: str | bytes | bytearray = child  # type: ignore[assignment]
+                head = bytes(text[:1]) if isinstance(text, bytearray) else text[:1]
+                if head in _HEADS and _suspicious(text, heads):
+                    return False
+                continue
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if len(seen) > MAX_OBJECTS:
+                return False
+            if kind is tuple:
+                items: tuple[object, ...] = child  # type: ignore[assignment]
+                if any(type(c) is tuple for c in items) and \
+                        _tuple_height(items, heights) > max_depth:
+                    return False
+            stack.append(child)  # type: ignore[arg-type]
+    return True
+
+
+def fast_names(data: bytes, start: int, limits: Limits, allowed: Callable[[str, str], bool],
+               heads: Callable[[bytes], bool]) -> tuple[list[tuple[str, str]], int] | None:
+    """The names the pickle at ``data[start:]`` resolves and its end, if it is plainly clean.
+
+    Returns None when the precise symbolic walk must decide (see the module docstring).
+    """
+    recorder = _Recorder()
+    try:
+        result, end = unpickle(data, find_class=recorder.find_class,
+                               persistent_load=recorder.persistent_load, limits=limits,
+                               start=start, encoding="latin1")
+    except PtfileError:
+        return None
+    if not all(allowed(module, name) for module, name in recorder.names):
+        return None
+    if not _walk_is_plain(result, heads, limits.max_depth):
+        return None
+    return recorder.names, end

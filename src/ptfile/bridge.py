@@ -240,7 +240,8 @@ class _FromTorch:
 
 def _holds_torch(obj: Any, depth: int = 0) -> bool:
     """True when a torch object is somewhere in the tree (type-name check, bounded depth)."""
-    if type(obj).__module__.startswith("torch"):
+    module = type(obj).__module__
+    if module == "torch" or module.startswith("torch."):
         return True
     if depth > 100:
         return False

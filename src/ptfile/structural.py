@@ -33,14 +33,13 @@ A ``torch.save(model)`` file pickles each ``nn.Module`` as
 ``_parameters``, ``_buffers``, ``_non_persistent_buffers_set`` and
 ``_modules``.  :func:`state_dict` walks that tree the way
 ``nn.Module.state_dict`` does.  Legacy files give module classes the persistent
-id ``('module', cls, source_file, source)``; :func:`structural_persistent_load`
-turns it into a :class:`ModuleSource` record.
+id ``('module', cls, source_file, source)``; the legacy readers resolve it to
+``cls`` as torch does, which here is the stand-in class.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any, Final
 
 from .errors import LimitExceededError
@@ -48,13 +47,11 @@ from .policy import find_allowed
 from .tensor import Parameter, Tensor
 
 __all__ = [
-    "ModuleSource",
     "StandIn",
     "StandInType",
     "StructuralFindClass",
     "is_module",
     "state_dict",
-    "structural_persistent_load",
 ]
 
 #: ``StandIn.state`` before any ``BUILD``.
@@ -137,18 +134,6 @@ class StandIn(metaclass=StandInType):
         return f"<stand-in {self.module}.{self.name} {self.how}{self.args!r:.60}{state}>"
 
 
-class ModuleSource:
-    """A legacy persistent id ``('module', cls, source_file, source)``: class and its source."""
-
-    __slots__ = ("cls", "source", "source_file")
-
-    def __init__(self, cls: object, source_file: object, source: object) -> None:
-        self.cls, self.source_file, self.source = cls, source_file, source
-
-    def __repr__(self) -> str:
-        return f"<module source {self.cls!r} from {self.source_file!r:.60}>"
-
-
 def make_stand_in(module: str, name: str) -> StandInType:
     """A fresh stand-in class for ``module.name`` (never the real one)."""
     namespace = {"__slots__": (), "module": module, "name": name, "__module__": __name__}
@@ -178,17 +163,6 @@ class StructuralFindClass:
         if cls is None:
             cls = self._made[module, name] = make_stand_in(module, name)
         return cls
-
-
-def structural_persistent_load(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wrap a reader's ``persistent_load``: module-class ids become :class:`ModuleSource`."""
-
-    def load(pid: Any) -> Any:
-        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
-            return ModuleSource(*pid[1:])
-        return inner(pid)
-
-    return load
 
 
 def is_module(obj: object) -> bool:

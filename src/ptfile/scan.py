@@ -81,24 +81,23 @@ DANGEROUS_MODULES: Final = frozenset({
     "trace", "doctest", "idlelib", "lib2to3", "pickletools",
 })
 
-#: Single globals that are dangerous: evaluation, attribute access, nested loaders.
+#: Single globals that are dangerous: evaluation, attribute access, nested loaders, exits.
+#: Constructors that only build objects (``functools.partial``, ``collections.defaultdict``,
+#: ``copyreg._reconstructor``, ``builtins.type``) are ``unknown``: real whole-model and
+#: optimizer pickles use them, and what they would call is flagged on its own.
 DANGEROUS_NAMES: Final = frozenset({
     *((m, n) for m in ("builtins", "__builtin__") for n in (
         "eval", "exec", "execfile", "compile", "open", "file", "__import__", "getattr",
         "setattr", "delattr", "globals", "locals", "vars", "input", "breakpoint", "apply",
-        "reload", "help", "exit", "quit", "memoryview", "super", "type", "object",
-        "classmethod", "staticmethod", "property", "__build_class__", "dir", "map",
-        "filter")),
+        "reload", "help", "exit", "quit", "__build_class__")),
     ("torch", "load"), ("torch.serialization", "load"), ("torch.serialization", "_load"),
     ("torch.serialization", "_legacy_load"), ("torch.storage", "_load_from_bytes"),
     ("torch.jit", "load"), ("torch.jit._serialization", "load"), ("torch", "save"),
     ("torch.fx.graph_module", "_forward_from_src"), ("torch.fx.graph_module", "reduce_graph_module"),
-    ("torch.fx.graph_module", "_deserialize_graph_module"), ("functools", "partial"),
-    ("functools", "reduce"), ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"),
+    ("torch.fx.graph_module", "_deserialize_graph_module"), ("functools", "reduce"),
     ("numpy", "load"), ("numpy.lib.npyio", "load"), ("numpy.lib.format", "read_array"),
     ("numpy", "fromfile"), ("numpy", "memmap"), ("numpy", "loadtxt"),
-    ("collections", "defaultdict"), ("_operator", "attrgetter"), ("_operator", "methodcaller"),
-    ("_operator", "getitem"),
+    ("_operator", "attrgetter"), ("_operator", "methodcaller"),
 })
 
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.

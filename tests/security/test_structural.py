@@ -130,3 +130,26 @@ def test_structural_plain_state_dict_is_unchanged() -> None:
 def test_state_dict_refuses_non_modules() -> None:
     with pytest.raises(TypeError, match="structurally loaded"):
         ptfile.state_dict({"a": 1})
+
+
+class _Rich(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.lstm = torch.nn.LSTM(3, 4)
+        self.cfg = {"lr": 0.1, "arr": np.arange(3), "dt": torch.float16,
+                    "dev": torch.device("cpu"), "norm": __import__("functools").partial(
+                        torch.nn.LayerNorm, eps=1e-6)}
+        self.act = torch.nn.functional.gelu
+        self.register_buffer("counter", torch.tensor(3))
+
+
+def test_structural_real_objects_load_and_scan_without_false_alarms() -> None:
+    model = _Rich()
+    objects = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    buf = io.BytesIO()
+    torch.save(objects, buf)
+    loaded = ptfile.load(io.BytesIO(buf.getvalue()), structural=True)
+    assert list(ptfile.state_dict(loaded["model"])) == list(model.state_dict())
+    result = ptfile.scan(buf.getvalue())
+    assert not result.is_dangerous, [f for f in result.findings if f.verdict.value == "dangerous"]

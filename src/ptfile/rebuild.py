@@ -21,7 +21,7 @@ from typing import Any, Final
 from . import dtypes
 from .dtypes import DType
 from .errors import PickleStreamError, StorageError, UnsupportedFeatureError
-from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from .tensor import MAX_NDIM, Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __all__ = ["SAFE_GLOBALS", "Layout", "QScheme", "StorageType", "TensorType", "lookup"]
 
@@ -120,6 +120,13 @@ def rebuild_tensor_v2(storage: object, storage_offset: object, size: object, str
                       requires_grad: object, backward_hooks: object,
                       metadata: object = None) -> Tensor:
     """``torch._utils._rebuild_tensor_v2``."""
+    if (metadata is None and type(storage) is Storage and type(storage_offset) is int
+            and type(size) is tuple and type(stride) is tuple
+            and type(backward_hooks) is OrderedDict and len(size) <= MAX_NDIM
+            and (not size or set(map(type, size + stride)) == _INT_ONLY)):
+        # The shape of every tensor torch.save writes: checked here in one go.
+        return Tensor._from_checked(storage, storage_offset, size, stride,
+                                    bool(requires_grad), backward_hooks)
     return Tensor(_storage(storage), _int(storage_offset, "storage_offset"),
                   _ints(size, "size"), _ints(stride, "stride"),
                   requires_grad=bool(requires_grad), backward_hooks=_hooks(backward_hooks),

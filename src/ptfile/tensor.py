@@ -114,6 +114,15 @@ class Storage:
         self.byteorder = byteorder
         self._nbytes = self.data.nbytes if self.data is not None else (nbytes or 0)
 
+    @classmethod
+    def _from_record(cls, data: memoryview | None, dtype: DType, location: str, key: str,
+                     untyped: bool, byteorder: str, nbytes: int) -> Storage:
+        """Loaders' constructor: ``data`` is already a flat byte view of ``nbytes`` bytes."""
+        self = cls.__new__(cls)
+        self.data, self.dtype, self.untyped = data, (UINT8 if untyped else dtype), untyped
+        self.location, self.key, self.byteorder, self._nbytes = location, key, byteorder, nbytes
+        return self
+
     @property
     def nbytes(self) -> int:
         """Size of the storage in bytes (known even when the data was skipped)."""
@@ -214,6 +223,24 @@ class Tensor:
         self.metadata = metadata
         self.python_state: Any = None
         self.type_name: str | None = None
+
+    @classmethod
+    def _from_checked(cls, storage: Storage, offset: int, shape: tuple[int, ...],
+                      stride: tuple[int, ...], requires_grad: bool,
+                      hooks: OrderedDict[Any, Any]) -> Tensor:
+        """The hot path of loading: arguments already type-checked by the caller.
+
+        Only the view check runs here (the same check as ``__init__``); it skips
+        keyword parsing and defaults, which dominate the cost of 10^5 tiny tensors.
+        """
+        dtype = storage.dtype
+        check_view(storage, dtype, offset, shape, stride)
+        self = cls.__new__(cls)
+        self.storage, self.dtype, self._offset = storage, dtype, offset
+        self._shape, self._stride = shape, stride
+        self.requires_grad, self.backward_hooks = requires_grad, hooks
+        self.metadata = self.python_state = self.type_name = None
+        return self
 
     # -- torch's accessors -------------------------------------------------------------
     @property

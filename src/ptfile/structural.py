@@ -42,11 +42,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Final
 
-from .errors import LimitExceededError
-from .policy import find_allowed
+from .errors import LimitExceededError, PickleStreamError, UnsupportedFeatureError
+from .policy import CallOnly, find_allowed
 from .tensor import Parameter, Tensor
 
 __all__ = [
+    "Lenient",
     "StandIn",
     "StandInType",
     "StructuralFindClass",
@@ -154,15 +155,47 @@ class StructuralFindClass:
 
     def __init__(self) -> None:
         self._made: dict[tuple[str, str], StandInType] = {}
+        self._lenient: dict[tuple[str, str], Lenient] = {}
 
-    def __call__(self, module: str, name: str) -> Any:
-        found = find_allowed(module, name)
-        if found is not None:
-            return found
+    def _stand_in(self, module: str, name: str) -> StandInType:
         cls = self._made.get((module, name))
         if cls is None:
             cls = self._made[module, name] = make_stand_in(module, name)
         return cls
+
+    def __call__(self, module: str, name: str) -> Any:
+        found = find_allowed(module, name)
+        if found is None:
+            return self._stand_in(module, name)
+        if not isinstance(found, CallOnly):
+            return found
+        lenient = self._lenient.get((module, name))
+        if lenient is None:
+            lenient = Lenient(found, self._stand_in(module, name))
+            self._lenient[module, name] = lenient
+        return lenient
+
+
+class Lenient(CallOnly):
+    """An allowlisted function that, given arguments it cannot rebuild, records the call.
+
+    A whole-model pickle may hand ptfile's rebuild functions stand-ins (a tensor
+    subclass, a nested tensor): the strict policy refuses those, the structural
+    one keeps the call as a :class:`StandIn` of the global's name.  Limits and
+    storage damage still raise.
+    """
+
+    __slots__ = ("_record",)
+
+    def __init__(self, function: CallOnly, record: StandInType) -> None:
+        super().__init__(function)
+        self._record = record
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except (PickleStreamError, UnsupportedFeatureError, TypeError):
+            return self._record(*args, **kwargs)
 
 
 def is_module(obj: object) -> bool:

@@ -153,3 +153,16 @@ def test_structural_real_objects_load_and_scan_without_false_alarms() -> None:
     assert list(ptfile.state_dict(loaded["model"])) == list(model.state_dict())
     result = ptfile.scan(buf.getvalue())
     assert not result.is_dangerous, [f for f in result.findings if f.verdict.value == "dangerous"]
+
+
+def test_structural_keeps_calls_ptfile_cannot_rebuild() -> None:
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])
+    buf = io.BytesIO()
+    torch.save({"nt": nested, "w": torch.ones(2)}, buf)
+    with pytest.raises(ptfile.UnsupportedFeatureError):
+        ptfile.load(io.BytesIO(buf.getvalue()))
+    loaded = ptfile.load(io.BytesIO(buf.getvalue()), structural=True)
+    assert isinstance(loaded["nt"], StandIn)
+    assert loaded["nt"].name == "_rebuild_nested_tensor"
+    assert isinstance(loaded["nt"].args[0], ptfile.Tensor)
+    assert isinstance(loaded["w"], ptfile.Tensor)

@@ -34,6 +34,7 @@ from ptfile.picklevm.pickler import (
     PersistentId,
     Pickler,
     Reduce,
+    ViewReduce,
     dumps,
     encode_int,
     global_,
@@ -80,7 +81,7 @@ def test_pickler_batch_size_is_the_c_picklers() -> None:
 def test_pickler_handles_exactly_the_documented_types() -> None:
     builtins = {type(None), bool, int, float, str, bytes, bytearray, tuple, list, dict}
     builtins |= {set, frozenset, complex, OrderedDict, Counter}
-    nodes = {Global, Reduce, PersistentId}
+    nodes = {Global, Reduce, PersistentId, ViewReduce}
     for protocol in PROTOCOLS:
         handlers = {**pickler_module._HANDLERS, **pickler_module._PROTOCOL_HANDLERS[protocol]}
         assert set(handlers) == builtins | nodes

@@ -9,15 +9,18 @@ data for names ending in ``/`` and ignores records the caller names
 ``.data/serialization_id``; :meth:`ZipWriter.close` always writes its own.
 
 Per-record cost matters for checkpoints with 10^5-10^6 tensors, so the hot
-path packs the module-level ``struct.Struct`` layouts of
-:mod:`~ptfile.archive.records` directly instead of building one dataclass per
-header; the tests check that the result parses back into those dataclasses.
+path packs ``struct.Struct`` layouts directly instead of building one dataclass
+per header (the tests check that the result parses back into the dataclasses of
+:mod:`~ptfile.archive.records`), and :meth:`ZipWriter.write_records` gathers
+small records into few ``write`` calls.  Large payloads are still passed
+through as they come, never copied.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Final
 
@@ -47,7 +50,7 @@ from .serialization_id import SERIALIZATION_ID_NAME, fold_write, hash_combine, s
 if TYPE_CHECKING:
     from typing_extensions import Buffer, Self
 
-__all__ = ["MAX_ALIGNMENT", "ZipWriter"]
+__all__ = ["BATCH_FLUSH_BYTES", "BATCH_PAYLOAD_BYTES", "MAX_ALIGNMENT", "ZipWriter"]
 
 
 #: The padding extra is at most ``alignment - 1`` bytes of fill plus its 4-byte
@@ -60,6 +63,23 @@ _LOCAL_SIZE: Final = LOCAL_FILE_HEADER_STRUCT.size
 _EXTRA_HEADER_SIZE: Final = EXTRA_HEADER_STRUCT.size
 #: Flags of a non-empty record: data descriptor follows, UTF-8 name.
 _FLAGS: Final = FLAG_DATA_DESCRIPTOR | FLAG_UTF8
+#: :meth:`ZipWriter.write_records` copies payloads smaller than this into its
+#: batches; larger ones go to ``write`` as they are.
+BATCH_PAYLOAD_BYTES: Final = 64 << 10
+#: ... and hands a batch to ``write`` once it holds about this many bytes.
+BATCH_FLUSH_BYTES: Final = 1 << 20
+#: LOCAL_FILE_HEADER_STRUCT with its always-zero fields as pad bytes:
+#: signature, flags, name length, extra length.
+_LOCAL_HEAD: Final = struct.Struct("<4s2xH18x2H")
+#: CENTRAL_DIRECTORY_STRUCT likewise: signature, flags, CRC, compressed and
+#: uncompressed size, name length, external attributes, local header offset.
+_CENTRAL_HEAD: Final = struct.Struct("<4s4xH6x3LH8x2L")
+_DESCRIPTOR_SIZE: Final = DESCRIPTOR_STRUCT.size
+_DESCRIPTOR_FIRST_BYTE: Final = DATA_DESCRIPTOR_SIGNATURE[0]
+_SLASH: Final = ord("/")
+#: c10::hash_combine's constants (see :func:`~ptfile.archive.serialization_id.hash_combine`).
+_GOLDEN: Final = 0x9E3779B9
+_MASK64: Final = (1 << 64) - 1
 _CLOSED: Final = "closed"
 _HALF_WRITTEN: Final = "broken: a record was left half-written (a write or a chunk failed)"
 
@@ -232,6 +252,97 @@ class ZipWriter:
             if size >= 8 and bytes(view[:4]) == DATA_DESCRIPTOR_SIGNATURE:  # quirk, see module doc
                 self._crc_fold = fold_write(self._crc_fold, view[:8])
         self._finish(full, offset, size, crc)
+
+    def write_records(self, records: Iterable[tuple[str, Buffer]]) -> None:
+        """Write whole records in turn, as :meth:`write_record` writes one, in few write calls.
+
+        Headers and payloads under :data:`BATCH_PAYLOAD_BYTES` are gathered and
+        passed to ``write`` joined, about :data:`BATCH_FLUSH_BYTES` at a time;
+        larger payloads are passed as they are.  All is written before this
+        returns.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`write_record`; the records before the offending one are
+            written and the archive stays usable.
+        """
+        if self._unusable is not None:
+            raise ValueError(f"ZipWriter is {self._unusable}")
+        pending: list[bytes | memoryview] = []
+        try:
+            for name, view in self._gather(records, pending):
+                self._flush(pending)
+                self.write_record(name, view)
+        finally:
+            self._flush(pending)
+
+    def _gather(
+        self, records: Iterable[tuple[str, Buffer]], pending: list[bytes | memoryview]
+    ) -> Iterator[tuple[str, memoryview]]:
+        """Add each record to ``pending``; yield those that need :meth:`write_record`.
+
+        Those are the rare records: a duplicate or ignored name (which
+        write_record refuses or skips), a directory, a long name, a name that
+        starts like a data descriptor, or one near the ZIP64 limits.  This is
+        the hot loop of a checkpoint with many tensors, hence one long function
+        of local names; it keeps the writer's state current after each record.
+        """
+        offsets, prefix, alignment, crc_on = self._offsets, self._prefix, self._alignment, self._crc32
+        add, add_central = pending.extend, self._central.append
+        flushed_at = self._position
+        for name, data in records:
+            view = data if type(data) is memoryview and data.ndim == 1 and data.format == "B" \
+                else _as_bytes_view(data)
+            size = view.nbytes
+            offset = self._position
+            full = prefix + name.encode("utf-8")
+            if (name in offsets or name == SERIALIZATION_ID_NAME or len(full) > U16_MAX
+                    or offset + size >= U32_MAX or full[-1] == _SLASH
+                    or full[:4] == DATA_DESCRIPTOR_SIGNATURE):  # fmt: skip
+                yield name, view
+                flushed_at = self._position
+                continue
+            start = offset + _LOCAL_SIZE + _EXTRA_HEADER_SIZE + len(full)
+            pad = -start % alignment
+            padding = self._paddings.get(pad) or self._padding(pad)
+            offsets[name] = position = start + pad
+            if not size:
+                add((_LOCAL_HEAD.pack(LOCAL_FILE_HEADER_SIGNATURE, FLAG_UTF8, len(full), _EXTRA_HEADER_SIZE + pad), full, padding))  # fmt: skip
+                add_central(_CENTRAL_HEAD.pack(CENTRAL_DIRECTORY_SIGNATURE, FLAG_UTF8, 0, 0, 0, len(full), 0, offset) + full)  # fmt: skip
+                self._position = position
+                continue
+            crc = zlib.crc32(view) if crc_on else 0
+            add((_LOCAL_HEAD.pack(LOCAL_FILE_HEADER_SIGNATURE, _FLAGS, len(full), _EXTRA_HEADER_SIZE + pad), full, padding))  # fmt: skip
+            if size < BATCH_PAYLOAD_BYTES:
+                add((view, DESCRIPTOR_STRUCT.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size)))
+            else:
+                self._write_payload(view, pending)
+                pending.append(DESCRIPTOR_STRUCT.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size))
+            fold = self._crc_fold
+            if size >= 8 and view[0] == _DESCRIPTOR_FIRST_BYTE:  # quirk, see module doc
+                fold = fold_write(fold, view[:8])
+            # hash_combine(fold, crc), inlined: what fold_write sees in the descriptor
+            self._crc_fold = fold ^ ((crc + _GOLDEN + (fold << 6) + (fold >> 2)) & _MASK64)
+            add_central(_CENTRAL_HEAD.pack(CENTRAL_DIRECTORY_SIGNATURE, _FLAGS, crc, size, size, len(full), 0, offset) + full)  # fmt: skip
+            self._position = position = position + size + _DESCRIPTOR_SIZE
+            if position - flushed_at >= BATCH_FLUSH_BYTES:
+                self._flush(pending)
+                flushed_at = position
+
+    def _write_payload(self, view: memoryview, pending: list[bytes | memoryview]) -> None:
+        """Write ``pending``, then a large payload as it is; the record stays open."""
+        self._flush(pending)
+        self._unusable = _HALF_WRITTEN  # until the data descriptor is written
+        self._write(view)
+
+    def _flush(self, pending: list[bytes | memoryview]) -> None:
+        """Pass what :meth:`_gather` collected to ``write``, as one piece."""
+        if pending:
+            self._unusable = _HALF_WRITTEN  # until write returns
+            self._write(b"".join(pending))
+            pending.clear()
+            self._unusable = None
 
     def write_record_chunks(self, name: str, size: int, chunks: Iterable[Buffer]) -> None:
         """Write one record of ``size`` bytes from ``chunks``, streaming them through.

@@ -272,7 +272,7 @@ class _ArrayStorages:
         self._by_owner: dict[int, tuple[object, Storage]] = {}
 
     @staticmethod
-    def _owner(array: np.ndarray) -> tuple[object, memoryview]:  # type: ignore[type-arg]
+    def _owner(array: np.ndarray) -> tuple[object, memoryview]:
         root = array
         while isinstance(root.base, np.ndarray):
             root = root.base
@@ -280,11 +280,11 @@ class _ArrayStorages:
             whole = root.reshape(-1, order="A") if root.flags.forc else None
             if whole is None:
                 raise ValueError("non-contiguous owner")
-            return root, memoryview(whole.view(np.uint8)).cast("B")
-        buffer = memoryview(root.base).cast("B")  # type: ignore[arg-type]
+            return root, whole.view(np.uint8).data.cast("B")
+        buffer = memoryview(root.base).cast("B")  # type: ignore[unreachable]
         return root.base, buffer
 
-    def tensor(self, array: np.ndarray) -> Tensor:  # type: ignore[type-arg]
+    def tensor(self, array: np.ndarray) -> Tensor:
         """A Tensor viewing the storage of ``array``'s base buffer (or of a native copy)."""
         dtype = dtypes.from_numpy(array.dtype)
         if array.dtype.byteorder == ">" or any(s < 0 for s in array.strides):
@@ -301,7 +301,7 @@ class _ArrayStorages:
                 and all(s % item == 0 for s in array.strides))
         if not fits:
             array = np.ascontiguousarray(array).copy()
-            owner, buffer, delta = array, memoryview(array.view(np.uint8).reshape(-1)), 0
+            owner, buffer, delta = array, array.view(np.uint8).reshape(-1).data, 0
         storage = self._storage(owner, buffer, dtype)
         strides = tuple(s // item for s in array.strides)
         return Tensor(storage, delta // item, array.shape, strides, dtype=dtype)
@@ -326,7 +326,10 @@ class _Reducer:
         self.storages: list[Storage] = []
         self._keys: dict[int, str] = {}
         self._arrays = _ArrayStorages()
-        self._dtypes: dict[int, DType] = {}
+        # By key: the dtype of the first tensor met on each storage (None: none yet), and
+        # that of tensors met before their storage got its key.
+        self._dtypes: list[DType | None] = []
+        self._early_dtypes: dict[int, DType] = {}
 
     def persistent_id(self, obj: object) -> object:
         # torch's persistent_id, asked about the PERSISTENT_TYPES only (the others all give
@@ -340,11 +343,12 @@ class _Reducer:
 
     def storage_pid(self, obj: Storage) -> tuple[object, ...]:
         """A fresh pid tuple, as torch builds one per reference (its key str is reused)."""
-        key = self._keys.get(id(obj))
-        if key is None:
-            key = str(len(self._keys))
-            self._keys[id(obj)] = key
+        fresh = str(len(self.storages))
+        key = self._keys.setdefault(id(obj), fresh)
+        if key is fresh:  # keys are distinct numbers: identity means it was just added
             self.storages.append(obj)
+            self._dtypes.append(self._early_dtypes.pop(id(obj), None) if self._early_dtypes
+                                else None)
         location = _CPU if obj.location == _CPU else _location(obj.location)
         dtype = obj.dtype
         if obj.untyped or dtype.storage is None:  # v3 dtypes (e.g. from TorchScript) save untyped
@@ -352,21 +356,35 @@ class _Reducer:
         storage_type = _STORAGE_TYPES.get(dtype.storage) or global_("torch", dtype.storage)
         return (_STORAGE_LITERAL, storage_type, key, location, obj.nbytes // dtype.itemsize)
 
-    def reduce(self, obj: object) -> Reduce | PersistentId | Global | None:
+    def reduce(self, obj: object) -> Reduce | ViewReduce | PersistentId | Global | None:
         handler = _REDUCERS.get(type(obj))
         if handler is None:
             return None
-        return handler(self, obj)
+        result: Reduce | ViewReduce | PersistentId | Global = handler(self, obj)
+        return result
 
     def swap_dtype(self, storage: Storage) -> DType:
         """The dtype whose unit byte-swaps ``storage``: an untyped one takes its tensors'."""
-        return self._dtypes.get(id(storage), storage.dtype)
+        return self.swap_dtype_at(int(self._keys[id(storage)]))
+
+    def swap_dtype_at(self, key: int) -> DType:
+        """:meth:`swap_dtype` of the storage with ``key``."""
+        return self._dtypes[key] or self.storages[key].dtype
+
+    def _note_dtype(self, storage: Storage, dtype: DType) -> None:
+        """Remember the dtype of the first tensor that views ``storage``."""
+        key = self._keys.get(id(storage))
+        if key is None:
+            self._early_dtypes.setdefault(id(storage), dtype)
+        elif self._dtypes[int(key)] is None:
+            self._dtypes[int(key)] = dtype
 
     def tensor_args(self, t: Tensor) -> tuple[Global, tuple[Any, ...]]:
         if t.storage is None:
             return _META, (t.dtype, t._shape, t._stride, t.requires_grad)
-        self._dtypes.setdefault(id(t.storage), t.dtype)
-        base = (t.storage, t._offset, t._shape, t._stride, t.requires_grad, t.backward_hooks)
+        self._note_dtype(t.storage, t.dtype)
+        base: tuple[Any, ...] = (t.storage, t._offset, t._shape, t._stride, t.requires_grad,
+                                 t.backward_hooks)
         if t.dtype.is_v3:
             base = (*base, t.dtype)
         if t.metadata:
@@ -379,9 +397,14 @@ class _Reducer:
             # The common tensor: _rebuild_tensor_v2(storage, offset, size, stride,
             # requires_grad, hooks), whose pid the reducer makes now, just before the
             # pickler would have asked for it (so keys keep first-encounter order).
-            self._dtypes.setdefault(id(storage), t.dtype)
-            return ViewReduce(_V2, self.storage_pid(storage), t._offset, t._shape, t._stride,
-                              t.requires_grad, t.backward_hooks)
+            pid = self.storage_pid(storage)
+            if self.storages[-1] is storage:  # its key is the last one: no lookup
+                if self._dtypes[-1] is None:
+                    self._dtypes[-1] = t.dtype
+            else:
+                self._note_dtype(storage, t.dtype)
+            return ViewReduce(_V2, pid, t._offset, t._shape, t._stride, t.requires_grad,
+                              t.backward_hooks)
         func, args = self.tensor_args(t)
         if t.type_name is not None and t.type_name.count(".") and t.python_state is not None:
             module, _, name = t.type_name.rpartition(".")
@@ -394,7 +417,7 @@ class _Reducer:
             return Reduce(_PARAM_STATE, (data, p.requires_grad, p.backward_hooks, p.state))
         return Reduce(_PARAM, (data, p.requires_grad, p.backward_hooks))
 
-    def array(self, a: np.ndarray) -> Reduce:  # type: ignore[type-arg]
+    def array(self, a: np.ndarray) -> Reduce | ViewReduce:
         return self.tensor(self._arrays.tensor(a))
 
     def quantized(self, q: QuantizedTensor) -> Reduce:
@@ -496,5 +519,5 @@ def _storage_records(reducer: _Reducer, byteorder: str) -> Iterator[tuple[str, m
     for key, storage in enumerate(reducer.storages):
         data = storage.data
         if data is None or storage.byteorder != byteorder:
-            data = _ordered_bytes(storage, reducer.swap_dtype(storage), byteorder)
+            data = _ordered_bytes(storage, reducer.swap_dtype_at(key), byteorder)
         yield f"data/{key}", data

@@ -99,12 +99,21 @@ from __future__ import annotations
 import io
 import struct
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Iterator
 from itertools import islice
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 from ptfile.errors import PtfileError, SaveError
+
+from .nodes import (
+    Global,
+    PersistentId,
+    PersistentIdHook,
+    Reduce,
+    Reducer,
+    ViewReduce,
+    global_,
+)
 
 __all__ = [
     "BATCH_SIZE",
@@ -115,6 +124,7 @@ __all__ = [
     "Pickler",
     "Reduce",
     "Reducer",
+    "ViewReduce",
     "dumps",
     "encode_int",
     "global_",
@@ -169,6 +179,8 @@ _U32_MAX: Final = 0xFFFFFFFF
 _OP_U32: Final = struct.Struct("<cI")
 #: Two opcodes + little-endian u32 (TUPLE1 LONG_BINPUT, REDUCE LONG_BINPUT, ...).
 _OP_OP_U32: Final = struct.Struct("<ccI")
+#: TUPLE LONG_BINPUT REDUCE LONG_BINPUT: the end of a ViewReduce.
+_TUPLE_REDUCE_PUTS: Final = struct.Struct("<ccIccI")
 _OP_U16: Final = struct.Struct("<cH")
 _OP_I32: Final = struct.Struct("<ci")
 _OP_U8: Final = struct.Struct("<cB")
@@ -187,113 +199,6 @@ _GLOBAL_ENCODING: Final = {2: "ascii", 3: "utf-8"}
 #: The C pickler's interned ``'latin1'`` (``_Py_ID(latin1)``); a literal here is
 #: the same interned object, so a user's literal ``'latin1'`` shares its memo slot.
 _LATIN1: Final = "latin1"
-
-
-@dataclass(frozen=True, slots=True)
-class Global:
-    """A module-level name, written as ``GLOBAL "c<module>\\n<name>\\n"``.
-
-    Build nodes with :func:`global_`, which interns them: the memo is keyed by
-    identity, and the C pickler memoises one class or function object once.
-
-    Parameters
-    ----------
-    module, name : str
-        Written verbatim; neither may be empty or contain a newline.
-
-    Raises
-    ------
-    SaveError
-        If ``module`` or ``name`` is empty or contains a newline.
-    """
-
-    module: str
-    name: str
-
-    def __post_init__(self) -> None:
-        for part in (self.module, self.name):
-            if not part or "\n" in part:
-                raise SaveError(
-                    f"cannot write global {self.module!r} {self.name!r}: "
-                    "module and name must be non-empty and contain no newline"
-                )
-
-
-_INTERNED_GLOBALS: dict[tuple[str, str], Global] = {}
-
-
-def global_(module: str, name: str) -> Global:
-    """Return the one :class:`Global` node for ``(module, name)``.
-
-    Parameters
-    ----------
-    module, name : str
-        The global's module and qualified name, written verbatim.
-
-    Returns
-    -------
-    Global
-        The same object for every call with the same arguments.
-
-    Raises
-    ------
-    SaveError
-        If ``module`` or ``name`` is empty or contains a newline.
-
-    Examples
-    --------
-    >>> global_("collections", "OrderedDict") is global_("collections", "OrderedDict")
-    True
-    """
-    key = (module, name)
-    node = _INTERNED_GLOBALS.get(key)
-    if node is None:
-        node = _INTERNED_GLOBALS.setdefault(key, Global(module, name))
-    return node
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Reduce:
-    """An object written as a ``__reduce__`` result, memoised by identity.
-
-    Parameters
-    ----------
-    func : Global
-        The callable (the class, with ``newobj``).
-    args : tuple
-        Its arguments (without the class, with ``newobj``).
-    state : object, optional
-        Written with BUILD after the items when not None.
-    listitems : iterable, optional
-        Items written with APPEND/APPENDS.
-    dictitems : iterable of 2-tuples, optional
-        Items written with SETITEM/SETITEMS.
-    newobj : bool, optional
-        Write NEWOBJ instead of REDUCE, as the C pickler does for
-        ``copyreg.__newobj__``.
-    """
-
-    func: Global
-    args: tuple[object, ...]
-    state: object = None
-    listitems: Iterable[object] | None = None
-    dictitems: Iterable[tuple[object, object]] | None = None
-    newobj: bool = False
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class PersistentId:
-    """An object written as ``<save(pid)> BINPERSID``; the node is never memoised.
-
-    ``pid`` is pickled normally, memo included: reuse one pid tuple and the second
-    reference becomes a BINGET.  torch builds a fresh pid tuple per reference.
-    """
-
-    pid: object
-
-
-Reducer: TypeAlias = Callable[[object], "Reduce | PersistentId | Global | None"]
-PersistentIdHook: TypeAlias = Callable[[object], object]
 
 
 def encode_int(value: int) -> bytes:
@@ -373,6 +278,20 @@ _BUILTIN_REDUCTIONS: Final[dict[type, Callable[[Any, str], Reduce]]] = {
 }
 
 
+#: Exact types :meth:`_Emitter.save_view` writes itself.  A persistent_id hook
+#: asked about any of them must see every part, so it turns that path off.
+_VIEW_PART_TYPES: Final = frozenset(
+    {str, int, bool, tuple, Global, OrderedDict, PersistentId, Reduce, ViewReduce}
+)
+_ORDERED_DICT: Final = global_("collections", "OrderedDict")
+#: What follows the func of an argument-less reduce: ``() REDUCE``.
+_EMPTY_REDUCE: Final = EMPTY_TUPLE + REDUCE
+#: Opcodes of all-int tuples (items and closing opcode), by value: shapes and
+#: strides repeat across the views of one checkpoint.
+_INT_TUPLE_CODES: dict[tuple[int, ...], bytes] = {}
+_INT_TUPLE_CACHE_SIZE: Final = 4096
+
+
 #: Exact type -> _Emitter method (C ``save``'s type tests, as a table).
 _HANDLERS: Final[dict[type, str]] = {
     type(None): "save_none",
@@ -386,6 +305,7 @@ _HANDLERS: Final[dict[type, str]] = {
     Global: "save_global",
     Reduce: "save_reduce",
     PersistentId: "save_persistent_id",
+    ViewReduce: "save_view",
     **dict.fromkeys(_BUILTIN_REDUCTIONS, "save_builtin_reduction"),
 }
 #: Per-protocol overrides of _HANDLERS.
@@ -413,11 +333,21 @@ class _Emitter:
         "memo",
         "out",
         "reducer",
+        "refs",
+        "results",
         "table",
+        "unkeyed",
+        "views",
         "write",
     )
 
-    def __init__(self, protocol: int, reducer: Reducer | None, hook: PersistentIdHook | None):
+    def __init__(
+        self,
+        protocol: int,
+        reducer: Reducer | None,
+        hook: PersistentIdHook | None,
+        persistent_types: Collection[type] | None = None,
+    ) -> None:
         self.builtins = _BUILTINS_MODULE[protocol]
         self.encoding = _GLOBAL_ENCODING[protocol]
         self.reducer = reducer
@@ -426,16 +356,41 @@ class _Emitter:
         self.write = self.out.write
         self.write(PROTO + bytes([protocol]))
         self.memo: dict[int, int] = {}  # id(obj) -> memo index
-        self.keep: list[object] = []  # memo index -> obj: keeps every memoised id in use
+        self.keep: list[object] = []  # keeps every memoised id in use
+        self.unkeyed = 0  # memo indices given to objects no one else holds (under no id)
+        self.refs: dict[int, bytes] = {}  # id -> GET, for the str and Global write_view met
         names = {**_HANDLERS, **_PROTOCOL_HANDLERS[protocol]}
         self.table: dict[type, Callable[[Any], None]] = {
             kind: getattr(self, name) for kind, name in names.items()
         }
-        # ``lookup(type, fallback)`` finds the handler of an object.  With a hook,
-        # every object must meet it first: lookup in an empty table sends
-        # everything to save_hooked, which then uses the real table.
-        self.lookup = (self.table if hook is None else {}).get
-        self.fallback = self.save_other if hook is None else self.save_hooked
+        self.lookup, self.fallback = self._lookup(hook, persistent_types)
+        # The one-step ViewReduce writer calls no hook: it runs only when the hook
+        # would not be asked about any of the parts it writes.
+        self.views = hook is None or (
+            persistent_types is not None and _VIEW_PART_TYPES.isdisjoint(persistent_types)
+        )
+        self.results: dict[type, Callable[[Any, object], None]] = {
+            Reduce: self.save_reduce,
+            ViewReduce: self.save_result_view,
+            PersistentId: self.save_result_pid,
+            Global: self.save_result_global,
+        }
+
+    def _lookup(
+        self, hook: PersistentIdHook | None, persistent_types: Collection[type] | None
+    ) -> tuple[Callable[..., Callable[[Any], None]], Callable[[Any], None]]:
+        """``lookup(type, fallback)`` finds the handler of an object.
+
+        With a hook, the objects it is asked about (all of them, or those of
+        ``persistent_types``) meet it first through :meth:`save_hooked`, which
+        then uses the real table.
+        """
+        if hook is None:
+            return self.table.get, self.save_other
+        if persistent_types is None:
+            return {}.get, self.save_hooked
+        hooked = {**self.table, **dict.fromkeys(persistent_types, self.save_hooked)}
+        return hooked.get, self.save_other
 
     def run(self, obj: object) -> bytes:
         """Save ``obj`` and return the whole pickle."""
@@ -465,7 +420,7 @@ class _Emitter:
 
     def memoize(self, obj: object) -> None:
         """Give ``obj`` the next memo index and write BINPUT/LONG_BINPUT."""
-        index = self.memo[id(obj)] = len(self.memo)
+        index = self.memo[id(obj)] = len(self.memo) + self.unkeyed
         self.keep.append(obj)
         # A LONG_BINPUT index above 2**32 would need 2**32 live objects.
         self.write(_BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index))
@@ -500,7 +455,7 @@ class _Emitter:
 
     def save_str(self, obj: str) -> None:
         memo = self.memo
-        index = len(memo)
+        index = len(memo) + self.unkeyed
         found = memo.setdefault(id(obj), index)
         if found != index:
             self.write(_BINGET_CODES[found] if found < 0x100 else _OP_U32.pack(LONG_BINGET, found))
@@ -548,7 +503,7 @@ class _Emitter:
         fallback = self.fallback
         for item in obj:
             get(type(item), fallback)(item)
-        index = len(memo)
+        index = len(memo) + self.unkeyed
         found = memo.setdefault(key, index)
         if found != index:  # an item memoised the tuple: a cycle
             self.write(_SMALL_TUPLE_DISCARD[size] if size < 4 else POP_MARK)
@@ -650,7 +605,7 @@ class _Emitter:
         func = spec.func
         get(type(func), self.fallback)(func)
         get(type(args), self.fallback)(args)
-        index = len(memo)
+        index = len(memo) + self.unkeyed
         found = memo.setdefault(id(key), index)
         if found != index:  # the arguments memoised the object: a cycle
             self.write(NEWOBJ + POP if spec.newobj else REDUCE + POP)
@@ -710,21 +665,220 @@ class _Emitter:
         if self.fetch_memoized(obj):
             return
         result = None if self.reducer is None else self.reducer(obj)
-        match result:
-            case Reduce():
-                self.save_reduce(result, obj)
-            case PersistentId():
-                self.save_persistent(result.pid)
-            case Global():
-                self.write_global(result)
-                self.memoize(obj)
-            case None:
+        handler = self.results.get(type(result))
+        if handler is None:
+            if result is None:
                 raise SaveError(f"cannot pickle {_describe(obj)}: {_why_not(self.reducer)}")
-            case _:
-                raise SaveError(
-                    f"the reducer returned {type(result).__name__} for {_describe(obj)}; "
-                    "expected Reduce, PersistentId, Global or None"
-                )
+            raise SaveError(
+                f"the reducer returned {type(result).__name__} for {_describe(obj)}; "
+                "expected Reduce, ViewReduce, PersistentId, Global or None"
+            )
+        handler(result, obj)
+
+    def save_result_pid(self, result: PersistentId, obj: object) -> None:
+        self.save_persistent(result.pid)
+
+    def save_result_global(self, result: Global, obj: object) -> None:
+        self.write_global(result)
+        self.memoize(obj)
+
+    # -- ViewReduce: one straight-line step per view -----------------------------
+
+    def save_view(self, node: ViewReduce, key: object = None) -> None:
+        """Write ``node`` as its :class:`Reduce` would be, memoising ``key`` (default: ``node``)."""
+        if key is None:
+            key = node
+        index = self.memo.get(id(key))
+        if index is not None:
+            self.fetch(index)
+        else:
+            self.save_result_view(node, key)
+
+    def save_result_view(self, node: ViewReduce, key: object) -> None:
+        """Write ``node`` for ``key``, which is not memoised."""
+        if self.views:
+            self.write_view(node, key)
+        else:
+            self.save_reduce(node.as_reduce(), key)
+
+    def write_view(self, node: ViewReduce, key: object) -> None:
+        """The bytes of ``node``'s Reduce, gathered part by part into one write.
+
+        Each plain part is written inline, in the order and with the memo
+        operations of the generic handlers; any other part goes to them
+        (:meth:`save_part`).  ``refs`` caches the GET of every str and Global
+        met here, as memo indices never change.  This is the hot loop of a
+        checkpoint with many tensors, hence one long function of local names.
+        """
+        func, pid, offset, size, stride, flag, tail = node
+        parts: list[bytes] = []
+        append = parts.append
+        code = self.refs.get(id(func))
+        if code is None:
+            self.save_part(func, parts)
+            code = b""
+        append(code + MARK)
+        self.add_pid(pid, parts)
+        if type(offset) is int:
+            append(_BININT1_CODES[offset] if 0 <= offset < 0x100 else encode_int(offset))
+        else:
+            self.save_part(offset, parts)
+        self.add_ints(size, parts)
+        self.add_ints(stride, parts)
+        if type(flag) is bool:
+            append(NEWTRUE if flag else NEWFALSE)
+        else:
+            self.save_part(flag, parts)
+        self.add_tail(tail, parts)
+        memo = self.memo
+        index = len(memo) + self.unkeyed
+        self.unkeyed += 1  # the args tuple: made by no one, so memoised under no id
+        found = memo.setdefault(id(key), index + 1)
+        if found != index + 1:  # a part memoised the object: a cycle, as in save_reduce
+            append(_put_code(TUPLE, index) + REDUCE + POP + _get_code(found))
+        else:
+            self.keep.append(key)
+            append(
+                _TUPLE_REDUCE_PUTS.pack(TUPLE, LONG_BINPUT, index, REDUCE, LONG_BINPUT, index + 1)
+                if index > 0xFE
+                else _put_code(TUPLE, index) + _put_code(REDUCE, index + 1)
+            )
+        self.write(b"".join(parts))
+
+    def flush(self, parts: list[bytes]) -> None:
+        """Write the parts gathered so far."""
+        if parts:
+            self.write(b"".join(parts))
+            parts.clear()
+
+    def save_part(self, obj: object, parts: list[bytes]) -> None:
+        """Write ``parts`` so far, then ``obj`` the generic way."""
+        self.flush(parts)
+        self.lookup(type(obj), self.fallback)(obj)
+        if type(obj) is Global:
+            self.refs[id(obj)] = _get_code(self.memo[id(obj)])
+
+    def add_pid(self, pid: object, parts: list[bytes]) -> None:
+        """``<a fresh tuple of pid's items> BINPERSID``, as :meth:`save_persistent` writes it."""
+        if type(pid) is not tuple or not pid:
+            self.flush(parts)
+            self.save_persistent(pid)  # the pid itself skips the hook
+            return
+        refs = self.refs
+        append = parts.append
+        size = len(pid)
+        if size > 3:
+            append(MARK)
+        for item in pid:
+            code = refs.get(id(item))
+            if code is None:
+                kind = type(item)
+                if kind is int:
+                    code = _BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item)
+                elif kind is str:
+                    code = self.code_str(item)
+                else:
+                    self.save_part(item, parts)
+                    continue
+            append(code)
+        memo = self.memo
+        index = len(memo) + self.unkeyed
+        self.unkeyed += 1  # a fresh tuple: memoised under no id
+        append(_put_code(_SMALL_TUPLE_CODES[size] if size < 4 else TUPLE, index) + BINPERSID)
+
+    def add_ints(self, values: object, parts: list[bytes]) -> None:
+        """A tuple of ints as :meth:`save_tuple` writes it (any other value: :meth:`save_part`)."""
+        code = _int_tuple_code(values)
+        if code is None:
+            self.save_part(values, parts)
+            return
+        if code is EMPTY_TUPLE:
+            parts.append(code)
+            return
+        memo = self.memo
+        index = len(memo) + self.unkeyed
+        found = memo.setdefault(id(values), index)
+        if found != index:
+            parts.append(_get_code(found))
+            return
+        self.keep.append(values)
+        parts.append(code + (_BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index)))
+
+    def add_tail(self, tail: object, parts: list[bytes]) -> None:
+        """An empty OrderedDict as :meth:`save_builtin_reduction` writes it (else :meth:`save_part`)."""
+        func = self.refs.get(id(_ORDERED_DICT))
+        if func is None or type(tail) is not OrderedDict or tail or tail.__dict__:
+            self.save_part(tail, parts)
+            index = self.memo.get(id(_ORDERED_DICT))
+            if index is not None:
+                self.refs[id(_ORDERED_DICT)] = _get_code(index)
+            return
+        memo = self.memo
+        index = len(memo) + self.unkeyed
+        found = memo.setdefault(id(tail), index)
+        if found != index:
+            parts.append(_get_code(found))
+            return
+        self.keep.append(tail)
+        parts.append(func + _put_code(_EMPTY_REDUCE, index))
+
+    def code_str(self, obj: str) -> bytes:
+        """What :meth:`save_str` writes, as bytes; a GET also goes to ``refs``."""
+        memo = self.memo
+        index = len(memo) + self.unkeyed
+        found = memo.setdefault(id(obj), index)
+        if found != index:
+            code = self.refs[id(obj)] = _get_code(found)
+            return code
+        try:
+            data = obj.encode()
+        except UnicodeEncodeError:  # lone surrogates: the C pickler's fallback
+            data = obj.encode("utf-8", "surrogatepass")
+        if len(data) > _U32_MAX:
+            del memo[id(obj)]
+            raise SaveError(f"str of {len(data)} UTF-8 bytes needs pickle protocol 4 or higher")
+        self.keep.append(obj)
+        return _OP_U32.pack(BINUNICODE, len(data)) + data + _put_code(b"", index)
+
+
+def _get_code(index: int) -> bytes:
+    """BINGET/LONG_BINGET of memo ``index``."""
+    return _BINGET_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINGET, index)
+
+
+def _put_code(opcode: bytes, index: int) -> bytes:
+    """``opcode`` followed by the BINPUT/LONG_BINPUT of memo ``index``."""
+    if index < 0x100:
+        return opcode + _BINPUT_CODES[index]
+    if len(opcode) == 1:
+        return _OP_OP_U32.pack(opcode, LONG_BINPUT, index)
+    return opcode + _OP_U32.pack(LONG_BINPUT, index)
+
+
+def _int_tuple_code(values: object) -> bytes | None:
+    """The items and closing opcode of a tuple of ints (EMPTY_TUPLE for ``()``), else None.
+
+    Pure: ints are never memoised.  Answers are cached by value, which is exact
+    because only all-int tuples are looked up or stored.
+    """
+    if type(values) is not tuple:
+        return None
+    for item in values:
+        if type(item) is not int:
+            return None
+    code = _INT_TUPLE_CODES.get(values)
+    if code is None:
+        size = len(values)
+        items = b"".join(map(encode_int, values))
+        if not size:
+            code = EMPTY_TUPLE
+        elif size < 4:
+            code = items + _SMALL_TUPLE_CODES[size]
+        else:
+            code = MARK + items + TUPLE
+        if len(_INT_TUPLE_CODES) < _INT_TUPLE_CACHE_SIZE:
+            _INT_TUPLE_CODES[values] = code
+    return code
 
 
 def _check_args(args: object, newobj: bool) -> tuple[object, ...]:
@@ -774,11 +928,17 @@ class Pickler:
         2 (torch.save's default) or 3.
     reducer : callable, optional
         Called with each object of a type this module does not handle; returns a
-        :class:`Reduce`, :class:`PersistentId` or :class:`Global` for it, or None
-        when it cannot be written (C ``reducer_override``).
+        :class:`Reduce`, :class:`ViewReduce`, :class:`PersistentId` or
+        :class:`Global` for it, or None when it cannot be written (C
+        ``reducer_override``).
     persistent_id : callable, optional
         Called first with every object to be saved; a result other than None is
         written as a persistent id (C ``persistent_id``, as ``torch.save`` uses).
+    persistent_types : collection of type, optional
+        When given, ``persistent_id`` is only called with objects of these exact
+        types.  The output is the same as long as the hook returns None for every
+        other object; the C pickler cannot know that and asks about each one,
+        which costs a call per object.
 
     Raises
     ------
@@ -786,7 +946,7 @@ class Pickler:
         If ``protocol`` is not supported.
     """
 
-    __slots__ = ("_persistent_id", "_reducer", "protocol")
+    __slots__ = ("_persistent_id", "_persistent_types", "_reducer", "protocol")
 
     def __init__(
         self,
@@ -794,6 +954,7 @@ class Pickler:
         *,
         reducer: Reducer | None = None,
         persistent_id: PersistentIdHook | None = None,
+        persistent_types: Collection[type] | None = None,
     ) -> None:
         if protocol not in SUPPORTED_PROTOCOLS:
             raise SaveError(
@@ -803,6 +964,7 @@ class Pickler:
         self.protocol = protocol
         self._reducer = reducer
         self._persistent_id = persistent_id
+        self._persistent_types = None if persistent_types is None else frozenset(persistent_types)
 
     def dump(self, obj: object) -> bytes:
         """Return the whole pickle of ``obj``, from PROTO to STOP.
@@ -812,7 +974,9 @@ class Pickler:
         SaveError
             If the graph holds an object that cannot be written.
         """
-        return _Emitter(self.protocol, self._reducer, self._persistent_id).run(obj)
+        return _Emitter(
+            self.protocol, self._reducer, self._persistent_id, self._persistent_types
+        ).run(obj)
 
 
 def dumps(
@@ -821,6 +985,7 @@ def dumps(
     *,
     reducer: Reducer | None = None,
     persistent_id: PersistentIdHook | None = None,
+    persistent_types: Collection[type] | None = None,
 ) -> bytes:
     r"""Return the pickle of ``obj``, byte-identical to ``pickle.dumps(obj, protocol)``.
 
@@ -829,7 +994,7 @@ def dumps(
     obj : object
         Builtins, :class:`Global`, :class:`Reduce` and :class:`PersistentId` nodes,
         and anything ``reducer`` handles.
-    protocol, reducer, persistent_id
+    protocol, reducer, persistent_id, persistent_types
         As for :class:`Pickler`.
 
     Returns
@@ -849,5 +1014,10 @@ def dumps(
     b'\x80\x02]q\x00(K\x01X\x01\x00\x00\x00aq\x01e.'
     >>> dumps(Reduce(global_("collections", "OrderedDict"), ()))
     b'\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01.'
+    >>> view = ViewReduce(global_("m", "f"), ("k", 2), 0, (2,), (1,), False, OrderedDict())
+    >>> dumps(view) == dumps(view.as_reduce())
+    True
     """
-    return Pickler(protocol, reducer=reducer, persistent_id=persistent_id).dump(obj)
+    return Pickler(
+        protocol, reducer=reducer, persistent_id=persistent_id, persistent_types=persistent_types
+    ).dump(obj)

@@ -295,3 +295,24 @@ def test_interop_bigendian_golden(golden: Path) -> None:
     assert sd["f32"].numpy().tolist() == [1.0, 2.0]
     assert sd["i64"].numpy().tolist() == [1, 258]
     assert sd["u32"].numpy().tolist() == [1, 258]  # torch 2.13 gets this one wrong
+
+
+def test_interop_sparse_out_of_range_index_is_storage_error(tmp_path: Path) -> None:
+    # torch 2.13 writes this without complaint and crashes when using it; ptfile refuses it.
+    bad = torch.sparse_coo_tensor([[0, 5]], [1.0, 2.0], (3,), check_invariants=False)
+    path = tmp_path / "bad_sparse.pt"
+    torch.save(bad, path)
+    with pytest.raises(ptfile.StorageError, match="out of range"):
+        ptfile.load(path)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_interop_every_pickle_protocol_parses(protocol: int, tmp_path: Path) -> None:
+    obj = {"w": torch.arange(4.0), "meta": {"n": 2**40, "name": "x" * 300, "t": (1, 2)},
+           "b": b"\x00\x01", "v": torch.arange(4.0)[1:3]}
+    path = tmp_path / f"p{protocol}.pt"
+    torch.save(obj, path, pickle_protocol=protocol)
+    got = ptfile.load(path)
+    expected = torch.load(path, weights_only=False)
+    assert_same(got, expected)
+    assert_sharing(got, expected)

@@ -100,6 +100,11 @@ DANGEROUS_NAMES: Final = frozenset({
     ("_operator", "attrgetter"), ("_operator", "methodcaller"),
 })
 
+#: TorchScript's typed-container constructors (``constants.pkl``/``data.pkl``): data only.
+TORCHSCRIPT_NAMES: Final = frozenset(("torch.jit._pickle", n) for n in (
+    "build_intlist", "build_doublelist", "build_boollist", "build_tensorlist",
+    "build_tensor_from_id", "restore_type_tag"))
+
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
 
@@ -224,7 +229,7 @@ def verdict_of(module: str, name: str) -> Verdict:
     if _module_dangerous(module) or (module, name) in DANGEROUS_NAMES \
             or (module, name.split(".")[0]) in DANGEROUS_NAMES:
         return Verdict.DANGEROUS
-    if find_allowed(module, name) is not None:
+    if find_allowed(module, name) is not None or (module, name) in TORCHSCRIPT_NAMES:
         return Verdict.ALLOWED
     return Verdict.UNKNOWN
 

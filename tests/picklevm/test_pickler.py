@@ -642,6 +642,42 @@ def test_pickler_unsupported_protocols_raise_save_error(protocol: int) -> None:
         Pickler(protocol)
 
 
+def test_pickler_persistent_types_limit_the_hook_not_the_output() -> None:
+    seen: list[type] = []
+
+    def hook(obj: object) -> object:
+        seen.append(type(obj))
+        return ("box", obj.content) if type(obj) is Box else None
+
+    graph = [Box(1), "s", (2, Box(3)), {"k": [Box(1)]}, OrderedDict(a=1)]
+    for protocol in PROTOCOLS:
+        everything = dumps(graph, protocol, persistent_id=hook)
+        seen.clear()
+        assert dumps(graph, protocol, persistent_id=hook, persistent_types=[Box]) == everything
+        assert seen == [Box, Box, Box]
+
+
+def test_pickler_view_reduce_is_its_reduce() -> None:
+    shape = (2, 3)  # shared by two views, as is hooks: both written afresh each time
+    hooks: OrderedDict[object, object] = OrderedDict()
+    pid = (STORAGE, FLOAT_STORAGE, "0", CPU, 6)
+    views = [
+        ViewReduce(V2, pid, 0, shape, (3, 1), False, hooks),
+        ViewReduce(V2, pid, 2**40, shape, (3, 1), True, hooks),
+        ViewReduce(V2, (STORAGE, FLOAT_STORAGE, "1", "cuda:0", 2**70), 300, (), (), False,
+                   OrderedDict([(1, 2)])),
+        ViewReduce(V2, (STORAGE,), 0, (1, 2, 3, 4, 5), (True,), 1.5, None),  # odd parts
+        ViewReduce(V2, (), -1, [1], (1,), None, OrderedDict()),
+    ]
+    reduces = [view.as_reduce() for view in views]
+    for protocol in PROTOCOLS:
+        assert dumps([views, views[0], shape], protocol) == dumps(
+            [reduces, reduces[0], shape], protocol
+        )
+    # Without a way to skip the hook, the ViewReduce goes the Reduce way.
+    assert dumps(views, persistent_id=lambda obj: None) == dumps(reduces)
+
+
 # -- torch ---------------------------------------------------------------------
 
 V2 = global_("torch._utils", "_rebuild_tensor_v2")

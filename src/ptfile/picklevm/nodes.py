@@ -19,6 +19,7 @@ The nodes know nothing about torch: the caller builds them.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
@@ -142,10 +143,11 @@ class PersistentId:
 class ViewReduce(NamedTuple):
     """``func(<persistent id>, offset, size, stride, flag, tail)``, memoised by identity.
 
-    Exactly :meth:`as_reduce`, ``Reduce(func, (PersistentId((*pid,)), offset,
-    size, stride, flag, tail))``: the bytes are the same, memo included.  The
-    persistent id is a fresh tuple of ``pid``'s items, as torch builds one per
-    reference, so it is never fetched from the memo.  The pickler writes the
+    Exactly :meth:`as_reduce`: the bytes are the same, memo included.  Like
+    torch's ``Tensor.__reduce_ex__``, which builds them anew for every
+    reduction, the persistent id tuple, ``size`` and ``stride`` (tuples) and an
+    empty ``tail`` ``OrderedDict`` are written as fresh objects: never fetched
+    from the memo, though each takes its memo index.  The pickler writes the
     plain parts (str, int and :class:`Global` pid items; an int offset; tuples
     of ints; a bool; an empty ``OrderedDict``) inline and any other part the
     generic way.  A NamedTuple, not a dataclass: it is built once per view, and
@@ -161,10 +163,25 @@ class ViewReduce(NamedTuple):
     tail: object
 
     def as_reduce(self) -> Reduce:
-        """The :class:`Reduce` this node stands for."""
-        pid = (*self.pid,) if type(self.pid) is tuple else self.pid
-        args = (PersistentId(pid), self.offset, self.size, self.stride, self.flag, self.tail)
+        """The :class:`Reduce` this node stands for, with fresh copies as described above."""
+        args = (
+            PersistentId(_fresh(self.pid)),
+            self.offset,
+            _fresh(self.size),
+            _fresh(self.stride),
+            self.flag,
+            _fresh(self.tail),
+        )
         return Reduce(self.func, args)
+
+
+def _fresh(part: object) -> object:
+    """A new tuple of a tuple's items, a new empty OrderedDict for an empty one, else ``part``."""
+    if type(part) is tuple:
+        return (*part,)
+    if type(part) is OrderedDict and not part and not part.__dict__:
+        return OrderedDict()
+    return part
 
 
 Reducer: TypeAlias = Callable[[object], "Reduce | ViewReduce | PersistentId | Global | None"]

@@ -723,13 +723,20 @@ class _Emitter:
             append(_BININT1_CODES[offset] if 0 <= offset < 0x100 else encode_int(offset))
         else:
             self.save_part(offset, parts)
-        self.add_ints(size, parts)
-        self.add_ints(stride, parts)
+        self.add_fresh_ints(size, parts)
+        self.add_fresh_ints(stride, parts)
         if type(flag) is bool:
             append(NEWTRUE if flag else NEWFALSE)
         else:
             self.save_part(flag, parts)
-        self.add_tail(tail, parts)
+        code = self.refs.get(id(_ORDERED_DICT))
+        if code is None or type(tail) is not OrderedDict or tail or tail.__dict__:
+            self.save_part(OrderedDict() if _is_plain_tail(tail) else tail, parts)
+            self.note_ref(_ORDERED_DICT)
+        else:  # a fresh OrderedDict(): () REDUCE, memoised under no id
+            index = len(self.memo) + self.unkeyed
+            self.unkeyed += 1
+            append(_put_code(code + _EMPTY_REDUCE, index))
         memo = self.memo
         index = len(memo) + self.unkeyed
         self.unkeyed += 1  # the args tuple: made by no one, so memoised under no id
@@ -744,6 +751,27 @@ class _Emitter:
                 else _put_code(TUPLE, index) + _put_code(REDUCE, index + 1)
             )
         self.write(b"".join(parts))
+
+    def add_fresh_ints(self, values: object, parts: list[bytes]) -> None:
+        """A fresh copy of a tuple of ints, as :meth:`save_tuple` writes it; memoised under no id.
+
+        Any other value goes to :meth:`save_part` (a tuple as a fresh copy).
+        """
+        code = _int_tuple_code(values)
+        if code is None:
+            self.save_part((*values,) if type(values) is tuple else values, parts)
+        elif code is EMPTY_TUPLE:
+            parts.append(code)
+        else:
+            index = len(self.memo) + self.unkeyed
+            self.unkeyed += 1
+            parts.append(code + (_BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index)))
+
+    def note_ref(self, node: Global) -> None:
+        """Cache the GET of ``node`` in ``refs`` once it is memoised."""
+        index = self.memo.get(id(node))
+        if index is not None:
+            self.refs[id(node)] = _get_code(index)
 
     def flush(self, parts: list[bytes]) -> None:
         """Write the parts gathered so far."""
@@ -786,42 +814,6 @@ class _Emitter:
         self.unkeyed += 1  # a fresh tuple: memoised under no id
         append(_put_code(_SMALL_TUPLE_CODES[size] if size < 4 else TUPLE, index) + BINPERSID)
 
-    def add_ints(self, values: object, parts: list[bytes]) -> None:
-        """A tuple of ints as :meth:`save_tuple` writes it (any other value: :meth:`save_part`)."""
-        code = _int_tuple_code(values)
-        if code is None:
-            self.save_part(values, parts)
-            return
-        if code is EMPTY_TUPLE:
-            parts.append(code)
-            return
-        memo = self.memo
-        index = len(memo) + self.unkeyed
-        found = memo.setdefault(id(values), index)
-        if found != index:
-            parts.append(_get_code(found))
-            return
-        self.keep.append(values)
-        parts.append(code + (_BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index)))
-
-    def add_tail(self, tail: object, parts: list[bytes]) -> None:
-        """An empty OrderedDict as :meth:`save_builtin_reduction` writes it (else :meth:`save_part`)."""
-        func = self.refs.get(id(_ORDERED_DICT))
-        if func is None or type(tail) is not OrderedDict or tail or tail.__dict__:
-            self.save_part(tail, parts)
-            index = self.memo.get(id(_ORDERED_DICT))
-            if index is not None:
-                self.refs[id(_ORDERED_DICT)] = _get_code(index)
-            return
-        memo = self.memo
-        index = len(memo) + self.unkeyed
-        found = memo.setdefault(id(tail), index)
-        if found != index:
-            parts.append(_get_code(found))
-            return
-        self.keep.append(tail)
-        parts.append(func + _put_code(_EMPTY_REDUCE, index))
-
     def code_str(self, obj: str) -> bytes:
         """What :meth:`save_str` writes, as bytes; a GET also goes to ``refs``."""
         memo = self.memo
@@ -839,6 +831,11 @@ class _Emitter:
             raise SaveError(f"str of {len(data)} UTF-8 bytes needs pickle protocol 4 or higher")
         self.keep.append(obj)
         return _OP_U32.pack(BINUNICODE, len(data)) + data + _put_code(b"", index)
+
+
+def _is_plain_tail(tail: object) -> bool:
+    """True for an empty OrderedDict without attributes (what torch writes as backward hooks)."""
+    return type(tail) is OrderedDict and not tail and not tail.__dict__
 
 
 def _get_code(index: int) -> bytes:

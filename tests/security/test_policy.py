@@ -83,3 +83,14 @@ def test_policy_build_cannot_change_allowlisted_objects(module: str, name: str,
         with pytest.raises(ptfile.UnsafeGlobalError, match="read-only"):
             ptfile.load(io.BytesIO(data))
     assert getattr(target, attribute) == before
+
+
+def test_policy_guards_leave_copies_and_pickling_alone() -> None:
+    import copy
+    import pickle
+
+    dtype = SAFE_GLOBALS["torch", "float32"]
+    assert copy.copy(dtype) == dtype
+    assert pickle.loads(pickle.dumps(dtype)) == dtype
+    storage_type = SAFE_GLOBALS["torch", "FloatStorage"]
+    assert copy.deepcopy(storage_type) == storage_type

@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 
 #: file → (outcome of ptfile.load, whether ptfile.scan must call it dangerous)
 EXPECTED = {
-    "4-deep-tuple-key.bin": ("ok", True),  # loads (sized stack); scan flags the hazard
+    "4-deep-tuple-key.bin": ("LimitExceededError", True),
     "4-hash-flood-ints.bin": ("LimitExceededError", True),
     "4-build-ordereddict-defaults.bin": ("UnsafeGlobalError", True),
     "4-build-storage-type.bin": ("UnsafeGlobalError", True),

@@ -71,3 +71,11 @@ def test_limits_call_with_stack_propagates_results_errors_and_context() -> None:
         call_with_stack(fail, INLINE_STACK_BYTES * 4)
     with pytest.raises(ptfile.LimitExceededError):
         call_with_stack(fail, 1 << 45)
+
+
+def test_limits_deep_tuples_are_refused_after_a_safe_unpickle() -> None:
+    deep = proto2(b"]K\x01" + b"\x85" * 60_000 + b"a")  # a list holding a 60,000-deep tuple
+    with pytest.raises(ptfile.LimitExceededError, match="tuples nested"):
+        ptfile.load(io.BytesIO(checkpoint(deep)))
+    shallow = proto2(b"]K\x01" + b"\x85" * 1_000 + b"a")
+    assert len(ptfile.load(io.BytesIO(checkpoint(shallow)))) == 1

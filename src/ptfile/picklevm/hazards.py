@@ -24,7 +24,12 @@ opcodes in its stream, and each nesting level of the recursion takes well under
 unpickler inline when the stream's tuple-opcode bytes bound the depth below what
 any thread's stack holds, and otherwise in a thread whose stack is sized for the
 bound (address space only: pages are touched only by a real deep recursion).
-A bound needing more than :data:`MAX_STACK_BYTES` is refused.
+A bound needing more than :data:`MAX_STACK_BYTES` is refused.  The result is
+then checked (:func:`run_unpickler`): a tuple nested more than
+:data:`DEEP_TUPLE_LEVELS` deep inside its containers is refused, because the
+caller's own code would crash hashing it.  Only builtin containers are walked,
+and only when the stream's bound allows such depth at all (bigger files), so
+the check costs a few percent of a large load and nothing on small ones.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from ..errors import LimitExceededError
 from ..limits import Limits
 from .lexer import Buffer
 
-__all__ = ["call_with_stack", "check_number_keys", "stack_bytes_for"]
+__all__ = ["call_with_stack", "check_number_keys", "deepest_tuple", "run_unpickler",
+           "stack_bytes_for"]
 
 T = TypeVar("T")
 
@@ -106,6 +112,75 @@ def call_with_stack(function: Callable[[], T], stack_bytes: int) -> T:
     if errors:
         raise errors[0]
     return results[0]
+
+
+#: Tuples nested deeper than this are refused after unpickling: hashing one later (in
+#: the caller's code, on an 8 MiB stack) could overflow the C stack.
+DEEP_TUPLE_LEVELS: Final = 50_000
+_LEAVES: Final = frozenset({int, float, bool, complex, str, bytes, bytearray, type(None)})
+
+
+def _tuple_height(root: tuple[object, ...], heights: dict[int, int]) -> int:
+    """Nesting of tuples in tuples under ``root`` (what tuple hashing recurses through)."""
+    stack: list[tuple[tuple[object, ...], bool]] = [(root, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            heights[id(t)] = 1 + max((heights[id(c)] for c in t if type(c) is tuple), default=0)
+        elif id(t) not in heights:
+            heights[id(t)] = 0  # tuples alone cannot form cycles: final before the parent
+            stack.append((t, True))
+            stack.extend((c, False) for c in t if type(c) is tuple and id(c) not in heights)
+    return heights[id(root)]
+
+
+def deepest_tuple(root: object) -> int:
+    """The deepest tuple nesting in the containers (tuple, list, dict, set) under ``root``.
+
+    Examples
+    --------
+    >>> deepest_tuple({"a": [((1,),)]})
+    2
+    """
+    seen: set[int] = set()
+    heights: dict[int, int] = {}
+    deepest, stack = 0, [root]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            children: tuple[object, ...] = (*obj, *obj.values(), *vars(obj).values()) \
+                if hasattr(obj, "__dict__") else (*obj, *obj.values())
+        elif isinstance(obj, (tuple, list, set, frozenset)):
+            children = tuple(obj)
+        else:
+            continue
+        if type(obj) is tuple:
+            deepest = max(deepest, _tuple_height(obj, heights))
+        for child in children:
+            if type(child) not in _LEAVES and id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    return deepest
+
+
+def run_unpickler(load: Callable[[], T], stream: bytes) -> T:
+    """``load()`` on a stack sized for ``stream``'s tuples; refuse results nested too deep.
+
+    Raises
+    ------
+    LimitExceededError
+        The stack would be too big (see :func:`call_with_stack`), or the result
+        holds tuples nested more than :data:`DEEP_TUPLE_LEVELS` deep.
+    """
+    stack_bytes = stack_bytes_for(stream)
+    result = call_with_stack(load, stack_bytes)
+    if stack_bytes // STACK_BYTES_PER_LEVEL > DEEP_TUPLE_LEVELS:
+        depth = deepest_tuple(result)
+        if depth > DEEP_TUPLE_LEVELS:
+            raise LimitExceededError("max_depth", DEEP_TUPLE_LEVELS, depth,
+                                     "tuples nested in tuples (hashing one would overflow "
+                                     "the C stack)")
+    return result
 
 
 def check_number_keys(data: Buffer, start: int, limits: Limits) -> None:

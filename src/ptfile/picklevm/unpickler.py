@@ -65,7 +65,7 @@ from typing import Any
 
 from ..errors import PickleStreamError, PtfileError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
-from .hazards import call_with_stack, stack_bytes_for
+from .hazards import run_unpickler
 from .lexer import Buffer, StreamInfo, check_stream
 
 __all__ = ["unpickle"]
@@ -185,7 +185,7 @@ def unpickle(
     unpickler = _RestrictedUnpickler(file, find_class, persistent_load, encoding, errors)
     try:
         # Deep tuples make hashing recurse in C: give the C unpickler the stack they need.
-        return call_with_stack(unpickler.load, stack_bytes_for(stream)), info.end
+        return run_unpickler(unpickler.load, stream), info.end
     except PtfileError:
         raise
     except Exception as exc:  # the C unpickler's and the callbacks' exception zoo

@@ -498,8 +498,13 @@ def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: S
     reducer = _Reducer()
     pickler = Pickler(pickle_protocol, reducer=reducer.reduce, persistent_id=reducer.persistent_id,
                       persistent_types=PERSISTENT_TYPES)
-    with paused_gc():  # ~10 objects per tensor, none of them garbage
-        data = pickler.dump(obj)
+    with paused_gc():  # ~10 objects per tensor and record, none of them garbage
+        _write_archive(pickler.dump(obj), reducer, write, prefix, settings, byteorder, skip_data)
+
+
+def _write_archive(data: bytes, reducer: _Reducer, write: Callable[[Any], Any], prefix: str,
+                   settings: Settings, byteorder: str, skip_data: bool) -> None:
+    """The records of :func:`write_zip`, in torch's order, ``data`` being ``data.pkl``."""
     writer = ZipWriter(write, prefix, alignment=settings.storage_alignment, crc32=settings.crc32)
     head = [("data.pkl", data), (".format_version", b"1"),
             (".storage_alignment", str(settings.storage_alignment).encode())]

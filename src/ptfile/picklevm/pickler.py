@@ -662,7 +662,9 @@ class _Emitter:
 
     def save_other(self, obj: object) -> None:
         """Save an object of any other type through the reducer."""
-        if self.fetch_memoized(obj):
+        index = self.memo.get(id(obj))
+        if index is not None:
+            self.fetch(index)
             return
         result = None if self.reducer is None else self.reducer(obj)
         handler = self.results.get(type(result))
@@ -713,7 +715,8 @@ class _Emitter:
         func, pid, offset, size, stride, flag, tail = node
         parts: list[bytes] = []
         append = parts.append
-        code = self.refs.get(id(func))
+        refs = self.refs
+        code = refs.get(id(func))
         if code is None:
             self.save_part(func, parts)
             code = b""
@@ -723,13 +726,21 @@ class _Emitter:
             append(_BININT1_CODES[offset] if 0 <= offset < 0x100 else encode_int(offset))
         else:
             self.save_part(offset, parts)
-        self.add_fresh_ints(size, parts)
-        self.add_fresh_ints(stride, parts)
+        for values in (size, stride):  # fresh tuples: a memo index each, under no id
+            code = _int_tuple_code(values)
+            if code is None:
+                self.save_part((*values,) if type(values) is tuple else values, parts)
+                continue
+            if code is not EMPTY_TUPLE:
+                index = len(self.memo) + self.unkeyed
+                self.unkeyed += 1
+                code += _BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index)
+            append(code)
         if type(flag) is bool:
             append(NEWTRUE if flag else NEWFALSE)
         else:
             self.save_part(flag, parts)
-        code = self.refs.get(id(_ORDERED_DICT))
+        code = refs.get(id(_ORDERED_DICT))
         if code is None or type(tail) is not OrderedDict or tail or tail.__dict__:
             self.save_part(OrderedDict() if _is_plain_tail(tail) else tail, parts)
             self.note_ref(_ORDERED_DICT)
@@ -751,21 +762,6 @@ class _Emitter:
                 else _put_code(TUPLE, index) + _put_code(REDUCE, index + 1)
             )
         self.write(b"".join(parts))
-
-    def add_fresh_ints(self, values: object, parts: list[bytes]) -> None:
-        """A fresh copy of a tuple of ints, as :meth:`save_tuple` writes it; memoised under no id.
-
-        Any other value goes to :meth:`save_part` (a tuple as a fresh copy).
-        """
-        code = _int_tuple_code(values)
-        if code is None:
-            self.save_part((*values,) if type(values) is tuple else values, parts)
-        elif code is EMPTY_TUPLE:
-            parts.append(code)
-        else:
-            index = len(self.memo) + self.unkeyed
-            self.unkeyed += 1
-            parts.append(code + (_BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index)))
 
     def note_ref(self, node: Global) -> None:
         """Cache the GET of ``node`` in ``refs`` once it is memoised."""
@@ -799,20 +795,22 @@ class _Emitter:
             append(MARK)
         for item in pid:
             code = refs.get(id(item))
-            if code is None:
-                kind = type(item)
-                if kind is int:
-                    code = _BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item)
-                elif kind is str:
-                    code = self.code_str(item)
-                else:
-                    self.save_part(item, parts)
-                    continue
-            append(code)
-        memo = self.memo
-        index = len(memo) + self.unkeyed
+            if code is not None:
+                append(code)
+            elif type(item) is int:
+                append(_BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
+            elif type(item) is str:
+                append(self.code_str(item))
+            else:
+                self.save_part(item, parts)
+        index = len(self.memo) + self.unkeyed
         self.unkeyed += 1  # a fresh tuple: memoised under no id
-        append(_put_code(_SMALL_TUPLE_CODES[size] if size < 4 else TUPLE, index) + BINPERSID)
+        close = _SMALL_TUPLE_CODES[size] if size < 4 else TUPLE
+        append(
+            _OP_OP_U32.pack(close, LONG_BINPUT, index) + BINPERSID
+            if index > 0xFF
+            else close + _BINPUT_CODES[index] + BINPERSID
+        )
 
     def code_str(self, obj: str) -> bytes:
         """What :meth:`save_str` writes, as bytes; a GET also goes to ``refs``."""

@@ -7,10 +7,12 @@ protocol 2).  The stream names globals such as ``torch._utils._rebuild_tensor_v2
 and ``torch.FloatStorage``.  The C pickler verifies every GLOBAL it writes by
 importing the module and looking the name up (``save_global``), so without torch
 installed it cannot emit them.  This module therefore writes the opcodes itself.
-Its input is a graph of plain Python objects plus three node types that stand for
-what torch's objects reduce to: :class:`Global` (a module-level name),
-:class:`Reduce` (a ``__reduce__`` result) and :class:`PersistentId` (a
-``persistent_id`` result).  It knows nothing about tensors.
+Its input is a graph of plain Python objects plus the node types of
+:mod:`~ptfile.picklevm.nodes` that stand for what torch's objects reduce to:
+:class:`Global` (a module-level name), :class:`Reduce` (a ``__reduce__``
+result), :class:`PersistentId` (a ``persistent_id`` result) and
+:class:`ViewReduce` (the common Reduce of a strided view of a persistently
+stored buffer, written in one step).  It knows nothing about tensors.
 
 The output MUST be identical to what the C pickler (CPython 3.6-3.13,
 ``Modules/_pickle.c``) writes for the equivalent object graph, so that
@@ -25,9 +27,10 @@ A pickle MUST start with ``PROTO <protocol>`` and end with ``STOP``.  Protocol 2
 in this order (C ``save``):
 
 1. **persistent_id.** When a ``persistent_id`` hook is given it is called with
-   every object about to be saved, except the pid it has just returned.  A result
-   other than None is written as ``<save(pid)> BINPERSID`` and the object is not
-   memoised.  A :class:`PersistentId` node in the graph is written the same way.
+   every object about to be saved (only those of ``persistent_types`` when
+   given), except the pid it has just returned.  A result other than None is
+   written as ``<save(pid)> BINPERSID`` and the object is not memoised.  A
+   :class:`PersistentId` node in the graph is written the same way.
 2. **Atoms, never memoised.**  ``None`` is NONE; ``bool`` is NEWTRUE/NEWFALSE;
    ``int`` is BININT1 (0..255), BININT2 (256..65535), BININT (any other int32),
    else LONG1 (little-endian two's complement of minimal length; ``n.bit_length()
@@ -74,10 +77,10 @@ in this order (C ``save``):
    ``(module, name)`` is memoised once, as the C pickler memoises one class or
    function object.
 7. **Anything else**: memo check, then ``reducer(obj)`` (C ``reducer_override``).
-   A :class:`Reduce` is written as in rule 5 with ``obj`` as the memo key, a
-   :class:`PersistentId` as in rule 1, a :class:`Global` as in rule 6 with
-   ``obj`` as the memo key (C ``save_global``).  None, or no reducer, is a
-   :class:`~ptfile.errors.SaveError`.
+   A :class:`Reduce` (or :class:`ViewReduce`, as its :meth:`~ViewReduce.as_reduce`)
+   is written as in rule 5 with ``obj`` as the memo key, a :class:`PersistentId`
+   as in rule 1, a :class:`Global` as in rule 6 with ``obj`` as the memo key (C
+   ``save_global``).  None, or no reducer, is a :class:`~ptfile.errors.SaveError`.
 
 Nesting follows the C pickler too: handlers recurse, one or two Python frames
 per level, so a graph nested deeper than the interpreter's recursion limit
@@ -91,7 +94,11 @@ Performance: a state dict of 100,000 tensors is about 3 million objects, so
 the hot handlers (str, tuple, Reduce, Global) inline their memo operations,
 opcodes and memo codes below 256 are precomputed bytes, and the output is one
 ``io.BytesIO`` (appending millions of small bytes objects to a list and joining
-them is twice as slow).
+them is twice as slow).  A :class:`ViewReduce` (one per tensor) is gathered
+into one write by straight-line code; the objects it writes afresh take a
+memo index without a memo entry (``unkeyed``), since id-keyed operations on a
+memo of 10^5-10^6 entries are the costliest thing per tensor; and
+``persistent_types`` saves a hook call per object.
 """
 
 from __future__ import annotations

@@ -403,8 +403,9 @@ class _Reducer:
                     self._dtypes[-1] = t.dtype
             else:
                 self._note_dtype(storage, t.dtype)
-            return ViewReduce(_V2, pid, t._offset, t._shape, t._stride, t.requires_grad,
-                              t.backward_hooks)
+            # tuple.__new__: the NamedTuple's own __new__ is a Python call more per tensor
+            return tuple.__new__(ViewReduce, (_V2, pid, t._offset, t._shape, t._stride,
+                                              t.requires_grad, t.backward_hooks))
         func, args = self.tensor_args(t)
         if t.type_name is not None and t.type_name.count(".") and t.python_state is not None:
             module, _, name = t.type_name.rpartition(".")

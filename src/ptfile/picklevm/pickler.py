@@ -188,6 +188,8 @@ _OP_U32: Final = struct.Struct("<cI")
 _OP_OP_U32: Final = struct.Struct("<ccI")
 #: TUPLE LONG_BINPUT REDUCE LONG_BINPUT: the end of a ViewReduce.
 _TUPLE_REDUCE_PUTS: Final = struct.Struct("<ccIccI")
+#: EMPTY_TUPLE REDUCE LONG_BINPUT: a fresh OrderedDict() after its GLOBAL.
+_EMPTY_REDUCE_PUTS: Final = struct.Struct("<cccI")
 _OP_U16: Final = struct.Struct("<cH")
 _OP_I32: Final = struct.Struct("<ci")
 _OP_U8: Final = struct.Struct("<cB")
@@ -378,7 +380,7 @@ class _Emitter:
         )
         self.results: dict[type, Callable[[Any, object], None]] = {
             Reduce: self.save_reduce,
-            ViewReduce: self.save_result_view,
+            ViewReduce: self.write_view if self.views else self.save_result_view,
             PersistentId: self.save_result_pid,
             Global: self.save_result_global,
         }
@@ -734,7 +736,13 @@ class _Emitter:
         else:
             self.save_part(offset, parts)
         for values in (size, stride):  # fresh tuples: a memo index each, under no id
-            code = _int_tuple_code(values)
+            code = None
+            if type(values) is tuple:
+                for item in values:  # _int_tuple_code's cache hit, inlined
+                    if type(item) is not int:
+                        break
+                else:
+                    code = _INT_TUPLE_CODES.get(values) or _int_tuple_code(values)
             if code is None:
                 self.save_part((*values,) if type(values) is tuple else values, parts)
                 continue
@@ -754,7 +762,8 @@ class _Emitter:
         else:  # a fresh OrderedDict(): () REDUCE, memoised under no id
             index = len(self.memo) + self.unkeyed
             self.unkeyed += 1
-            append(_put_code(code + _EMPTY_REDUCE, index))
+            append(code + _EMPTY_REDUCE_PUTS.pack(EMPTY_TUPLE, REDUCE, LONG_BINPUT, index)
+                   if index > 0xFF else code + _EMPTY_REDUCE + _BINPUT_CODES[index])
         memo = self.memo
         index = len(memo) + self.unkeyed
         self.unkeyed += 1  # the args tuple: made by no one, so memoised under no id

@@ -1,6 +1,6 @@
-"""The ZIP checkpoint format of ``torch.save`` (torch ≥ 1.6): read and write.
+"""The ZIP checkpoint format of ``torch.save`` (torch >= 1.6): read and write.
 
-Layout (see ``pt-format.md`` §2–§6; verified against torch 2.13):
+Layout (see ``pt-format.md`` §2 to §6; verified against torch 2.13):
 
 * All records live under one folder, the *prefix*: the target file's stem, or
   ``archive`` for file objects and non-ASCII paths.  Readers MUST take the
@@ -8,7 +8,7 @@ Layout (see ``pt-format.md`` §2–§6; verified against torch 2.13):
 * ``data.pkl`` — a protocol-2 pickle of the object; every storage is a
   persistent id ``('storage', <storage class>, key, location, numel)`` where
   ``numel`` counts elements of a typed storage and bytes of ``UntypedStorage``.
-* ``data/<key>`` — the raw bytes of each storage, exactly ``numel × itemsize``.
+* ``data/<key>`` — the raw bytes of each storage, exactly ``numel * itemsize``.
 * ``version`` (or ``.data/version``) — decimal format version, 1..10 readable.
 * ``byteorder`` — ``little`` or ``big``; when missing, the configured default
   (:func:`ptfile.set_default_load_endianness`; little unless set).
@@ -150,26 +150,24 @@ class StorageLoader:
         # torch's calculate_storage_offsets: only for archives that promise torch's layout.
         self._calculate = calculate_offsets and (info.format_version or 0) >= 1
         self.storages: dict[str, Storage] = {}
+        self._data_prefix = f"{info.prefix}/data/"
 
     def __call__(self, pid: object) -> Storage:
-        if type(pid) is tuple and len(pid) == 5:
-            cached = self.storages.get(pid[2]) if type(pid[2]) is str else None
-            if cached is not None and pid[0] == "storage":
-                return cached
-        if not isinstance(pid, tuple) or len(pid) != 5 or pid[0] != "storage":
+        if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
                               f"got {pid!r:.100}", member="data.pkl")
         _, storage_type, key, location, numel = pid
-        if not isinstance(storage_type, StorageType) or not isinstance(key, str) \
-                or not isinstance(location, str) or type(numel) is not int or numel < 0:
+        if type(key) is not str or type(storage_type) is not StorageType \
+                or type(location) is not str or type(numel) is not int or numel < 0:
             raise FormatError(f"malformed storage persistent id {pid!r:.100}", member="data.pkl")
-        storage = self._load(storage_type, key, location, numel)
-        self.storages[key] = storage
+        storage = self.storages.get(key)
+        if storage is None:
+            storage = self.storages[key] = self._load(storage_type, key, location, numel)
         return storage
 
     def _load(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
         dtype = storage_type.dtype or dtypes.UINT8
-        name = f"{self._info.prefix}/data/{key}"
+        name = self._data_prefix + key
         record = self._reader.get(name)
         if record is None:
             raise StorageError(f"storage {key!r} has no record {name!r}", member=name)
@@ -179,9 +177,8 @@ class StorageLoader:
                                f"elements of {dtype!r} = {nbytes} bytes", member=name)
         data = None if self._skip_data else \
             self._source.view(self.data_offset(record), nbytes, "storage record")
-        storage = Storage(data, dtype, location=location, key=key,
-                          untyped=storage_type.dtype is None, byteorder=self._info.byteorder,
-                          nbytes=nbytes)
+        storage = Storage._from_record(data, dtype, location, key, storage_type.dtype is None,
+                                       self._info.byteorder, nbytes)
         if self._map_location is None and not has_packages():
             return storage  # the recorded tag stands; nothing to remap
         return restore_location(storage, location, self._map_location)

@@ -21,7 +21,16 @@ from typing import Any, Final
 from . import dtypes
 from .dtypes import DType
 from .errors import PickleStreamError, StorageError, UnsupportedFeatureError
-from .tensor import MAX_NDIM, Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from .tensor import (
+    MAX_NDIM,
+    Device,
+    Parameter,
+    QuantizedTensor,
+    Size,
+    SparseTensor,
+    Storage,
+    Tensor,
+)
 
 __all__ = ["SAFE_GLOBALS", "Layout", "QScheme", "StorageType", "TensorType", "lookup"]
 

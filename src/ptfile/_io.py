@@ -17,12 +17,14 @@ an ``EOFError`` or a silently short result.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap as _mmap
 import os
+from collections.abc import Iterator
 from typing import IO, BinaryIO, Final, Protocol, Union, runtime_checkable
 
-from .errors import FormatError
+from .errors import FormatError, PtfileError
 
 __all__ = [
     "BytesSource",
@@ -65,6 +67,25 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+#: Exceptions that can only mean damaged input once they escape a reader.
+DAMAGE_EXCEPTIONS: Final = (
+    ArithmeticError, AttributeError, EOFError, IndexError, KeyError, LookupError, MemoryError,
+    RecursionError, TypeError, UnicodeError, ValueError, BufferError, OSError,
+)
+
+
+@contextlib.contextmanager
+def damage_as_format_error() -> Iterator[None]:
+    """The error contract at the API boundary: ptfile errors pass, any other error a reader
+    lets escape becomes a :class:`FormatError` chained to it."""
+    try:
+        yield
+    except PtfileError:
+        raise
+    except DAMAGE_EXCEPTIONS as exc:
+        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
+
+
 def _check_range(size: int, offset: int, n: int, what: str) -> None:
     if offset < 0 or n < 0 or offset + n > size:
         raise FormatError(
@@ -74,13 +95,11 @@ def _check_range(size: int, offset: int, n: int, what: str) -> None:
         )
 
 
-class BytesSource:
-    """In-memory bytes (``bytes``, ``bytearray``, ``memoryview``, ``mmap``)."""
+class _ViewSource:
+    """Reads served from one memoryview of the whole input (in memory or mapped)."""
 
-    def __init__(self, data: bytes | bytearray | memoryview, name: str | None = None) -> None:
-        self._view = memoryview(data).cast("B")
-        self.size = len(self._view)
-        self.name = name
+    _view: memoryview
+    size: int
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         _check_range(self.size, offset, n, what)
@@ -92,6 +111,15 @@ class BytesSource:
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         return bytearray(self.view(offset, n, what))
+
+
+class BytesSource(_ViewSource):
+    """In-memory bytes (``bytes``, ``bytearray``, ``memoryview``, ``mmap``)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview, name: str | None = None) -> None:
+        self._view = memoryview(data).cast("B")
+        self.size = len(self._view)
+        self.name = name
 
     def close(self) -> None:
         """Drop the reference to the data (views already handed out stay valid)."""
@@ -149,7 +177,7 @@ class FileSource:
             self._fp.close()
 
 
-class MmapSource:
+class MmapSource(_ViewSource):
     """A memory-mapped file; :meth:`view` returns zero-copy slices of the map."""
 
     def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
@@ -163,17 +191,6 @@ class MmapSource:
             else:
                 self._map = _mmap.mmap(fp.fileno(), 0, access=MMAP_ACCESS[access])
                 self._view = memoryview(self._map)
-
-    def pread(self, offset: int, n: int, what: str) -> bytes:
-        _check_range(self.size, offset, n, what)
-        return bytes(self._view[offset : offset + n])
-
-    def view(self, offset: int, n: int, what: str) -> memoryview:
-        _check_range(self.size, offset, n, what)
-        return self._view[offset : offset + n]
-
-    def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
-        return bytearray(self.view(offset, n, what))
 
     def close(self) -> None:
         """Release our own view; the map closes once no array uses it anymore."""

@@ -25,6 +25,7 @@ from typing import Any, Final
 from .errors import PtfileError
 from .limits import Limits
 from .picklevm import unpickle
+from .picklevm.hazards import tuple_height
 from .structural import StandIn, make_stand_in
 
 __all__ = ["fast_names"]
@@ -75,20 +76,6 @@ def _suspicious(obj: str | bytes | bytearray, heads: Callable[[bytes], bool]) ->
     return heads(bytes(obj[:8]))
 
 
-def _tuple_height(root: tuple[object, ...], heights: dict[int, int]) -> int:
-    """Nesting height of tuples in tuples (what tuple hashing recurses through), memoised."""
-    stack: list[tuple[tuple[object, ...], bool]] = [(root, False)]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            heights[id(t)] = 1 + max((heights[id(c)] for c in t if type(c) is tuple), default=0)
-        elif id(t) not in heights:
-            heights[id(t)] = 0  # tuples alone cannot form cycles: final before the parent
-            stack.append((t, True))
-            stack.extend((c, False) for c in t if type(c) is tuple and id(c) not in heights)
-    return heights[id(root)]
-
-
 def _walk_is_plain(root: object, heads: Callable[[bytes], bool], max_depth: int) -> bool:
     """No suspicious blob and no tuple taller than ``max_depth`` in the result graph."""
     seen: set[int] = set()
@@ -113,7 +100,7 @@ def _walk_is_plain(root: object, heads: Callable[[bytes], bool], max_depth: int)
             if kind is tuple:
                 items: tuple[object, ...] = child  # type: ignore[assignment]
                 if any(type(c) is tuple for c in items) and \
-                        _tuple_height(items, heights) > max_depth:
+                        tuple_height(items, heights) > max_depth:
                     return False
             stack.append(child)  # type: ignore[arg-type]
     return True

@@ -12,8 +12,8 @@ from typing import IO, Any, Final
 import numpy as np
 
 from . import config
-from ._io import FileLike, Source, is_path, open_source
-from .errors import FormatError, PtfileError, SaveError, UnknownFormatError, UnsupportedFeatureError
+from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
+from .errors import FormatError, SaveError, UnknownFormatError, UnsupportedFeatureError
 from .formats import Format, detect, detect_source
 from .formats.legacy_pickle import read_legacy, write_legacy
 from .formats.legacy_tar import read_tar
@@ -26,11 +26,6 @@ from .structural import StructuralFindClass
 
 __all__ = ["detect_format", "load", "load_torchscript", "save"]
 
-#: Exceptions that can only mean damaged input once they escape a reader.
-_DAMAGE: Final = (
-    ArithmeticError, AttributeError, EOFError, IndexError, KeyError, LookupError, MemoryError,
-    RecursionError, TypeError, UnicodeError, ValueError, BufferError, OSError,
-)
 _MMAP_MODES: Final = {"r": "r", "c": "private", "r+": "shared"}
 
 
@@ -150,14 +145,11 @@ def load(
     source = open_source(f, mmap=access is not None and is_path(f), access=access or "private",
                          lazy=skip_data)
     try:
-        return _read(source, map_location=map_location, limits=limits,
-                     settings=config.current(), skip_data=skip_data,
-                     encoding=pickle_load_args.get("encoding", "utf-8"),
-                     find_class=StructuralFindClass() if structural else find_strict_class)
-    except PtfileError:
-        raise
-    except _DAMAGE as exc:
-        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
+        with damage_as_format_error():
+            return _read(source, map_location=map_location, limits=limits,
+                         settings=config.current(), skip_data=skip_data,
+                         encoding=pickle_load_args.get("encoding", "utf-8"),
+                         find_class=StructuralFindClass() if structural else find_strict_class)
     finally:
         source.close()
 
@@ -348,11 +340,8 @@ def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
         else f.tell()  # type: ignore[union-attr]
     source = open_source(f, lazy=True)
     try:
-        return detect_source(source, limits or DEFAULT_LIMITS)
-    except PtfileError:
-        raise
-    except _DAMAGE as exc:
-        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
+        with damage_as_format_error():
+            return detect_source(source, limits or DEFAULT_LIMITS)
     finally:
         source.close()
         if position is not None:
@@ -404,15 +393,12 @@ def load_torchscript(
     limits = limits or DEFAULT_LIMITS
     source = open_source(f, mmap=access is not None and is_path(f), access=access or "private")
     try:
-        found = detect_source(source, limits)
-        if found is not Format.TORCHSCRIPT:
-            raise FormatError(f"not a TorchScript archive: ptfile found the {found.value} "
-                              "format (use ptfile.load)")
-        return read_torchscript(source, map_location=map_location, limits=limits,
-                                settings=config.current(), skip_data=skip_data)
-    except PtfileError:
-        raise
-    except _DAMAGE as exc:
-        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
+        with damage_as_format_error():
+            found = detect_source(source, limits)
+            if found is not Format.TORCHSCRIPT:
+                raise FormatError(f"not a TorchScript archive: ptfile found the {found.value} "
+                                  "format (use ptfile.load)")
+            return read_torchscript(source, map_location=map_location, limits=limits,
+                                    settings=config.current(), skip_data=skip_data)
     finally:
         source.close()

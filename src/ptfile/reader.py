@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 
 from . import config
-from ._io import FileLike, Source, is_path, open_source
+from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
 from ._skeleton import StorageStubs, find_class_fast, gc_paused
 from .archive import Record, ZipReader, computed_data_offset
 from .dtypes import DType
-from .errors import FormatError, PtfileError, StorageError, UnsupportedFeatureError
+from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Format, detect
 from .formats.zipped import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointReader", "TensorInfo", "TensorSlice", "flatten", "open"]
 
-_DAMAGE: Final = (ArithmeticError, AttributeError, EOFError, IndexError, KeyError, LookupError,
-                  RecursionError, TypeError, UnicodeError, ValueError, BufferError, OSError)
 _INTS: Final = frozenset({int})
 
 
@@ -552,13 +550,11 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None) -> Che
     limits = limits or DEFAULT_LIMITS
     source = open_source(f, mmap=mmap and is_path(f), access="r", lazy=True)
     try:
-        head = source.pread(0, min(source.size, 512), "file signature")
-        fmt = detect(head)
-        opened = _open_zip(source, limits) if fmt is Format.ZIP else None
-        return opened if opened is not None else _open_other(source, fmt, limits)
-    except PtfileError:
+        with damage_as_format_error():
+            head = source.pread(0, min(source.size, 512), "file signature")
+            fmt = detect(head)
+            opened = _open_zip(source, limits) if fmt is Format.ZIP else None
+            return opened if opened is not None else _open_other(source, fmt, limits)
+    except BaseException:
         source.close()
         raise
-    except _DAMAGE as exc:
-        source.close()
-        raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc

@@ -120,7 +120,7 @@ DEEP_TUPLE_LEVELS: Final = 50_000
 _LEAVES: Final = frozenset({int, float, bool, complex, str, bytes, bytearray, type(None)})
 
 
-def _tuple_height(root: tuple[object, ...], heights: dict[int, int]) -> int:
+def tuple_height(root: tuple[object, ...], heights: dict[int, int]) -> int:
     """Nesting of tuples in tuples under ``root`` (what tuple hashing recurses through)."""
     stack: list[tuple[tuple[object, ...], bool]] = [(root, False)]
     while stack:
@@ -155,7 +155,7 @@ def deepest_tuple(root: object) -> int:
         else:
             continue
         if type(obj) is tuple:
-            deepest = max(deepest, _tuple_height(obj, heights))
+            deepest = max(deepest, tuple_height(obj, heights))
         for child in children:
             if type(child) not in _LEAVES and id(child) not in seen:
                 seen.add(id(child))

@@ -117,7 +117,7 @@ def call_with_stack(function: Callable[[], T], stack_bytes: int) -> T:
 #: Tuples nested deeper than this are refused after unpickling: hashing one later (in
 #: the caller's code, on an 8 MiB stack) could overflow the C stack.
 DEEP_TUPLE_LEVELS: Final = 50_000
-_LEAVES: Final = frozenset({int, float, bool, complex, str, bytes, bytearray, type(None)})
+_CONTAINERS: Final = (dict, tuple, list, set, frozenset)
 
 
 def tuple_height(root: tuple[object, ...], heights: dict[int, int]) -> int:
@@ -157,7 +157,9 @@ def deepest_tuple(root: object) -> int:
         if type(obj) is tuple:
             deepest = max(deepest, tuple_height(obj, heights))
         for child in children:
-            if type(child) not in _LEAVES and id(child) not in seen:
+            # Only containers have children to walk; anything else would be popped and
+            # skipped, so it is never pushed (10^5 tensors in a state dict).
+            if isinstance(child, _CONTAINERS) and id(child) not in seen:
                 seen.add(id(child))
                 stack.append(child)
     return deepest

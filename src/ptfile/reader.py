@@ -38,7 +38,7 @@ from .formats import Format, detect
 from .formats.zipped import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
-from .tensor import Parameter, Storage, Tensor, _swapped
+from .tensor import Parameter, Storage, Tensor
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -446,13 +446,7 @@ class CheckpointReader(Mapping[str, Tensor]):
         array: np.ndarray[Any, Any] = np.ndarray(
             shape, np_dtype, buffer=buffer, offset=(offset - low) * item,
             strides=tuple(s * item for s in stride))
-        if t.storage.byteorder == "big":
-            array = _swapped(array, t.dtype)
-        if t.is_conj:
-            array = np.conj(array)
-        if t.is_neg:
-            array = np.negative(array)
-        return array
+        return t.values_of(array)
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:

@@ -316,7 +316,14 @@ class Tensor:
         Copies only where the values differ from the stored bytes: conj/neg
         bits, and byte-swapped dtypes numpy cannot express (bfloat16).
         """
-        array = self._raw_view(self.dtype.numpy_dtype())
+        return self.values_of(self._raw_view(self.dtype.numpy_dtype()))
+
+    def values_of(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The values torch would show for ``array``, a raw view of (part of) this tensor.
+
+        Applies the storage's byte order and the conj/neg bits; shared by
+        :meth:`numpy` and the lazy reader's slices.
+        """
         if self.storage is not None and self.storage.byteorder == "big":
             array = _swapped(array, self.dtype)
         if self.is_conj:

@@ -103,8 +103,9 @@ def _decimal(text: str | None, name: str, default: int | None) -> int | None:
 def read_info(reader: ZipReader, settings: Settings) -> ZipInfo:
     """Read and validate the metadata records of a torch ZIP checkpoint."""
     prefix = reader.prefix
+    folder = prefix + "/"
     for record in reader.records:
-        if not record.name.startswith(prefix + "/"):
+        if not record.name.startswith(folder):
             raise FormatError(f"record {record.name!r} is not under the archive folder "
                               f"{prefix!r}/ (torch: file in archive is not in a subdirectory)")
     version_name = f"{prefix}/.data/version" if reader.get(f"{prefix}/.data/version") \

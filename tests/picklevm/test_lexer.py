@@ -169,15 +169,31 @@ def test_fast_gear_agrees_on_valid_streams(data: bytes, limits: Limits) -> None:
 
 @pytest.mark.parametrize("offset", [400, 700, 1024, 1500, 3000, 5000, 20000, 70000, 300000])
 @pytest.mark.parametrize("scale", [0.5, 1, 1.01, 1.3, 1.9, 2.5, 3.9])
-def test_fast_gear_memo_bound_is_the_offset(offset: int, scale: float) -> None:
+def test_fast_gear_memo_bound_is_the_stream_length(offset: int, scale: float) -> None:
     # The 300-character string stops a fast run, so the next run starts at LONG_BINPUT.
-    index = int(offset * scale)
     head = b"\x80\x02" + b"N" * (offset - 307) + b"X" + (300).to_bytes(4, "little") + b"s" * 300
-    data = head + b"r" + index.to_bytes(4, "little") + b"N" * 5000 + b"."
+    tail = b"N" * 5000 + b"."
+    length = len(head) + 5 + len(tail)
+    index = int(length * scale)
+    data = head + b"r" + index.to_bytes(4, "little") + tail
     fast = outcome(data, fast=True)
     assert fast == outcome(data, fast=False)
     assert len(head) == offset
-    assert (fast[0] == len(data)) == (index <= offset)
+    assert (fast[0] == len(data)) == (index <= length)
+
+
+@pytest.mark.parametrize("scale", [0.5, 1, 1.01, 3])
+@pytest.mark.parametrize("trailing", [0, 100, 10_000, 300_000])
+def test_memo_bound_is_the_stream_not_the_data_after_it(scale: float, trailing: int) -> None:
+    # Bytes after STOP (a legacy file's storages) do not raise the bound.
+    stream = b"\x80\x02" + b"N" * 200_000 + b"r" + int(200_008 * scale).to_bytes(4, "little") + b"."
+    data = stream + b"\x00" * trailing
+    if scale <= 1:
+        assert check_stream(data).end == len(stream)
+    else:
+        with pytest.raises(PickleStreamError, match="cannot exceed the stream's length") as caught:
+            check_stream(data)
+        assert caught.value.offset == 200_002
 
 
 @pytest.mark.parametrize("op", _FIXED, ids=lambda op: op.name)
@@ -284,11 +300,11 @@ def test_garbage_raises_only_ptfile_errors(data: bytes) -> None:
 # --------------------------------------------------------------------------- limits
 
 
-def test_memo_indices_up_to_255_or_the_offset_are_accepted() -> None:
+def test_memo_indices_up_to_255_or_the_length_are_accepted() -> None:
     check_stream(b"Nq\xff.")
-    check_stream(b"N" * 300 + b"r" + (300).to_bytes(4, "little") + b".")
+    check_stream(b"N" * 300 + b"r" + (306).to_bytes(4, "little") + b".")  # 306 bytes
     with pytest.raises(PickleStreamError):
-        check_stream(b"N" * 300 + b"r" + (301).to_bytes(4, "little") + b".")
+        check_stream(b"N" * 300 + b"r" + (307).to_bytes(4, "little") + b".")
 
 
 def test_limits_are_enforced() -> None:

@@ -14,13 +14,15 @@ opcode and enforces these rules (the pickle specification is in
    ``FRAME`` lengths, and newline-terminated text lines.  The two lines of
    ``GLOBAL``/``INST`` are names of at most ``limits.max_name_length`` bytes.
 3. A memo index stored by ``PUT``/``BINPUT``/``LONG_BINPUT`` is at most
-   ``limits.max_memo_index`` and at most ``max(255, offset)``, where *offset*
-   is the opcode's position in the stream.  CPython grows its memo table to
-   twice the largest index stored (``80 02 4E 72 00 E1 F5 05 2E``, nine bytes,
-   stores index 10**8 and costs a 1.5 GB table); with this rule the table is at
-   most 16 bytes per stream byte.  Picklers number memo entries 0, 1, 2, ...
-   and every entry follows the opcodes that built its object, so a real index
-   is always below the number of opcodes before it, hence below its offset.
+   ``limits.max_memo_index`` and at most ``max(255, length)``, where *length*
+   is the stream's length in bytes, ``STOP`` included.  CPython grows its
+   memo table to twice the largest index stored (``80 02 4E 72 00 E1 F5 05
+   2E``, nine bytes, stores index 10**8 and costs a 1.5 GB table); with this
+   rule the table is at most 16 bytes per stream byte.  Picklers number memo
+   entries 0, 1, 2, ..., one per memoised object, so a real index is always
+   below the number of opcodes, hence below the length.  The walk applies the
+   rule with the bytes available (the data's end) as the length, and walks
+   again with the stream's own length when ``STOP`` comes much earlier.
 4. ``MARK`` nesting stays within ``limits.max_depth``, and no opcode pops a
    mark that was never pushed.
 5. The stream ends at a ``STOP`` within ``limits.max_pickle_bytes`` (and
@@ -38,9 +40,8 @@ alternates between two gears.  A compiled regular expression (the *fast
 pattern*) consumes, in C, the longest run of opcodes that are certainly
 valid: opcodes with fixed-size arguments, counted strings and integers
 shorter than 256 bytes (one alternative per length), ``LONG_BINPUT`` whose
-index is provably below its offset (the index bytes are restricted to values
-below ``2**k``, and that pattern is only used for runs starting at offset
-``2**k`` or later), and balanced ``MARK ... TUPLE``-style groups nested at most
+index is provably within rule 3's bound (the index bytes are restricted to
+values below ``2**k``, the largest power of two within the bound), and balanced ``MARK ... TUPLE``-style groups nested at most
 three deep within the remaining depth budget (a capture group per level gives
 the exact deepest level reached).  The Python gear (:func:`_step`) handles
 exactly one opcode wherever the pattern stops, with every rule checked in full.
@@ -156,10 +157,16 @@ class _Walk:
     opcodes: int = 0
     end: int = -1  # offset after STOP, once seen
     numbers: int = 0  # wide number literals: the only keys that can flood a hash (hazards.py)
+    memo_cap: int = 0  # rule 3's bound on memo indices for this walk
+    memo_seen: int = -1  # largest memo index the exact gear accepted
 
 
-def _new_walk(data: Buffer, start: int, limits: Limits) -> _Walk:
-    """Normalise ``data`` to bytes or a flat byte memoryview and bound the walk."""
+def _new_walk(data: Buffer, start: int, limits: Limits, length: int | None = None) -> _Walk:
+    """Normalise ``data`` to bytes or a flat byte memoryview and bound the walk.
+
+    ``length`` is the stream's length when known (rule 3's bound); else the
+    bytes available stand for it.
+    """
     if isinstance(data, bytes):
         view: bytes | memoryview = data
     else:
@@ -168,8 +175,9 @@ def _new_walk(data: Buffer, start: int, limits: Limits) -> _Walk:
             view = view.cast("B")
     if start < 0:
         raise ValueError(f"start must be non-negative, got {start}")
-    limit = min(len(view), start + limits.max_pickle_bytes)
-    return _Walk(view, start, max(limit, start), limits)
+    limit = max(min(len(view), start + limits.max_pickle_bytes), start)
+    cap = max(FREE_MEMO_INDEX, limit - start if length is None else length)
+    return _Walk(view, start, limit, limits, memo_cap=cap)
 
 
 # --------------------------------------------------------------------------- the exact gear
@@ -239,14 +247,16 @@ def _check_frame(walk: _Walk, op: Opcode, pos: int, end: int) -> None:
 
 
 def _check_memo_index(walk: _Walk, op: Opcode, pos: int, index: int) -> None:
-    """Rule 3: ``index <= max_memo_index`` and ``index <= max(255, offset)``."""
+    """Rule 3: ``index <= max_memo_index`` and ``index <= max(255, length)``."""
     if index > walk.limits.max_memo_index:
         raise LimitExceededError("max_memo_index", walk.limits.max_memo_index, index,
                                  f"{op.name} at offset {pos:#x}")
-    if index > max(FREE_MEMO_INDEX, pos - walk.start):
+    if index > walk.memo_cap:
         raise PickleStreamError(
             f"{op.name} stores memo index {index} at stream offset {pos - walk.start}; an "
-            "index above 255 cannot exceed its offset in a real pickle", offset=pos)
+            f"index above 255 cannot exceed the stream's length ({walk.memo_cap} bytes at "
+            "most) in a real pickle", offset=pos)
+    walk.memo_seen = max(walk.memo_seen, index)
 
 
 def _check_binary_put(walk: _Walk, op: Opcode, pos: int, end: int) -> None:
@@ -426,20 +436,21 @@ def _fast_pattern(bits: int, nesting: int) -> re.Pattern[bytes]:
     return re.compile(b"(?:" + item + b")" + _STAR, re.DOTALL)
 
 
-def _memo_bits(walk: _Walk, pos: int) -> int:
-    """Largest ``k`` in (8, 12, ..., 28) with ``2**k <= offset`` and ``2**k - 1 <= max_memo_index``.
+def _memo_bits(walk: _Walk) -> int:
+    """Largest ``k`` <= 28 with ``2**k - 1 <= memo_cap`` and ``2**k - 1 <= max_memo_index``.
 
-    Steps of 4: each distinct ``k`` is one more pattern to compile (~20 ms), and
-    indices above the bound are still accepted, by the exact step.
+    One ``k`` per walk (each distinct ``k`` is one more pattern to compile, ~20
+    ms once per process); indices between ``2**k`` and the cap are accepted
+    by the exact step.
     """
     ceiling = (walk.limits.max_memo_index + 1).bit_length() - 1
-    return max(8, min(28, ceiling, (pos - walk.start).bit_length() - 1) & ~3)
+    return max(8, min(28, ceiling, (walk.memo_cap + 1).bit_length() - 1))
 
 
 def _fast_run(walk: _Walk, pos: int) -> int:
     """End of the longest run of certainly-valid opcodes at ``pos`` (updates max_depth)."""
     nesting = max(0, min(_NESTING, walk.limits.max_depth - walk.depth))
-    pattern = _fast_pattern(_memo_bits(walk, pos), nesting)
+    pattern = _fast_pattern(_memo_bits(walk), nesting)
     match = pattern.match(walk.data, pos, min(pos + _WINDOW, walk.limit))
     assert match is not None  # a starred pattern always matches
     if match.end() > pos and nesting:
@@ -491,7 +502,7 @@ def check_stream(data: Buffer, limits: Limits = DEFAULT_LIMITS, *, start: int = 
     ------
     PickleStreamError
         Unknown opcode, truncated argument, missing ``STOP``, mark underflow,
-        memo index beyond its offset; ``offset`` is where, in ``data``.
+        memo index beyond the stream's length; ``offset`` is where, in ``data``.
     LimitExceededError
         A ceiling of ``limits`` was hit.
 
@@ -505,7 +516,14 @@ def check_stream(data: Buffer, limits: Limits = DEFAULT_LIMITS, *, start: int = 
     # on opcodes is below the ceiling on bytes (each opcode is at least a byte).
     exact = limits.max_opcodes < walk.limit - start or limits.max_memo_index < FREE_MEMO_INDEX \
         or walk.limit - start < FAST_GEAR_MIN_BYTES
-    (_walk_exact if exact else _walk_fast)(walk)
+    gear = _walk_exact if exact else _walk_fast
+    gear(walk)
+    length = walk.end - start
+    accepted = walk.memo_seen if exact else max(walk.memo_seen, 2 ** _memo_bits(walk) - 1)
+    if accepted > max(FREE_MEMO_INDEX, length):
+        # STOP came before the data's end: walk again with the stream's own length.
+        walk = _new_walk(data, start, limits, length)
+        gear(walk)
     if walk.numbers > limits.max_hash_collisions:  # rare: walk the keys (picklevm.hazards)
         from .hazards import check_number_keys  # hazards builds on this module
 

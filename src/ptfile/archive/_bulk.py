@@ -2,59 +2,87 @@
 
 A checkpoint of 100,000 tensors has 100,000 local headers; reading and checking
 them one by one costs ~5 µs each in Python.  When the whole archive is in memory
-(or mapped), the same checks run over all headers at once: signature, the name
-length and the name bytes agree with the central directory, and the data ends
-before the central directory.  Records failing any check are simply left out,
-so the per-record path (which raises the precise error) handles them.
+(or mapped), the same checks run over all headers at once, exactly those of
+``ZipReader._read_local_header``: the header fits in the file, its signature,
+its name length and name bytes equal the central directory's, and the data
+(``header + 30 + name + extra`` on) ends at or before the central directory.
+
+Records failing any check get ``-1``, so the per-record path (which raises the
+precise error) handles them.  Names are compared in buckets of power-of-two
+widths: each bucket gathers fixed-width byte strings at the local and the
+central name offsets and compares the first ``name length`` bytes, so the work
+is at most twice the name bytes however the lengths are spread; a name whose
+bucket width would run past the end of the buffer is compared on its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .reader import Record
+from .records import LOCAL_FILE_HEADER_SIGNATURE
+
+__all__ = ["bulk_data_offsets"]
 
 LOCAL_HEADER_BYTES: Final = 30
-_SIGNATURE: Final = np.frombuffer(b"PK\x03\x04", np.uint8)
+_SIGNATURE_U32: Final = int.from_bytes(LOCAL_FILE_HEADER_SIGNATURE, "little")
+_LOCAL_DTYPE: Final = np.dtype({
+    "names": ["signature", "name_length", "extra_length"],
+    "formats": ["<u4", "<u2", "<u2"],
+    "offsets": [0, 26, 28],
+    "itemsize": LOCAL_HEADER_BYTES,
+})  # fmt: skip
 
 
-def _u16(columns: np.ndarray, at: int) -> np.ndarray:
-    return columns[:, at].astype(np.int64) | (columns[:, at + 1].astype(np.int64) << 8)
+def _strings(buffer: memoryview, width: int, at: np.ndarray) -> np.ndarray:
+    """The ``width`` bytes at each offset ``at`` (all fit in ``buffer``), as an (n, width) array."""
+    every = np.ndarray((len(buffer) - width + 1,), f"V{width}", buffer, 0, (1,))
+    strings: np.ndarray = every[at].view(np.uint8).reshape(len(at), width)
+    return strings
 
 
-def _names_match(data: np.ndarray, starts: np.ndarray,
-                 names: list[bytes], lengths: np.ndarray) -> np.ndarray:
-    """Per record: do the bytes at ``starts`` equal its central-directory name?"""
-    flat = np.frombuffer(b"".join(names), np.uint8)
-    owner = np.repeat(np.arange(len(names)), lengths)
-    first = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    got = data[np.repeat(starts, lengths) + (np.arange(flat.size) - first)]
-    bad = np.bincount(owner[got != flat], minlength=len(names))
-    return bad == 0  # type: ignore[no-any-return]
+def _names_match(buffer: memoryview, local: np.ndarray, central: np.ndarray,
+                 lengths: np.ndarray) -> np.ndarray:
+    """Per row: do the ``lengths[i]`` bytes at ``local[i]`` and ``central[i]`` agree?"""
+    match: np.ndarray = lengths == 0
+    size = len(buffer)
+    widths = np.left_shift(1, np.ceil(np.log2(np.maximum(lengths, 1))).astype(np.int64))
+    widths = np.maximum(widths, lengths)  # whatever log2 rounds to
+    for width in np.unique(widths[~match]).tolist():
+        rows = np.flatnonzero((widths == width) & ~match)
+        fits = (local[rows] + width <= size) & (central[rows] + width <= size)
+        many, few = rows[fits], rows[~fits]
+        differ = _strings(buffer, width, local[many]) != _strings(buffer, width, central[many])
+        differ &= np.arange(width) < lengths[many, None]
+        match[many] = ~differ.any(axis=1)
+        for row in few.tolist():
+            a, b, n = int(local[row]), int(central[row]), int(lengths[row])
+            match[row] = buffer[a : a + n] == buffer[b : b + n]
+    return match
 
 
-def bulk_data_offsets(buffer: memoryview, records: Sequence[Record], end: int) -> dict[int, int]:
-    """``{record.index: data offset}`` for every stored record whose local header checks out.
+def bulk_data_offsets(buffer: memoryview, header_offsets: np.ndarray, name_at: np.ndarray,
+                      name_lengths: np.ndarray, compressed_sizes: np.ndarray,
+                      end: int) -> np.ndarray:
+    """The data offset of every record whose local header checks out, ``-1`` for the others.
 
-    ``end`` is where record data must stop (the central directory offset).
+    ``header_offsets``, ``name_at`` (file offset of the central name),
+    ``name_lengths`` and ``compressed_sizes`` are int64 columns, one row per
+    record; ``end`` is where record data must stop (the central directory offset).
     """
-    n = len(records)
-    data = np.frombuffer(buffer, np.uint8)
-    offsets = np.fromiter((r.header_offset for r in records), np.int64, n)
-    names = [r.name.encode("utf-8") for r in records]
-    lengths = np.fromiter(map(len, names), np.int64, n)
-    sizes = np.fromiter((r.compressed_size for r in records), np.int64, n)
-    ok = (offsets >= 0) & (offsets + LOCAL_HEADER_BYTES + lengths <= data.size)
-    starts = np.where(ok, offsets, 0)
-    headers = data[starts[:, None] + np.arange(LOCAL_HEADER_BYTES)]
-    ok &= (headers[:, :4] == _SIGNATURE).all(axis=1)
-    ok &= _u16(headers, 26) == lengths
-    ok &= _names_match(data, np.where(ok, starts + LOCAL_HEADER_BYTES, 0), names,
-                       np.where(ok, lengths, 0))
-    found = offsets + LOCAL_HEADER_BYTES + lengths + _u16(headers, 28)
-    ok &= found + sizes <= end
-    return {records[i].index: int(found[i]) for i in np.flatnonzero(ok).tolist()}
+    ok = header_offsets + LOCAL_HEADER_BYTES + name_lengths <= len(buffer)
+    if not ok.any():
+        return np.full(len(ok), -1, np.int64)
+    starts = np.where(ok, header_offsets, 0)
+    every = np.ndarray((len(buffer) - LOCAL_HEADER_BYTES + 1,), f"V{LOCAL_HEADER_BYTES}",
+                       buffer, 0, (1,))
+    heads = every[starts].view(_LOCAL_DTYPE)
+    ok &= (heads["signature"] == _SIGNATURE_U32) & (heads["name_length"] == name_lengths)
+    found = starts + LOCAL_HEADER_BYTES + name_lengths + heads["extra_length"]
+    ok &= found + compressed_sizes <= end
+    rows = np.flatnonzero(ok)
+    ok[rows] = _names_match(buffer, starts[rows] + LOCAL_HEADER_BYTES, name_at[rows],
+                            name_lengths[rows])
+    offsets: np.ndarray = np.where(ok, found, -1)
+    return offsets

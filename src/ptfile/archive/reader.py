@@ -4,7 +4,10 @@ What is read and checked is specified in :mod:`ptfile.archive.records`.  In
 short: a bounded backwards search for the end of central directory record,
 ZIP64 through the locator, then one pass over the central directory that
 checks every count, length and offset against the bytes present and the
-:class:`~ptfile.limits.Limits` before anything is allocated for it.
+:class:`~ptfile.limits.Limits` before anything is allocated for it.  That pass
+(:mod:`ptfile.archive._entries`) is vectorised, with a sequential reference
+it falls back to; it yields columns, and a :class:`Record` is made only when
+asked for (:meth:`ZipReader.get`, :attr:`ZipReader.records`).
 
 Policy choices beyond APPNOTE, all refusals of things torch never writes:
 
@@ -16,45 +19,46 @@ Policy choices beyond APPNOTE, all refusals of things torch never writes:
   (overlapping members are how "zip bombs" multiply their data).
 * Names are decoded as UTF-8 whatever general purpose bit 11 says.
 
-Local headers are read lazily, one per :meth:`ZipReader.data_offset` call,
-and cached; :func:`computed_data_offset` is torch's alternative that derives
-the offset from the previous member instead (spec §6).
+Local headers are checked lazily: the first :meth:`ZipReader.data_offset` or
+:meth:`ZipReader.data_offsets` call checks all of them in one vectorised pass
+(:mod:`ptfile.archive._bulk`) when the archive is in memory or mapped, and
+otherwise reads one header per member asked for; the results are cached.
+:func:`computed_data_offset` is torch's alternative that derives the offset
+from the previous member instead (spec §6).
 """
 
 from __future__ import annotations
 
-import itertools
-import struct
+import gc
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Final, cast
+
+import numpy as np
 
 from .._io import BytesSource, MmapSource, Source
 from ..errors import ArchiveError, LimitExceededError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
 from ._bulk import bulk_data_offsets
+from ._entries import Entries, parse_entries
 from .records import (
-    CENTRAL_DIRECTORY_SIGNATURE,
     CENTRAL_DIRECTORY_STRUCT,
-    ENCRYPTION_FLAGS,
     EOCD_SIGNATURE,
     LOCAL_FILE_HEADER_SIGNATURE,
     LOCAL_FILE_HEADER_STRUCT,
     METHOD_DEFLATED,
     METHOD_STORED,
     U16_MAX,
-    U32_MAX,
     ZIP64_LOCATOR_SIGNATURE,
     EndOfCentralDirectory,
     Zip64EndOfCentralDirectory,
     Zip64Locator,
     descriptor_size,
     storage_data_offset,
-    zip64_values,
 )
 
-__all__ = ["Record", "ZipReader", "computed_data_offset", "computed_next_header_offset"]
+__all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_next_header_offset"]
 
 #: The EOCD comment length is a u16, so the record starts within this many
 #: bytes of the end of the file (4.3.16).
@@ -222,18 +226,6 @@ def _check_counts(directory: _Directory, limits: Limits) -> None:
         )
 
 
-def _zip64_fields(
-    extra: bytes, usize: int, csize: int, offset: int, disk: int, at: int
-) -> tuple[int, int, int]:
-    """Replace the sentinel fields by the values of the ZIP64 extra (4.5.3, fixed order)."""
-    wanted = [usize == U32_MAX, csize == U32_MAX, offset == U32_MAX, disk == U16_MAX]
-    values = list(zip64_values(extra, sum(wanted), base=at))
-    usize = values.pop(0) if wanted[0] else usize
-    csize = values.pop(0) if wanted[1] else csize
-    offset = values.pop(0) if wanted[2] else offset
-    return usize, csize, offset
-
-
 def _make_record_factory() -> Callable[[str, int, int, int, int, int, int, int], Record]:
     """A positional ``Record`` constructor that sets the slots directly.
 
@@ -265,124 +257,6 @@ def _make_record_factory() -> Callable[[str, int, int, int, int, int, int, int],
 
 
 _new_record: Final = _make_record_factory()
-
-
-@dataclass(slots=True)
-class _Parse:
-    """Running state of one pass over the central directory."""
-
-    data: bytes
-    directory: _Directory
-    max_name: int
-    by_name: dict[str, Record]
-    records: list[Record]
-    ordered: bool = True  # local headers seen so far at increasing offsets
-
-
-def _parse_directory(data: bytes, directory: _Directory, limits: Limits) -> _Parse:
-    """Every central directory header, parsed and checked: the reader's hot loop."""
-    state = _Parse(data, directory, limits.max_name_length, {}, [])
-    try:
-        _parse_entries(state)
-    except struct.error as exc:  # unpack_from past the end: the previous entry overran
-        raise ArchiveError(
-            f"central directory ends inside entry {len(state.records)}", offset=directory.offset
-        ) from exc
-    if not state.ordered:
-        _check_overlaps(state.records)
-    return state
-
-
-def _parse_entries(state: _Parse) -> None:
-    """The loop of :func:`_parse_directory`, kept lean: ~1 us per entry."""
-    data, cd_offset = state.data, state.directory.offset
-    text = data.decode("latin-1")  # one char per byte: ASCII names are sliced, not decoded
-    unpack, new, by_name = CENTRAL_DIRECTORY_STRUCT.unpack_from, _new_record, state.by_name
-    append, pos, previous_end = state.records.append, 0, 0
-    for index in range(state.directory.entries):
-        (sig, _, _, flags, method, _, _, crc, csize, usize,
-         nlen, elen, clen, disk, _, _, offset) = unpack(data, pos)  # fmt: skip
-        if sig != CENTRAL_DIRECTORY_SIGNATURE or nlen > state.max_name:
-            _bad_entry(state, index, sig, nlen, cd_offset + pos)
-        start = pos + _CD_FIXED
-        pos = start + nlen + elen + clen
-        name = text[start : start + nlen]
-        if pos > len(data) or not name.isascii():
-            name = _decode_name(data, start, nlen, pos, index, cd_offset)
-        if usize == U32_MAX or csize == U32_MAX or offset == U32_MAX or disk == U16_MAX:
-            extra = data[start + nlen : start + nlen + elen]
-            usize, csize, offset = _zip64_fields(
-                extra, usize, csize, offset, disk, cd_offset + start
-            )
-        record = new(name, offset, usize, csize, method, crc, flags, index)
-        end = offset + _LOCAL_FIXED + nlen + csize
-        if (
-            flags & ENCRYPTION_FLAGS
-            or end > cd_offset
-            or (method == METHOD_STORED and csize != usize)
-        ):
-            _check_record(record, nlen, cd_offset)
-        if by_name.setdefault(name, record) is not record:
-            raise ArchiveError(
-                f"duplicate name (entries {by_name[name].index} and {index})", member=name
-            )
-        if offset < previous_end:
-            state.ordered = False
-        previous_end = end
-        append(record)
-
-
-def _decode_name(data: bytes, start: int, nlen: int, end: int, index: int, cd_offset: int) -> str:
-    """The name of an entry that is not plain ASCII, or an error if the entry overruns."""
-    if end > len(data):
-        raise ArchiveError(
-            f"central directory entry {index} runs past its end", offset=cd_offset + start
-        )
-    try:
-        return data[start : start + nlen].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArchiveError(
-            f"central directory entry {index}: name is not UTF-8 ({exc.reason})",
-            offset=cd_offset + start,
-        ) from exc
-
-
-def _bad_entry(state: _Parse, index: int, sig: bytes, nlen: int, at: int) -> None:
-    if sig != CENTRAL_DIRECTORY_SIGNATURE:
-        raise ArchiveError(f"central directory entry {index}: bad signature {sig!r}", offset=at)
-    raise LimitExceededError("max_name_length", state.max_name, nlen, f"name of entry {index}")
-
-
-def _check_record(record: Record, name_length: int, cd_offset: int) -> None:
-    """Raise the error a member's flags, sizes or bounds call for."""
-    if record.flags & ENCRYPTION_FLAGS:
-        raise UnsupportedFeatureError(f"record {record.name!r} is encrypted")
-    if record.method == METHOD_STORED and record.compressed_size != record.size:
-        raise ArchiveError(
-            f"stored record has compressed size {record.compressed_size} != size {record.size}",
-            offset=record.header_offset,
-            member=record.name,
-        )
-    raise ArchiveError(
-        f"local header at {record.header_offset:#x} with {record.compressed_size} data bytes "
-        f"runs into the central directory at {cd_offset:#x}",
-        offset=record.header_offset,
-        member=record.name,
-    )
-
-
-def _check_overlaps(records: list[Record]) -> None:
-    """Members stored out of order must still not overlap (at least header+name+data each)."""
-    ordered = sorted(records, key=lambda record: (record.header_offset, record.index))
-    for first, second in itertools.pairwise(ordered):
-        name_length = len(first.name.encode("utf-8"))
-        end = first.header_offset + _LOCAL_FIXED + name_length + first.compressed_size
-        if end > second.header_offset:
-            raise ArchiveError(
-                f"overlaps record {second.name!r} at {second.header_offset:#x}",
-                offset=first.header_offset,
-                member=first.name,
-            )
 
 
 class ZipReader:
@@ -422,26 +296,80 @@ class ZipReader:
         directory = _locate_directory(source)
         _check_counts(directory, limits)
         data = source.pread(directory.offset, directory.size, "central directory")
-        parsed = _parse_directory(data, directory, limits)
-        self._by_name = parsed.by_name
+        self._entries = parse_entries(
+            data, directory.entries, directory.offset, limits.max_name_length
+        )
+        self._index = self._entries.index
         self._cd_offset = directory.offset
-        self._data_offsets: dict[int, int] = {}
+        self._made: list[Record | None] = [None] * directory.entries
+        self._all: tuple[Record, ...] | None = None
+        self._offsets = np.full(directory.entries, -1, np.int64)  # checked data offsets
         self._bulk_checked = False
-        #: Every member, in central directory order.
-        self.records: tuple[Record, ...] = tuple(parsed.records)
+
+    @property
+    def records(self) -> tuple[Record, ...]:
+        """Every member, in central directory order."""
+        if self._all is None:
+            entries, made = self._entries, self._made
+            columns = entries.values.T.tolist()
+            fresh = map(_new_record, entries.names, *columns, range(len(made)))
+            collecting = gc.isenabled()
+            gc.disable()  # 10^5 new objects would trigger collections that find no garbage
+            try:
+                self._made = [new if old is None else old
+                              for old, new in zip(made, fresh, strict=True)]  # fmt: skip
+            finally:
+                if collecting:
+                    gc.enable()
+            self._all = tuple(cast("list[Record]", self._made))
+        return self._all
+
+    @property
+    def entries(self) -> Entries:
+        """The central directory as read-only columns (names, index, int64 arrays)."""
+        return self._entries
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every member's full name, in central directory order."""
+        return self._entries.names
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self._made)
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._by_name
+        return name in self._index
+
+    def _record(self, index: int) -> Record:
+        record = self._made[index]
+        if record is None:
+            offset, size, csize, method, crc, flags = self._entries.values[index].tolist()
+            name = self._entries.names[index]
+            record = _new_record(name, offset, size, csize, method, crc, flags, index)
+            self._made[index] = record
+        return record
 
     def get(self, name: str) -> Record | None:
         """The member called ``name`` (full name, prefix included), or None."""
-        return self._by_name.get(name)
+        index = self._index.get(name)
+        return None if index is None else self._record(index)
+
+    def indices(self, names: Iterable[str]) -> np.ndarray:
+        """The central directory index of each of ``names``, as an int64 array.
+
+        Raises
+        ------
+        KeyError
+            A name no member has.
+        """
+        return np.fromiter(map(self._index.__getitem__, names), np.int64)
+
+    def first_name_outside(self, folder: str) -> str | None:
+        """The first name (directory order) that does not start with ``folder``, or None."""
+        return next((name for name in self._entries.names if not name.startswith(folder)), None)
 
     @property
     def prefix(self) -> str:
@@ -452,21 +380,21 @@ class ZipReader:
         ArchiveError
             The archive is empty or its first name has no ``/`` (torch refuses both).
         """
-        if not self.records:
+        if not self._made:
             raise ArchiveError("empty archive has no prefix (archive folder)")
-        first = self.records[0].name
+        first = self._entries.names[0]
         if "/" not in first:
             raise ArchiveError("first record is not in a subdirectory (no '/')", member=first)
         return first.split("/", 1)[0]
 
     def _resolve(self, name_or_record: str | Record) -> Record:
         if isinstance(name_or_record, str):
-            record = self._by_name.get(name_or_record)
-            if record is None:
+            index = self._index.get(name_or_record)
+            if index is None:
                 raise KeyError(name_or_record)
-            return record
+            return self._record(index)
         index = name_or_record.index
-        if not 0 <= index < len(self.records) or self.records[index] is not name_or_record:
+        if not 0 <= index < len(self._made) or self._made[index] is not name_or_record:
             raise ValueError(f"{name_or_record!r} is not a record of this archive")
         return name_or_record
 
@@ -480,24 +408,47 @@ class ZipReader:
         KeyError
             No member has that name.
         """
-        record = self._resolve(record)
-        found = self._data_offsets.get(record.index)
-        if found is None and not self._bulk_checked:
+        return self._data_offset(self._resolve(record).index)
+
+    def data_offsets(self, names: Iterable[str]) -> np.ndarray:
+        """:meth:`data_offset` of each of ``names``, as an int64 array (one vectorised pass).
+
+        Raises
+        ------
+        ArchiveError, KeyError
+            As :meth:`data_offset`, for the first name in ``names`` that calls for it.
+        """
+        indices = self.indices(names)
+        if not self._bulk_checked:
             self._check_all_local_headers()
-            found = self._data_offsets.get(record.index)
-        if found is None:
-            found = self._read_local_header(record)
-            self._data_offsets[record.index] = found
+        found: np.ndarray = self._offsets[indices]
+        for at in np.flatnonzero(found < 0).tolist():
+            found[at] = self._data_offset(int(indices[at]))
+        return found
+
+    def _data_offset(self, index: int) -> int:
+        found = int(self._offsets[index])
+        if found < 0 and not self._bulk_checked:
+            self._check_all_local_headers()
+            found = int(self._offsets[index])
+        if found < 0:
+            found = self._read_local_header(self._record(index))
+            self._offsets[index] = found
         return found
 
     def _check_all_local_headers(self) -> None:
         """Check every local header in one vectorised pass when the archive is in memory."""
         self._bulk_checked = True
-        if len(self.records) >= _BULK_MIN_RECORDS and isinstance(
+        if len(self._made) >= _BULK_MIN_RECORDS and isinstance(
             self._source, (BytesSource, MmapSource)
         ):
             whole = self._source.view(0, self._source.size, "archive")
-            self._data_offsets.update(bulk_data_offsets(whole, self.records, self._cd_offset))
+            entries = self._entries
+            found = bulk_data_offsets(
+                whole, entries.column("header_offset"), entries.name_at, entries.name_length,
+                entries.column("compressed_size"), self._cd_offset,
+            )  # fmt: skip
+            self._offsets = np.where(self._offsets < 0, found, self._offsets)
 
     def _read_local_header(self, record: Record) -> int:
         name = record.name.encode("utf-8")

@@ -45,9 +45,10 @@ instances are fresh per call, as with torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeVar
 
 from .errors import UnsafeGlobalError
 from .rebuild import SAFE_GLOBALS, lookup
@@ -184,9 +185,15 @@ def safe_globals(globals_: SafeGlobals) -> Iterator[None]:
             _REGISTRY.update(saved)
 
 
-class CallOnly:
+_C = TypeVar("_C", bound="CallOnly")
+
+
+class CallOnly(functools.partial):  # type: ignore[type-arg]
     """An allowlisted function as the stream sees it: callable, not mutable.
 
+    A :class:`functools.partial` with no bound arguments, so a call costs no
+    Python frame of its own (a wrapper's ``__call__`` cost ~0.1 µs on each of a
+    big state dict's ~10^5 tensors); its ``__setstate__`` refuses ``BUILD``.
     Equal to (and hashing like) the function, so table lookups keyed by the
     function still find it.
 
@@ -197,27 +204,28 @@ class CallOnly:
     (2, True)
     """
 
-    __slots__ = ("_function",)
+    __slots__ = ()
 
-    def __init__(self, function: Callable[..., Any]) -> None:
-        self._function = function
+    def __new__(cls: type[_C], function: Callable[..., Any]) -> _C:
+        return super().__new__(cls, function)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._function(*args, **kwargs)
+    @property
+    def _function(self) -> Callable[..., Any]:
+        return self.func
 
     def __eq__(self, other: object) -> bool:
-        return self._function == (other._function if isinstance(other, CallOnly) else other)
+        return bool(self.func == (other.func if isinstance(other, CallOnly) else other))
 
     def __hash__(self) -> int:
-        return hash(self._function)
+        return hash(self.func)
 
     def __setstate__(self, state: object) -> None:
-        raise UnsafeGlobalError(f"the pickle BUILDs on the global {self._function!r}: "
+        raise UnsafeGlobalError(f"the pickle BUILDs on the global {self.func!r}: "
                                 "allowlisted globals are read-only",
-                                module="", name=getattr(self._function, "__name__", "?"))
+                                module="", name=getattr(self.func, "__name__", "?"))
 
     def __repr__(self) -> str:
-        return repr(self._function)
+        return repr(self.func)
 
 
 _WRAPPED: Final[dict[int, CallOnly]] = {}

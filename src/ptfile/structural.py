@@ -186,14 +186,16 @@ class Lenient(CallOnly):
     """
 
     __slots__ = ("_record",)
+    _record: StandInType
 
-    def __init__(self, function: CallOnly, record: StandInType) -> None:
-        super().__init__(function)
+    def __new__(cls, function: CallOnly, record: StandInType) -> Lenient:
+        self = super().__new__(cls, function.func)
         self._record = record
+        return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().__call__(*args, **kwargs)
+            return self.func(*args, **kwargs)
         except (PickleStreamError, UnsupportedFeatureError, TypeError):
             return self._record(*args, **kwargs)
 

@@ -206,7 +206,7 @@ class CallOnly(functools.partial):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    def __new__(cls: type[_C], function: Callable[..., Any]) -> _C:
+    def __new__(cls: type[_C], function: Callable[..., Any]) -> _C:  # noqa: PYI019 (3.10: no Self)
         return super().__new__(cls, function)
 
     @property

@@ -30,11 +30,11 @@ import numpy as np
 
 from . import config
 from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
-from ._skeleton import StorageStubs, find_class_fast, gc_paused
 from .archive import Record, ZipReader, computed_data_offset
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Format, detect
+from .formats.storages import FastStorages, find_class_fast, paused_gc
 from .formats.zipped import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
@@ -394,7 +394,7 @@ class CheckpointReader(Mapping[str, Tensor]):
         if self._closed:
             raise ValueError("I/O operation on a closed CheckpointReader")
         offsets = self._offset_map()
-        with gc_paused():  # 10^5 new tuples would trigger ~100 full collections
+        with paused_gc():  # 10^5 new tuples would trigger ~100 full collections
             return iter([self._info(name, t, offsets) for name, t in self._tensors.items()])
 
     def _offset_map(self) -> dict[str, int]:
@@ -489,8 +489,8 @@ def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
         return None
     if reader.get(data_name) is None:
         raise FormatError("the archive has no data.pkl record", member=data_name)
-    loader = StorageStubs(reader, source, info)
-    with gc_paused():
+    loader = FastStorages(reader, source, info, skip_data=True)
+    with paused_gc():
         obj, _ = unpickle(reader.read(data_name), find_class=find_class_fast(),
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),

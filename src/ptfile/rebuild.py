@@ -22,7 +22,6 @@ from . import dtypes
 from .dtypes import DType
 from .errors import PickleStreamError, StorageError, UnsupportedFeatureError
 from .tensor import (
-    MAX_NDIM,
     Device,
     Parameter,
     QuantizedTensor,

@@ -188,7 +188,7 @@ class Lenient(CallOnly):
     __slots__ = ("_record",)
     _record: StandInType
 
-    def __new__(cls, function: CallOnly, record: StandInType) -> Lenient:
+    def __new__(cls, function: CallOnly, record: StandInType) -> Lenient:  # noqa: PYI034
         self = super().__new__(cls, function.func)
         self._record = record
         return self

@@ -25,8 +25,6 @@ pickling, so the output is byte-identical to ``torch.save`` of the same object.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -37,22 +35,22 @@ import numpy as np
 
 from .. import dtypes
 from .._io import Source
-from ..archive import Record, ZipReader, ZipWriter, computed_data_offset
+from ..archive import ZipReader, ZipWriter
 from ..config import Settings
 from ..dtypes import DType
 from ..errors import (
     FormatError,
     SaveError,
-    StorageError,
     UnsupportedFeatureError,
 )
 from ..limits import Limits
-from ..location import MapLocation, has_packages, restore_location
+from ..location import MapLocation, has_packages
 from ..picklevm import unpickle
 from ..picklevm.pickler import Global, PersistentId, Pickler, Reduce, ViewReduce, global_
 from ..policy import find_strict_class
 from ..rebuild import Layout, QScheme, StorageType, TensorType
 from ..tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from .storages import FastStorages, StorageLoader, find_class_fast, paused_gc
 
 __all__ = ["ZipInfo", "read_zip", "write_zip"]
 
@@ -104,10 +102,10 @@ def read_info(reader: ZipReader, settings: Settings) -> ZipInfo:
     """Read and validate the metadata records of a torch ZIP checkpoint."""
     prefix = reader.prefix
     folder = prefix + "/"
-    for record in reader.records:
-        if not record.name.startswith(folder):
-            raise FormatError(f"record {record.name!r} is not under the archive folder "
-                              f"{prefix!r}/ (torch: file in archive is not in a subdirectory)")
+    outside = reader.first_name_outside(folder)
+    if outside is not None:
+        raise FormatError(f"record {outside!r} is not under the archive folder "
+                          f"{prefix!r}/ (torch: file in archive is not in a subdirectory)")
     version_name = f"{prefix}/.data/version" if reader.get(f"{prefix}/.data/version") \
         else f"{prefix}/version"
     version = _decimal(_text(reader, version_name), version_name, None)
@@ -139,61 +137,6 @@ def find_safe_class(module: str, name: str) -> Any:
     return find_strict_class(module, name)
 
 
-class StorageLoader:
-    """``persistent_load`` for ZIP checkpoints: one Storage per key, checked against its record."""
-
-    def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
-                 map_location: MapLocation, skip_data: bool = False,
-                 calculate_offsets: bool = False) -> None:
-        self._reader, self._source, self._info = reader, source, info
-        self._map_location = map_location
-        self._skip_data = skip_data
-        # torch's calculate_storage_offsets: only for archives that promise torch's layout.
-        self._calculate = calculate_offsets and (info.format_version or 0) >= 1
-        self.storages: dict[str, Storage] = {}
-        self._data_prefix = f"{info.prefix}/data/"
-
-    def __call__(self, pid: object) -> Storage:
-        if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
-            raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
-                              f"got {pid!r:.100}", member="data.pkl")
-        _, storage_type, key, location, numel = pid
-        if type(key) is not str or type(storage_type) is not StorageType \
-                or type(location) is not str or type(numel) is not int or numel < 0:
-            raise FormatError(f"malformed storage persistent id {pid!r:.100}", member="data.pkl")
-        storage = self.storages.get(key)
-        if storage is None:
-            storage = self.storages[key] = self._load(storage_type, key, location, numel)
-        return storage
-
-    def _load(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
-        dtype = storage_type.dtype or dtypes.UINT8
-        name = self._data_prefix + key
-        record = self._reader.get(name)
-        if record is None:
-            raise StorageError(f"storage {key!r} has no record {name!r}", member=name)
-        nbytes = numel * dtype.itemsize
-        if record.size != nbytes:
-            raise StorageError(f"record holds {record.size} bytes; the pickle says {numel} "
-                               f"elements of {dtype!r} = {nbytes} bytes", member=name)
-        data = None if self._skip_data else \
-            self._source.view(self.data_offset(record), nbytes, "storage record")
-        storage = Storage._from_record(data, dtype, location, key, storage_type.dtype is None,
-                                       self._info.byteorder, nbytes)
-        if self._map_location is None and not has_packages():
-            return storage  # the recorded tag stands; nothing to remap
-        return restore_location(storage, location, self._map_location)
-
-    def data_offset(self, record: Record) -> int:
-        """Where the record's bytes start: computed from the central directory alone when
-        ``calculate_storage_offsets`` is on (no local-header read; torch's layout assumed),
-        else read from the validated local header."""
-        if self._calculate:
-            return computed_data_offset(record.header_offset, record.name, record.size,
-                                        self._info.storage_alignment)
-        return self._reader.data_offset(record)
-
-
 def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,
              find_class: Callable[[str, str], Any] = find_safe_class, skip_data: bool = False,
              encoding: str = "ASCII") -> Any:
@@ -211,29 +154,19 @@ def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, setti
     data_name = f"{info.prefix}/data.pkl"
     if reader.get(data_name) is None:
         raise FormatError("the archive has no data.pkl record", member=data_name)
-    loader = StorageLoader(reader, source, info, map_location=map_location, skip_data=skip_data,
-                           calculate_offsets=settings.calculate_storage_offsets)
+    loader: Callable[[object], Storage]
+    if map_location is None and not has_packages() and find_class is find_safe_class:
+        loader = FastStorages(reader, source, info, skip_data=skip_data,
+                              calculate_offsets=settings.calculate_storage_offsets)
+        find_class = find_class_fast()
+    else:
+        loader = StorageLoader(reader, source, info, map_location=map_location,
+                               skip_data=skip_data,
+                               calculate_offsets=settings.calculate_storage_offsets)
     with paused_gc():
         obj, _ = unpickle(reader.read(data_name), find_class=find_class, persistent_load=loader,
                           limits=limits, encoding=encoding)
     return obj
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while unpickling.
-
-    Unpickling 100,000 tensors allocates ~10^6 container objects, which triggers
-    repeated full collections over an ever larger heap: ~30 % of the load time.
-    Nothing built during a load is garbage, so collecting then is wasted work.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 # --------------------------------------------------------------------------- writing

@@ -1,0 +1,274 @@
+"""Storages and tensors of a ZIP checkpoint's pickle: the reference path and the fast path.
+
+A ``data.pkl`` names each storage by a persistent id ``('storage', <storage
+class>, key, location, numel)`` and builds each tensor by calling
+``_rebuild_tensor_v2``/``_v3`` on it (``pt-format.md`` §4).  Two
+implementations give the same objects and the same errors:
+
+:class:`StorageLoader` (the reference)
+    One :class:`~ptfile.Storage` per key, looked up and checked against its
+    ``data/<key>`` record as its id comes, then handed to ``map_location``
+    and the :func:`ptfile.register_package` handlers.
+:class:`FastStorages` with :func:`find_class_fast` (no ``map_location``, no packages)
+    A state dict of 10^5 tiny tensors spends most of its load in these two
+    callbacks, so this path does the per-record work in bulk before the
+    pickle runs: the table of ``data/`` records (size, data offset) comes from
+    the central directory's columns and one vectorised local-header check.
+    A persistent id then costs a dict lookup and a view, and a tensor one
+    check of its geometry (cached per distinct size and stride: a state dict
+    repeats a handful) on C-level builtins.  Anything unusual (a damaged
+    local header, a size that does not match, an odd argument) is handed to
+    the reference path, which reports it; so both raise the same errors.
+
+The fast constructors are closures made per load: nothing a stream does to
+them (``BUILD`` on a global) outlives the load (see
+:mod:`ptfile.picklevm.unpickler`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import operator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+from .. import dtypes
+from .._io import Source
+from ..archive import Record, ZipReader, computed_data_offset
+from ..dtypes import UINT8, DType
+from ..errors import ArchiveError, FormatError, StorageError
+from ..location import MapLocation, has_packages, restore_location
+from ..policy import find_strict_class
+from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
+from ..tensor import MAX_NDIM, Storage, Tensor
+
+if TYPE_CHECKING:
+    from .zipped import ZipInfo
+
+__all__ = ["FastStorages", "StorageLoader", "find_class_fast", "paused_gc"]
+
+
+class StorageLoader:
+    """``persistent_load`` for ZIP checkpoints: one Storage per key, checked against its record."""
+
+    def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
+                 map_location: MapLocation, skip_data: bool = False,
+                 calculate_offsets: bool = False) -> None:
+        self._reader, self._source, self._info = reader, source, info
+        self._map_location = map_location
+        self._skip_data = skip_data
+        # torch's calculate_storage_offsets: only for archives that promise torch's layout.
+        self._calculate = calculate_offsets and (info.format_version or 0) >= 1
+        self.storages: dict[str, Storage] = {}
+        self._data_prefix = f"{info.prefix}/data/"
+
+    def __call__(self, pid: object) -> Storage:
+        if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
+            raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
+                              f"got {pid!r:.100}", member="data.pkl")
+        _, storage_type, key, location, numel = pid
+        if type(key) is not str or type(storage_type) is not StorageType \
+                or type(location) is not str or type(numel) is not int or numel < 0:
+            raise FormatError(f"malformed storage persistent id {pid!r:.100}", member="data.pkl")
+        storage = self.storages.get(key)
+        if storage is None:
+            storage = self.storages[key] = self._load(storage_type, key, location, numel)
+        return storage
+
+    def _load(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
+        dtype = storage_type.dtype or dtypes.UINT8
+        name = self._data_prefix + key
+        record = self._reader.get(name)
+        if record is None:
+            raise StorageError(f"storage {key!r} has no record {name!r}", member=name)
+        nbytes = numel * dtype.itemsize
+        if record.size != nbytes:
+            raise StorageError(f"record holds {record.size} bytes; the pickle says {numel} "
+                               f"elements of {dtype!r} = {nbytes} bytes", member=name)
+        data = None if self._skip_data else \
+            self._source.view(self.data_offset(record), nbytes, "storage record")
+        storage = Storage._from_record(data, dtype, location, key, storage_type.dtype is None,
+                                       self._info.byteorder, nbytes)
+        if self._map_location is None and not has_packages():
+            return storage  # the recorded tag stands; nothing to remap
+        return restore_location(storage, location, self._map_location)
+
+    def data_offset(self, record: Record) -> int:
+        """Where the record's bytes start: computed from the central directory alone when
+        ``calculate_storage_offsets`` is on (no local-header read; torch's layout assumed),
+        else read from the validated local header."""
+        if self._calculate:
+            return computed_data_offset(record.header_offset, record.name, record.size,
+                                        self._info.storage_alignment)
+        return self._reader.data_offset(record)
+
+
+#: A record the fast table has no usable offset for: the reference path decides.
+_UNKNOWN: Final = -1
+
+
+class FastStorages:
+    """``persistent_load`` for loads without ``map_location`` or packages: the records'
+    table is built in bulk first; anything unusual goes to :class:`StorageLoader`.
+
+    ``skip_data=True`` makes data-less storages (metadata loads).
+    """
+
+    def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
+                 skip_data: bool = False, calculate_offsets: bool = False) -> None:
+        self._slow = StorageLoader(reader, source, info, map_location=None, skip_data=skip_data,
+                                   calculate_offsets=calculate_offsets)
+        self._view = None if skip_data else source.view
+        self._byteorder = info.byteorder
+        self._table = _record_table(reader, f"{info.prefix}/data/", self._slow, skip_data)
+        self.storages: dict[str, Storage] = {}
+
+    def __call__(self, pid: object) -> Storage:
+        if type(pid) is not tuple or len(pid) != 5:
+            return self._slow(pid)
+        tag, storage_type, key, location, numel = pid
+        found = self.storages.get(key) if type(key) is str else None
+        if found is not None:
+            return found
+        entry = self._table.get(key) if type(key) is str else None
+        if (entry is None or tag != "storage" or type(storage_type) is not StorageType
+                or type(location) is not str or type(numel) is not int or numel < 0):
+            return self._remember(key, self._slow(pid))
+        size, offset = entry
+        dtype = storage_type.dtype or UINT8
+        if size != numel * dtype.itemsize or offset == _UNKNOWN:
+            return self._remember(key, self._slow(pid))
+        storage = object.__new__(Storage)  # Storage(...) without the keyword parsing
+        storage.data = None if self._view is None else self._view(offset, size, "storage record")
+        storage.dtype, storage.untyped = dtype, storage_type.dtype is None
+        storage.location, storage.key, storage.byteorder = location, key, self._byteorder
+        storage._nbytes = size
+        self.storages[key] = storage
+        return storage
+
+    def _remember(self, key: object, storage: Storage) -> Storage:
+        self.storages[key] = storage  # type: ignore[index]  # the reference checked key is a str
+        return storage
+
+
+def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader,
+                  skip_data: bool) -> dict[str, tuple[int, int]]:
+    """``key -> (size, data offset)`` of every ``data/<key>`` record, in one pass.
+
+    Offsets are :data:`_UNKNOWN` when the data is skipped, and for every record
+    when one local header fails the bulk check (the reference path then reads
+    each referenced header and reports the damaged one, if referenced).
+    """
+    names = reader.names
+    rows = [i for i, name in enumerate(names) if name.startswith(prefix)]
+    sizes = reader.entries.column("size")[rows].tolist()
+    keys = [names[i][len(prefix):] for i in rows]
+    offsets = [_UNKNOWN] * len(rows)
+    if not skip_data and rows:
+        wanted = [names[i] for i in rows]
+        try:
+            if slow._calculate:
+                found = [reader.get(name) for name in wanted]
+                offsets = [slow.data_offset(r) if r is not None else _UNKNOWN for r in found]
+            else:
+                offsets = reader.data_offsets(wanted).tolist()
+        except ArchiveError:
+            offsets = [_UNKNOWN] * len(rows)
+    return dict(zip(keys, zip(sizes, offsets, strict=True), strict=True))
+
+
+# --------------------------------------------------------------------------- tensors
+
+_INTS: Final = frozenset({int})
+
+
+def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
+    """Elements a (size, stride) pair of ints spans, or None when it is not valid."""
+    ndim = len(size)
+    if ndim != len(stride) or ndim > MAX_NDIM or (ndim and (min(size) < 0 or min(stride) < 0)):
+        return None
+    if ndim and not min(size):
+        return 0
+    return int(1 + sum(map(operator.mul, size, stride)) - sum(stride))
+
+
+class _Geometry(dict[tuple[Any, Any], "int | None"]):
+    """Cache of :func:`_geometry_extent`, keyed by tuples already checked to hold ints
+    (so equal keys are equal geometries: no ``1.0`` or ``True`` in them)."""
+
+    def __missing__(self, key: tuple[Any, Any]) -> int | None:
+        extent: int | None = _geometry_extent(*key)
+        self[key] = extent
+        return extent
+
+
+def _fast_tensor(geometry: _Geometry, storage: object, offset: object, size: object,
+                 stride: object, requires_grad: object, hooks: object, dtype: object,
+                 metadata: object) -> Tensor | None:
+    """A Tensor, validated with C-level builtins; None sends odd input the long way."""
+    if (type(storage) is not Storage or type(offset) is not int or type(size) is not tuple
+            or type(stride) is not tuple or type(hooks) is not OrderedDict
+            or (metadata is not None and type(metadata) is not dict)):
+        return None
+    both = size + stride
+    if both and not _INTS.issuperset(map(type, both)):
+        return None
+    extent = geometry[size, stride]
+    dtype = dtype if isinstance(dtype, DType) else storage.dtype
+    if extent is None or offset < 0 or (extent and
+                                        offset + extent > storage._nbytes // dtype.itemsize):
+        return None
+    t = object.__new__(Tensor)
+    t.storage, t.dtype = storage, dtype
+    t._offset, t._shape, t._stride = offset, size, stride
+    t.requires_grad, t.backward_hooks, t.metadata = bool(requires_grad), hooks, metadata
+    t.python_state, t.type_name = None, None
+    return t
+
+
+def find_class_fast() -> Callable[[str, str], Any]:
+    """The weights-only allowlist (:func:`ptfile.policy.find_strict_class`) with per-load
+    fast constructors for ``_rebuild_tensor_v2``/``_v3``."""
+    geometry = _Geometry()
+
+    def v2(storage: object, offset: object, size: object, stride: object, requires_grad: object,
+           hooks: object, metadata: object = None) -> Tensor:
+        t = _fast_tensor(geometry, storage, offset, size, stride, requires_grad, hooks, None,
+                         metadata)
+        return t if t is not None else rebuild_tensor_v2(
+            storage, offset, size, stride, requires_grad, hooks, metadata)
+
+    def v3(storage: object, offset: object, size: object, stride: object, requires_grad: object,
+           hooks: object, dtype: object, metadata: object = None) -> Tensor:
+        t = None if not isinstance(dtype, DType) else _fast_tensor(
+            geometry, storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
+        return t if t is not None else rebuild_tensor_v3(
+            storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
+
+    fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): v2,
+                                        ("torch._utils", "_rebuild_tensor_v3"): v3}
+
+    def find_class(module: str, name: str) -> Any:
+        found = fast.get((module, name))
+        return found if found is not None else find_strict_class(module, name)
+
+    return find_class
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while unpickling or saving.
+
+    Unpickling 100,000 tensors allocates ~10^6 container objects, which triggers
+    repeated full collections over an ever larger heap: ~30 % of the load time.
+    Nothing built during a load is garbage, so collecting then is wasted work.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

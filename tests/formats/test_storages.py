@@ -1,0 +1,104 @@
+"""The fast load path (FastStorages + find_class_fast) against the reference path.
+
+``ptfile.load`` takes the fast path when there is no ``map_location`` and no
+registered package; an identity ``map_location`` forces the reference path
+(:class:`~ptfile.formats.storages.StorageLoader` + the allowlist's rebuild
+functions).  On valid and damaged files both must give the same tensors or
+the same error.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ptfile
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+FILES = ["tiny_tensor.pt", "tiny_state_dict.pt", "tiny_views.pt", "tiny_dtypes.pt",
+         "tiny_buffer_nocrc.pt", "tiny_bigendian.pt"]
+SAMPLES = {name: (GOLDEN / name).read_bytes() for name in FILES}
+REFERENCE = {"cpu": "cpu"}  # any map_location takes the reference path
+
+
+def _summary(obj: Any) -> Any:
+    """Everything a load decides, in comparable form (data bytes included)."""
+    if isinstance(obj, ptfile.Tensor):
+        s = obj.storage
+        raw = None if s is None or s.data is None else bytes(s.data)
+        return ("T", type(obj).__name__, obj.dtype.name, obj._shape, obj._stride, obj._offset,
+                obj.requires_grad, s and (s.key, s.dtype.name, s.location, s.nbytes, s.untyped,
+                                          s.byteorder), raw)
+    if isinstance(obj, dict):
+        return (type(obj).__name__, [(k, _summary(v)) for k, v in obj.items()])
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, [_summary(v) for v in obj])
+    return repr(obj)
+
+
+def _outcome(data: bytes, **kwargs: Any) -> Any:
+    try:
+        return _summary(ptfile.load(io.BytesIO(data), **kwargs))
+    except ptfile.PtfileError as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _sharing(obj: dict[str, ptfile.Tensor]) -> list[list[str]]:
+    groups: dict[int, list[str]] = {}
+    for name, t in obj.items():
+        groups.setdefault(id(t.storage), []).append(name)
+    return sorted(groups.values())
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_fast_and_reference_paths_agree_on_golden_files(name: str) -> None:
+    fast, reference = _outcome(SAMPLES[name]), _outcome(SAMPLES[name], map_location=REFERENCE)
+    assert fast == reference
+    assert not isinstance(fast[0], str) or fast[0] not in ("FormatError", "StorageError")
+
+
+def test_fast_path_keeps_sharing_and_views() -> None:
+    base = np.arange(24, dtype=np.float32)
+    buf = io.BytesIO()
+    ptfile.save({"a": base, "b": base[4:10], "c": base.reshape(4, 6).T, "d": np.ones(3)}, buf)
+    fast = ptfile.load(io.BytesIO(buf.getvalue()))
+    reference = ptfile.load(io.BytesIO(buf.getvalue()), map_location=REFERENCE)
+    assert _summary(fast) == _summary(reference)
+    assert _sharing(fast) == _sharing(reference) == [["a", "b", "c"], ["d"]]
+    np.testing.assert_array_equal(fast["c"].numpy(), base.reshape(4, 6).T)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from([f for f in FILES if "nocrc" not in f]), data=st.data())
+def test_fast_and_reference_paths_agree_on_damaged_pickles(name: str, data: st.DataObject) -> None:
+    """Bit flips in data.pkl (geometry, keys, sizes, types) and in storage records."""
+    src = zipfile.ZipFile(io.BytesIO(SAMPLES[name]))
+    member = data.draw(st.sampled_from(src.namelist()))
+    blob = bytearray(src.read(member))
+    for _ in range(data.draw(st.integers(1, 3))):
+        if blob:
+            blob[data.draw(st.integers(0, len(blob) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    if data.draw(st.booleans()):
+        blob = blob[:data.draw(st.integers(0, len(blob)))]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, bytes(blob) if info.filename == member else src.read(info))
+    damaged = out.getvalue()
+    assert _outcome(damaged) == _outcome(damaged, map_location=REFERENCE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(FILES), data=st.data())
+def test_fast_and_reference_paths_agree_on_damaged_archives(name: str, data: st.DataObject) -> None:
+    blob = bytearray(SAMPLES[name])
+    for _ in range(data.draw(st.integers(1, 3))):
+        blob[data.draw(st.integers(0, len(blob) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    assert _outcome(bytes(blob)) == _outcome(bytes(blob), map_location=REFERENCE)

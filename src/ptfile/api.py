@@ -13,6 +13,7 @@ import numpy as np
 
 from . import config
 from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
+from .archive.sink import DirectSink
 from .errors import FormatError, SaveError, UnknownFormatError, UnsupportedFeatureError
 from .formats import Format, detect, detect_source
 from .formats.legacy_pickle import read_legacy, write_legacy
@@ -209,7 +210,9 @@ def save(
     included), lists, tuples, str, bytes, int, float, bool, None, ptfile
     tensors and numpy arrays (views of one base buffer share one storage).
     Storages are streamed from memory; a path target is written atomically
-    (temporary file, fsync, rename).
+    (temporary file, fsync, rename) and around the page cache where the
+    platform allows (:mod:`ptfile.archive.sink`), with the CRCs of large
+    storages computed in a helper thread meanwhile.
 
     Parameters
     ----------
@@ -278,9 +281,25 @@ def save(
             write_legacy(obj, write, pickle_protocol=pickle_protocol)
     if is_path(f):
         with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
-            emit(_sparse_write(fp) if skip_data else fp.write)
+            (_emit_sparse if skip_data else _emit_direct)(emit, fp)
         return
     emit(f.write)  # type: ignore[union-attr]
+
+
+def _emit_direct(emit: Callable[[Callable[[Any], Any]], None], fp: IO[bytes]) -> None:
+    """Run ``emit`` into ``fp``'s file through a :class:`~ptfile.archive.sink.DirectSink`."""
+    fp.flush()
+    sink = DirectSink(fp.fileno())
+    try:
+        emit(sink.write)
+        sink.close()
+    finally:
+        sink.release()
+
+
+def _emit_sparse(emit: Callable[[Callable[[Any], Any]], None], fp: IO[bytes]) -> None:
+    """Run ``emit`` into ``fp``, leaving holes for the zeros of skip_data records."""
+    emit(_sparse_write(fp))
 
 
 #: Zero runs at least this long become holes in skip_data files.

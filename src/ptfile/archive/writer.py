@@ -18,9 +18,11 @@ through as they come, never copied.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Final
 
@@ -50,7 +52,9 @@ from .serialization_id import SERIALIZATION_ID_NAME, fold_write, hash_combine, s
 if TYPE_CHECKING:
     from typing_extensions import Buffer, Self
 
-__all__ = ["BATCH_FLUSH_BYTES", "BATCH_PAYLOAD_BYTES", "MAX_ALIGNMENT", "ZipWriter"]
+__all__ = [
+    "BATCH_FLUSH_BYTES", "BATCH_PAYLOAD_BYTES", "MAX_ALIGNMENT", "PARALLEL_CRC_BYTES", "ZipWriter",
+]
 
 
 #: The padding extra is at most ``alignment - 1`` bytes of fill plus its 4-byte
@@ -68,6 +72,8 @@ _FLAGS: Final = FLAG_DATA_DESCRIPTOR | FLAG_UTF8
 BATCH_PAYLOAD_BYTES: Final = 64 << 10
 #: ... and hands a batch to ``write`` once it holds about this many bytes.
 BATCH_FLUSH_BYTES: Final = 1 << 20
+#: Payloads from this size on are CRC'd in a helper thread while they are written.
+PARALLEL_CRC_BYTES: Final = 1 << 20
 #: LOCAL_FILE_HEADER_STRUCT with its always-zero fields as pad bytes:
 #: signature, flags, name length, extra length.
 _LOCAL_HEAD: Final = struct.Struct("<4s2xH18x2H")
@@ -82,6 +88,27 @@ _GOLDEN: Final = 0x9E3779B9
 _MASK64: Final = (1 << 64) - 1
 _CLOSED: Final = "closed"
 _HALF_WRITTEN: Final = "broken: a record was left half-written (a write or a chunk failed)"
+
+
+def _crc_beside(view: memoryview, write: Callable[[memoryview], object]) -> int:
+    """``write(view)`` while a helper thread computes ``zlib.crc32(view)``; return the CRC.
+
+    zlib releases the GIL on large buffers, so the two overlap when ``write``
+    does too (file writes, copies in numpy).  The CRC is waited for even when
+    ``write`` raises.
+    """
+    future = _crc_pool().submit(zlib.crc32, view)
+    try:
+        write(view)
+    finally:
+        crc: int = future.result()
+    return crc
+
+
+@functools.cache
+def _crc_pool() -> ThreadPoolExecutor:
+    """The process's CRC helper threads, started on first use."""
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="ptfile-crc")
 
 
 def _as_bytes_view(data: Buffer) -> memoryview:
@@ -246,11 +273,14 @@ class ZipWriter:
         view = _as_bytes_view(data)
         size = view.nbytes
         full, offset = self._begin(name, size)
-        crc = zlib.crc32(view) if self._crc32 else 0
-        if size:
-            self._emit(view)
-            if size >= 8 and bytes(view[:4]) == DATA_DESCRIPTOR_SIGNATURE:  # quirk, see module doc
-                self._crc_fold = fold_write(self._crc_fold, view[:8])
+        if size >= PARALLEL_CRC_BYTES and self._crc32:
+            crc = _crc_beside(view, self._emit)
+        else:
+            crc = zlib.crc32(view) if self._crc32 else 0
+            if size:
+                self._emit(view)
+        if size >= 8 and bytes(view[:4]) == DATA_DESCRIPTOR_SIGNATURE:  # quirk, see module doc
+            self._crc_fold = fold_write(self._crc_fold, view[:8])
         self._finish(full, offset, size, crc)
 
     def write_records(self, records: Iterable[tuple[str, Buffer]]) -> None:
@@ -312,12 +342,12 @@ class ZipWriter:
                 add_central(_CENTRAL_HEAD.pack(CENTRAL_DIRECTORY_SIGNATURE, FLAG_UTF8, 0, 0, 0, len(full), 0, offset) + full)  # fmt: skip
                 self._position = position
                 continue
-            crc = zlib.crc32(view) if crc_on else 0
             add((_LOCAL_HEAD.pack(LOCAL_FILE_HEADER_SIGNATURE, _FLAGS, len(full), _EXTRA_HEADER_SIZE + pad), full, padding))  # fmt: skip
             if size < BATCH_PAYLOAD_BYTES:
+                crc = zlib.crc32(view) if crc_on else 0
                 add((view, DESCRIPTOR_STRUCT.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size)))
             else:
-                self._write_payload(view, pending)
+                crc = self._write_payload(view, pending)
                 pending.append(DESCRIPTOR_STRUCT.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size))
             fold = self._crc_fold
             if size >= 8 and view[0] == _DESCRIPTOR_FIRST_BYTE:  # quirk, see module doc
@@ -330,11 +360,21 @@ class ZipWriter:
                 self._flush(pending)
                 flushed_at = position
 
-    def _write_payload(self, view: memoryview, pending: list[bytes | memoryview]) -> None:
-        """Write ``pending``, then a large payload as it is; the record stays open."""
+    def _write_payload(self, view: memoryview, pending: list[bytes | memoryview]) -> int:
+        """Write ``pending``, then a large payload as it is; return its CRC (0 without).
+
+        The record stays open.  From :data:`PARALLEL_CRC_BYTES` on, the CRC is
+        computed in a helper thread while ``write`` runs.
+        """
         self._flush(pending)
         self._unusable = _HALF_WRITTEN  # until the data descriptor is written
-        self._write(view)
+        if not self._crc32:
+            self._write(view)
+            return 0
+        if view.nbytes < PARALLEL_CRC_BYTES:
+            self._write(view)
+            return zlib.crc32(view)
+        return _crc_beside(view, self._write)
 
     def _flush(self, pending: list[bytes | memoryview]) -> None:
         """Pass what :meth:`_gather` collected to ``write``, as one piece."""

@@ -114,6 +114,15 @@ class _ViewSource:
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         return bytearray(self.view(offset, n, what))
 
+    def whole(self) -> memoryview:
+        """The whole input as one flat byte view (callers check their ranges in bulk)."""
+        return self._view
+
+
+def whole_view(source: Source) -> memoryview | None:
+    """The whole input as one flat byte view, or None for sources that read on demand."""
+    return source.whole() if isinstance(source, _ViewSource) else None
+
 
 class BytesSource(_ViewSource):
     """In-memory bytes (``bytes``, ``bytearray``, ``memoryview``, ``mmap``)."""

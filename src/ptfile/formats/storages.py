@@ -34,8 +34,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
+
 from .. import dtypes
-from .._io import Source
+from .._io import Source, whole_view
 from ..archive import Record, ZipReader, computed_data_offset
 from ..dtypes import UINT8, DType
 from ..errors import ArchiveError, FormatError, StorageError
@@ -120,19 +122,22 @@ class FastStorages:
                  skip_data: bool = False, calculate_offsets: bool = False) -> None:
         self._slow = StorageLoader(reader, source, info, map_location=None, skip_data=skip_data,
                                    calculate_offsets=calculate_offsets)
+        self._whole = None if skip_data else whole_view(source)
         self._view = None if skip_data else source.view
         self._byteorder = info.byteorder
-        self._table = _record_table(reader, f"{info.prefix}/data/", self._slow, skip_data)
+        prefix = f"{info.prefix}/data/"
+        # key -> (size, offset) until its first persistent id, then key -> its Storage.
+        self._table: dict[str, Any] = _record_table(reader, prefix, self._slow, skip_data,
+                                                    source.size)
         self.storages: dict[str, Storage] = {}
 
     def __call__(self, pid: object) -> Storage:
         if type(pid) is not tuple or len(pid) != 5:
             return self._slow(pid)
         tag, storage_type, key, location, numel = pid
-        found = self.storages.get(key) if type(key) is str else None
-        if found is not None:
-            return found
         entry = self._table.get(key) if type(key) is str else None
+        if type(entry) is Storage:
+            return entry
         if (entry is None or tag != "storage" or type(storage_type) is not StorageType
                 or type(location) is not str or type(numel) is not int or numel < 0):
             return self._remember(key, self._slow(pid))
@@ -141,42 +146,49 @@ class FastStorages:
         if size != numel * dtype.itemsize or offset == _UNKNOWN:
             return self._remember(key, self._slow(pid))
         storage = object.__new__(Storage)  # Storage(...) without the keyword parsing
-        storage.data = None if self._view is None else self._view(offset, size, "storage record")
+        whole = self._whole
+        storage.data = whole[offset:offset + size] if whole is not None else \
+            None if self._view is None else self._view(offset, size, "storage record")
         storage.dtype, storage.untyped = dtype, storage_type.dtype is None
         storage.location, storage.key, storage.byteorder = location, key, self._byteorder
         storage._nbytes = size
-        self.storages[key] = storage
+        self._table[key] = self.storages[key] = storage
         return storage
 
     def _remember(self, key: object, storage: Storage) -> Storage:
-        self.storages[key] = storage  # type: ignore[index]  # the reference checked key is a str
+        # The reference path returned, so key is a str.
+        self._table[key] = self.storages[key] = storage  # type: ignore[index]
         return storage
 
 
-def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader,
-                  skip_data: bool) -> dict[str, tuple[int, int]]:
+def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader, skip_data: bool,
+                  source_size: int) -> dict[str, Any]:
     """``key -> (size, data offset)`` of every ``data/<key>`` record, in one pass.
 
-    Offsets are :data:`_UNKNOWN` when the data is skipped, and for every record
-    when one local header fails the bulk check (the reference path then reads
-    each referenced header and reports the damaged one, if referenced).
+    Offsets are :data:`_UNKNOWN` when the data is skipped, for records whose
+    bytes do not lie inside the source, and for every record when one local
+    header fails the bulk check (the reference path then reads each
+    referenced header and reports the damaged one, if referenced).
     """
     names = reader.names
     rows = [i for i, name in enumerate(names) if name.startswith(prefix)]
-    sizes = reader.entries.column("size")[rows].tolist()
-    keys = [names[i][len(prefix):] for i in rows]
-    offsets = [_UNKNOWN] * len(rows)
+    sizes = reader.entries.column("size")[rows]
+    offsets = np.full(len(rows), _UNKNOWN, np.int64)
     if not skip_data and rows:
         wanted = [names[i] for i in rows]
         try:
             if slow._calculate:
                 found = [reader.get(name) for name in wanted]
-                offsets = [slow.data_offset(r) if r is not None else _UNKNOWN for r in found]
+                offsets = np.array([slow.data_offset(r) if r is not None else _UNKNOWN
+                                    for r in found], np.int64)
             else:
-                offsets = reader.data_offsets(wanted).tolist()
+                offsets = reader.data_offsets(wanted)
         except ArchiveError:
-            offsets = [_UNKNOWN] * len(rows)
-    return dict(zip(keys, zip(sizes, offsets, strict=True), strict=True))
+            pass
+        offsets = np.where((offsets >= 0) & (offsets + sizes <= source_size), offsets, _UNKNOWN)
+    cut = len(prefix)
+    keys = [names[i][cut:] for i in rows]
+    return dict(zip(keys, zip(sizes.tolist(), offsets.tolist(), strict=True), strict=True))
 
 
 # --------------------------------------------------------------------------- tensors

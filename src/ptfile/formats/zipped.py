@@ -128,13 +128,10 @@ def read_info(reader: ZipReader, settings: Settings) -> ZipInfo:
     )
 
 
-def find_safe_class(module: str, name: str) -> Any:
-    """``find_class`` of the default (weights-only) policy: :func:`ptfile.policy.find_strict_class`.
-
-    The allowlist (guarded against ``BUILD``), then :func:`ptfile.add_safe_globals`
-    entries; anything else raises UnsafeGlobalError saying how to allow it.
-    """
-    return find_strict_class(module, name)
+#: ``find_class`` of the default (weights-only) policy: the allowlist (guarded
+#: against ``BUILD``), then :func:`ptfile.add_safe_globals` entries; anything else
+#: raises UnsafeGlobalError saying how to allow it.
+find_safe_class: Final = find_strict_class
 
 
 def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,

@@ -454,3 +454,30 @@ def test_entries_data_offsets_raise_the_per_record_error() -> None:
         assert good.tolist() == [reader.data_offset(f"archive/data/{i}") for i in (49, 51)]
         with pytest.raises(ArchiveError, match="local file header signature"):
             broken.data_offsets(["archive/data/49", "archive/data/50"])
+
+
+@given(
+    names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=12, unique=True),
+    prefix=st.text(max_size=6),
+    pick=st.integers(0, 11),
+)
+def test_entries_prefix_matches_str_startswith(names: list[str], prefix: str, pick: int) -> None:
+    raw = [f"archive/{n}".encode() for n in names]
+    reader = ZipReader(BytesSource(build_zip([(n, b"x") for n in raw])))
+    for candidate in (prefix, f"archive/{prefix}", reader.names[pick % len(names)][:pick]):
+        expected = [i for i, n in enumerate(reader.names) if n.startswith(candidate)]
+        assert reader.indices_with_prefix(candidate).tolist() == expected
+        outside = [n for n in reader.names if not n.startswith(candidate)]
+        assert reader.first_name_outside(candidate) == (outside[0] if outside else None)
+
+
+def test_entries_data_offsets_at() -> None:
+    reader = ZipReader(BytesSource(many_records(100)))
+    rows = reader.indices_with_prefix("archive/data/")
+    assert len(rows) == 100 and rows[0] == 1
+    offsets = reader.data_offsets_at(rows)
+    assert offsets.tolist() == [reader.data_offset(reader.names[i]) for i in rows.tolist()]
+    assert reader.data_offsets_at(np.array([], np.int64)).tolist() == []
+    for bad in ([-1], [104]):
+        with pytest.raises(IndexError):
+            reader.data_offsets_at(np.array(bad))

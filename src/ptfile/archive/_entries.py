@@ -89,6 +89,8 @@ class Entries:
     ``values`` is an ``(n, 6)`` int64 array of the :data:`COLUMNS`; ``name_at``
     the file offset of each central name, ``name_length`` its byte length.
     The arrays are read-only; ``index`` maps each name to its row.
+    ``directory`` holds the directory's bytes, which start at file offset
+    ``directory_offset``.
     """
 
     names: tuple[str, ...]
@@ -96,11 +98,27 @@ class Entries:
     values: np.ndarray
     name_at: np.ndarray
     name_length: np.ndarray
+    directory: bytes
+    directory_offset: int
 
     def column(self, name: str) -> np.ndarray:
         """One of the :data:`COLUMNS`, as a read-only int64 array."""
         column: np.ndarray = self.values[:, COLUMNS.index(name)]
         return column
+
+    def starting_with(self, prefix: str) -> np.ndarray:
+        """Per row: does the name start with ``prefix``?  (Compared as UTF-8 bytes.)"""
+        raw = prefix.encode("utf-8")
+        width = len(raw)
+        match: np.ndarray = self.name_length >= width
+        if width == 0 or not match.any():
+            return match
+        at = np.where(match, self.name_at - self.directory_offset, 0)
+        every = np.ndarray((len(self.directory) - width + 1,), f"V{width}", self.directory, 0,
+                           (1,))  # fmt: skip
+        heads = every[at].view(np.uint8).reshape(len(at), width)
+        match &= (heads == np.frombuffer(raw, np.uint8)).all(axis=1)
+        return match
 
     def ends(self) -> np.ndarray:
         """Where each member's local header, name and data end at the least."""
@@ -113,11 +131,13 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _entries(names: list[str], values: np.ndarray, name_at: np.ndarray,
-             name_length: np.ndarray, index: dict[str, int]) -> Entries:
+def _entries(names: list[str], values: np.ndarray, name_start: np.ndarray,
+             name_length: np.ndarray, index: dict[str, int], data: bytes,
+             cd_offset: int) -> Entries:
     values = np.ascontiguousarray(values, np.int64).reshape(len(names), len(COLUMNS))
-    return Entries(tuple(names), index, _frozen(values), _frozen(name_at.astype(np.int64)),
-                   _frozen(name_length.astype(np.int64)))
+    name_at = name_start.astype(np.int64) + cd_offset
+    return Entries(tuple(names), index, _frozen(values), _frozen(name_at),
+                   _frozen(name_length.astype(np.int64)), data, cd_offset)
 
 
 def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int) -> Entries:
@@ -185,8 +205,8 @@ def _sequential(data: bytes, entries: int, cd_offset: int, max_name: int,
         rows.append((offset, usize, csize, method, crc, flags))
         starts.append(start)
         lengths.append(nlen)
-    name_at = np.array(starts, np.int64) + cd_offset
-    return _entries(names, np.array(rows, np.int64), name_at, np.array(lengths, np.int64), index)
+    return _entries(names, np.array(rows, np.int64), np.array(starts, np.int64),
+                    np.array(lengths, np.int64), index, data, cd_offset)
 
 
 def _zip64_fields(
@@ -295,7 +315,7 @@ def parse_vectorised(data: bytes, entries: int, cd_offset: int, max_name: int) -
     index = dict(zip(names, range(entries), strict=True))
     if len(index) != entries:
         return None
-    return _entries(names, values, name_start + cd_offset, nlen, index)
+    return _entries(names, values, name_start, nlen, index, data, cd_offset)
 
 
 def _chain(data: bytes, entries: int) -> np.ndarray | None:

@@ -367,9 +367,16 @@ class ZipReader:
         """
         return np.fromiter(map(self._index.__getitem__, names), np.int64)
 
+    def indices_with_prefix(self, prefix: str) -> np.ndarray:
+        """The central directory indices of the names that start with ``prefix`` (int64, in
+        directory order)."""
+        found: np.ndarray = np.flatnonzero(self._entries.starting_with(prefix))
+        return found
+
     def first_name_outside(self, folder: str) -> str | None:
         """The first name (directory order) that does not start with ``folder``, or None."""
-        return next((name for name in self._entries.names if not name.startswith(folder)), None)
+        outside = np.flatnonzero(~self._entries.starting_with(folder))
+        return self._entries.names[int(outside[0])] if outside.size else None
 
     @property
     def prefix(self) -> str:
@@ -418,7 +425,21 @@ class ZipReader:
         ArchiveError, KeyError
             As :meth:`data_offset`, for the first name in ``names`` that calls for it.
         """
-        indices = self.indices(names)
+        return self.data_offsets_at(self.indices(names))
+
+    def data_offsets_at(self, indices: np.ndarray) -> np.ndarray:
+        """:meth:`data_offsets` of the members at central directory ``indices`` (int array).
+
+        Raises
+        ------
+        ArchiveError
+            As :meth:`data_offset`, for the first index that calls for it.
+        IndexError
+            An index outside ``0 .. len(self) - 1``.
+        """
+        indices = np.asarray(indices, np.int64)
+        if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= len(self._made)):
+            raise IndexError(f"record indices outside 0..{len(self._made) - 1}")
         if not self._bulk_checked:
             self._check_all_local_headers()
         found: np.ndarray = self._offsets[indices]

@@ -104,7 +104,6 @@ memo of 10^5-10^6 entries are the costliest thing per tensor; and
 from __future__ import annotations
 
 import io
-import struct
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator
 from itertools import islice
@@ -112,6 +111,45 @@ from typing import Any, Final
 
 from ptfile.errors import PtfileError, SaveError
 
+from ._codes import (
+    APPEND,
+    APPENDS,
+    BINBYTES,
+    BINFLOAT,
+    BINGET_CODES,
+    BININT1_CODES,
+    BINPERSID,
+    BINPUT_CODES,
+    BINUNICODE,
+    BUILD,
+    EMPTY_DICT,
+    EMPTY_LIST,
+    EMPTY_TUPLE,
+    GLOBAL,
+    LONG_BINGET,
+    LONG_BINPUT,
+    MARK,
+    NEWFALSE,
+    NEWOBJ,
+    NEWTRUE,
+    NONE,
+    OP_F64_BE,
+    OP_OP_U32,
+    OP_U8,
+    OP_U32,
+    POP,
+    POP_MARK,
+    PROTO,
+    REDUCE,
+    SETITEM,
+    SETITEMS,
+    SHORT_BINBYTES,
+    SMALL_TUPLE_CODES,
+    STOP,
+    TUPLE,
+    U32_MAX,
+    encode_int,
+)
 from .nodes import (
     Global,
     PersistentId,
@@ -121,6 +159,7 @@ from .nodes import (
     ViewReduce,
     global_,
 )
+from .views import VIEW_PART_TYPES, ViewWriter
 
 __all__ = [
     "BATCH_SIZE",
@@ -141,64 +180,6 @@ __all__ = [
 BATCH_SIZE: Final = 1000
 #: Protocols this writer reproduces.  torch.save's default is 2.
 SUPPORTED_PROTOCOLS: Final = frozenset({2, 3})
-
-# Opcodes, named as in pickletools (checked against pickletools.opcodes in tests).
-PROTO: Final = b"\x80"
-STOP: Final = b"."
-NONE: Final = b"N"
-NEWTRUE: Final = b"\x88"
-NEWFALSE: Final = b"\x89"
-BININT1: Final = b"K"
-BININT2: Final = b"M"
-BININT: Final = b"J"
-LONG1: Final = b"\x8a"
-LONG4: Final = b"\x8b"
-BINFLOAT: Final = b"G"
-BINUNICODE: Final = b"X"
-SHORT_BINBYTES: Final = b"C"
-BINBYTES: Final = b"B"
-EMPTY_TUPLE: Final = b")"
-TUPLE1: Final = b"\x85"
-TUPLE2: Final = b"\x86"
-TUPLE3: Final = b"\x87"
-TUPLE: Final = b"t"
-MARK: Final = b"("
-POP: Final = b"0"
-POP_MARK: Final = b"1"
-EMPTY_LIST: Final = b"]"
-APPEND: Final = b"a"
-APPENDS: Final = b"e"
-EMPTY_DICT: Final = b"}"
-SETITEM: Final = b"s"
-SETITEMS: Final = b"u"
-GLOBAL: Final = b"c"
-REDUCE: Final = b"R"
-NEWOBJ: Final = b"\x81"
-BUILD: Final = b"b"
-BINPERSID: Final = b"Q"
-BINPUT: Final = b"q"
-LONG_BINPUT: Final = b"r"
-BINGET: Final = b"h"
-LONG_BINGET: Final = b"j"
-
-_U32_MAX: Final = 0xFFFFFFFF
-#: Opcode + little-endian u32 (LONG_BINPUT, LONG_BINGET, BINUNICODE, BINBYTES).
-_OP_U32: Final = struct.Struct("<cI")
-#: Two opcodes + little-endian u32 (TUPLE1 LONG_BINPUT, REDUCE LONG_BINPUT, ...).
-_OP_OP_U32: Final = struct.Struct("<ccI")
-#: TUPLE LONG_BINPUT REDUCE LONG_BINPUT: the end of a ViewReduce.
-_TUPLE_REDUCE_PUTS: Final = struct.Struct("<ccIccI")
-#: EMPTY_TUPLE REDUCE LONG_BINPUT: a fresh OrderedDict() after its GLOBAL.
-_EMPTY_REDUCE_PUTS: Final = struct.Struct("<cccI")
-_OP_U16: Final = struct.Struct("<cH")
-_OP_I32: Final = struct.Struct("<ci")
-_OP_U8: Final = struct.Struct("<cB")
-_OP_F64_BE: Final = struct.Struct(">cd")
-_BININT1_CODES: Final = tuple(_OP_U8.pack(BININT1, i) for i in range(256))
-_BINPUT_CODES: Final = tuple(_OP_U8.pack(BINPUT, i) for i in range(256))
-_BINGET_CODES: Final = tuple(_OP_U8.pack(BINGET, i) for i in range(256))
-#: Closing opcode of a tuple of 1-3 items; index 0 is unused (EMPTY_TUPLE).
-_SMALL_TUPLE_CODES: Final = (EMPTY_TUPLE, TUPLE1, TUPLE2, TUPLE3)
 #: What undoes the items of a recursive tuple of 1-3 items (C writes one POP each).
 _SMALL_TUPLE_DISCARD: Final = (b"", POP, POP * 2, POP * 3)
 #: How ``builtins`` is spelled in GLOBAL lines (fix_imports below protocol 3).
@@ -208,36 +189,6 @@ _GLOBAL_ENCODING: Final = {2: "ascii", 3: "utf-8"}
 #: The C pickler's interned ``'latin1'`` (``_Py_ID(latin1)``); a literal here is
 #: the same interned object, so a user's literal ``'latin1'`` shares its memo slot.
 _LATIN1: Final = "latin1"
-
-
-def encode_int(value: int) -> bytes:
-    """Return the opcode bytes of an ``int`` (C ``save_long``, protocol >= 2).
-
-    Raises
-    ------
-    SaveError
-        If the two's complement takes 2**31 bytes or more.
-
-    Examples
-    --------
-    >>> encode_int(255), encode_int(-1), encode_int(2**31)
-    (b'K\\xff', b'J\\xff\\xff\\xff\\xff', b'\\x8a\\x05\\x00\\x00\\x00\\x80\\x00')
-    """
-    if 0 <= value < 0x100:
-        return _BININT1_CODES[value]
-    if 0 <= value < 0x10000:
-        return _OP_U16.pack(BININT2, value)
-    if -0x80000000 <= value < 0x80000000:
-        return _OP_I32.pack(BININT, value)
-    size = (value.bit_length() >> 3) + 1
-    if size > 0x7FFFFFFF:  # the C pickler's "int too large to pickle"
-        raise SaveError(f"int of {value.bit_length()} bits is too large to pickle")
-    data = value.to_bytes(size, "little", signed=True)
-    if value < 0 and data[-1] == 0xFF and data[-2] & 0x80:
-        data = data[:-1]  # the top byte is only sign: -(2**(8*j-1)) fits in j bytes
-    if len(data) < 0x100:
-        return _OP_U8.pack(LONG1, len(data)) + data
-    return _OP_U32.pack(LONG4, len(data)) + data
 
 
 # -- builtin reductions (what the C pickler / copyreg / __reduce__ return) --------
@@ -287,20 +238,6 @@ _BUILTIN_REDUCTIONS: Final[dict[type, Callable[[Any, str], Reduce]]] = {
 }
 
 
-#: Exact types :meth:`_Emitter.save_view` writes itself.  A persistent_id hook
-#: asked about any of them must see every part, so it turns that path off.
-_VIEW_PART_TYPES: Final = frozenset(
-    {str, int, bool, tuple, Global, OrderedDict, PersistentId, Reduce, ViewReduce}
-)
-_ORDERED_DICT: Final = global_("collections", "OrderedDict")
-#: What follows the func of an argument-less reduce: ``() REDUCE``.
-_EMPTY_REDUCE: Final = EMPTY_TUPLE + REDUCE
-#: Opcodes of all-int tuples (items and closing opcode), by value: shapes and
-#: strides repeat across the views of one checkpoint.
-_INT_TUPLE_CODES: dict[tuple[int, ...], bytes] = {}
-_INT_TUPLE_CACHE_SIZE: Final = 4096
-
-
 #: Exact type -> _Emitter method (C ``save``'s type tests, as a table).
 _HANDLERS: Final[dict[type, str]] = {
     type(None): "save_none",
@@ -324,7 +261,7 @@ _PROTOCOL_HANDLERS: Final[dict[int, dict[type, str]]] = {
 }
 
 
-class _Emitter:
+class _Emitter(ViewWriter):
     """The state of one :meth:`Pickler.dump`: output and memo.
 
     Handlers call each other directly through ``lookup`` (one Python frame per
@@ -342,11 +279,8 @@ class _Emitter:
         "memo",
         "out",
         "reducer",
-        "refs",
         "results",
         "table",
-        "unkeyed",
-        "views",
         "write",
     )
 
@@ -376,7 +310,7 @@ class _Emitter:
         # The one-step ViewReduce writer calls no hook: it runs only when the hook
         # would not be asked about any of the parts it writes.
         self.views = hook is None or (
-            persistent_types is not None and _VIEW_PART_TYPES.isdisjoint(persistent_types)
+            persistent_types is not None and VIEW_PART_TYPES.isdisjoint(persistent_types)
         )
         self.results: dict[type, Callable[[Any, object], None]] = {
             Reduce: self.save_reduce,
@@ -432,11 +366,11 @@ class _Emitter:
         index = self.memo[id(obj)] = len(self.memo) + self.unkeyed
         self.keep.append(obj)
         # A LONG_BINPUT index above 2**32 would need 2**32 live objects.
-        self.write(_BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index))
+        self.write(BINPUT_CODES[index] if index < 0x100 else OP_U32.pack(LONG_BINPUT, index))
 
     def fetch(self, index: int) -> None:
         """Write BINGET/LONG_BINGET of a memo index."""
-        self.write(_BINGET_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINGET, index))
+        self.write(BINGET_CODES[index] if index < 0x100 else OP_U32.pack(LONG_BINGET, index))
 
     def fetch_memoized(self, obj: object) -> bool:
         """Write a GET and return True when ``obj`` is memoised."""
@@ -455,10 +389,10 @@ class _Emitter:
         self.write(NEWTRUE if obj else NEWFALSE)
 
     def save_int(self, obj: int) -> None:
-        self.write(_BININT1_CODES[obj] if 0 <= obj < 0x100 else encode_int(obj))
+        self.write(BININT1_CODES[obj] if 0 <= obj < 0x100 else encode_int(obj))
 
     def save_float(self, obj: float) -> None:
-        self.write(_OP_F64_BE.pack(BINFLOAT, obj))
+        self.write(OP_F64_BE.pack(BINFLOAT, obj))
 
     # -- memoised builtins -------------------------------------------------------
 
@@ -467,30 +401,30 @@ class _Emitter:
         index = len(memo) + self.unkeyed
         found = memo.setdefault(id(obj), index)
         if found != index:
-            self.write(_BINGET_CODES[found] if found < 0x100 else _OP_U32.pack(LONG_BINGET, found))
+            self.write(BINGET_CODES[found] if found < 0x100 else OP_U32.pack(LONG_BINGET, found))
             return
         try:
             data = obj.encode()
         except UnicodeEncodeError:  # lone surrogates: the C pickler's fallback
             data = obj.encode("utf-8", "surrogatepass")
         size = len(data)
-        if size > _U32_MAX:
+        if size > U32_MAX:
             raise SaveError(f"str of {size} UTF-8 bytes needs pickle protocol 4 or higher")
         self.keep.append(obj)
         write = self.write
-        write(_OP_U32.pack(BINUNICODE, size))
+        write(OP_U32.pack(BINUNICODE, size))
         write(data)
-        write(_BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index))
+        write(BINPUT_CODES[index] if index < 0x100 else OP_U32.pack(LONG_BINPUT, index))
 
     def save_bytes(self, obj: bytes) -> None:
         """Protocol 3 bytes (C ``_save_bytes_data``)."""
         if self.fetch_memoized(obj):
             return
         size = len(obj)
-        if size > _U32_MAX:
+        if size > U32_MAX:
             raise SaveError(f"bytes of {size} bytes needs pickle protocol 4 or higher")
         self.write(
-            _OP_U8.pack(SHORT_BINBYTES, size) if size < 0x100 else _OP_U32.pack(BINBYTES, size)
+            OP_U8.pack(SHORT_BINBYTES, size) if size < 0x100 else OP_U32.pack(BINBYTES, size)
         )
         self.write(obj)
         self.memoize(obj)
@@ -504,7 +438,7 @@ class _Emitter:
         key = id(obj)
         index = memo.get(key)
         if index is not None:
-            self.write(_BINGET_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINGET, index))
+            self.write(BINGET_CODES[index] if index < 0x100 else OP_U32.pack(LONG_BINGET, index))
             return
         if size > 3:
             self.write(MARK)
@@ -519,11 +453,11 @@ class _Emitter:
             self.fetch(found)
             return
         self.keep.append(obj)
-        close = _SMALL_TUPLE_CODES[size] if size < 4 else TUPLE
+        close = SMALL_TUPLE_CODES[size] if size < 4 else TUPLE
         self.write(
-            close + _BINPUT_CODES[index]
+            close + BINPUT_CODES[index]
             if index < 0x100
-            else _OP_OP_U32.pack(close, LONG_BINPUT, index)
+            else OP_OP_U32.pack(close, LONG_BINPUT, index)
         )
 
     def save_list(self, obj: list[object]) -> None:
@@ -603,7 +537,7 @@ class _Emitter:
             key = spec
         index = memo.get(id(key))
         if index is not None:
-            self.write(_BINGET_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINGET, index))
+            self.write(BINGET_CODES[index] if index < 0x100 else OP_U32.pack(LONG_BINGET, index))
             return
         args: object = spec.args
         if type(args) is not tuple:
@@ -623,9 +557,9 @@ class _Emitter:
         self.keep.append(key)
         code = NEWOBJ if spec.newobj else REDUCE
         self.write(
-            code + _BINPUT_CODES[index]
+            code + BINPUT_CODES[index]
             if index < 0x100
-            else _OP_OP_U32.pack(code, LONG_BINPUT, index)
+            else OP_OP_U32.pack(code, LONG_BINPUT, index)
         )
         if spec.listitems is not None or spec.dictitems is not None or spec.state is not None:
             self.save_reduction_tail(spec)
@@ -692,204 +626,6 @@ class _Emitter:
     def save_result_global(self, result: Global, obj: object) -> None:
         self.write_global(result)
         self.memoize(obj)
-
-    # -- ViewReduce: one straight-line step per view -----------------------------
-
-    def save_view(self, node: ViewReduce, key: object = None) -> None:
-        """Write ``node`` as its :class:`Reduce` would be, memoising ``key`` (default: ``node``)."""
-        if key is None:
-            key = node
-        index = self.memo.get(id(key))
-        if index is not None:
-            self.fetch(index)
-        else:
-            self.save_result_view(node, key)
-
-    def save_result_view(self, node: ViewReduce, key: object) -> None:
-        """Write ``node`` for ``key``, which is not memoised."""
-        if self.views:
-            self.write_view(node, key)
-        else:
-            self.save_reduce(node.as_reduce(), key)
-
-    def write_view(self, node: ViewReduce, key: object) -> None:
-        """The bytes of ``node``'s Reduce, gathered part by part into one write.
-
-        Each plain part is written inline, in the order and with the memo
-        operations of the generic handlers; any other part goes to them
-        (:meth:`save_part`).  ``refs`` caches the GET of every str and Global
-        met here, as memo indices never change.  This is the hot loop of a
-        checkpoint with many tensors, hence one long function of local names.
-        """
-        func, pid, offset, size, stride, flag, tail = node
-        parts: list[bytes] = []
-        append = parts.append
-        refs = self.refs
-        code = refs.get(id(func))
-        if code is None:
-            self.save_part(func, parts)
-            code = b""
-        append(code + MARK)
-        self.add_pid(pid, parts)
-        if type(offset) is int:
-            append(_BININT1_CODES[offset] if 0 <= offset < 0x100 else encode_int(offset))
-        else:
-            self.save_part(offset, parts)
-        for values in (size, stride):  # fresh tuples: a memo index each, under no id
-            code = None
-            if type(values) is tuple:
-                for item in values:  # _int_tuple_code's cache hit, inlined
-                    if type(item) is not int:
-                        break
-                else:
-                    code = _INT_TUPLE_CODES.get(values) or _int_tuple_code(values)
-            if code is None:
-                self.save_part((*values,) if type(values) is tuple else values, parts)
-                continue
-            if code is not EMPTY_TUPLE:
-                index = len(self.memo) + self.unkeyed
-                self.unkeyed += 1
-                code += _BINPUT_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINPUT, index)
-            append(code)
-        if type(flag) is bool:
-            append(NEWTRUE if flag else NEWFALSE)
-        else:
-            self.save_part(flag, parts)
-        code = refs.get(id(_ORDERED_DICT))
-        if code is None or type(tail) is not OrderedDict or tail or tail.__dict__:
-            self.save_part(OrderedDict() if _is_plain_tail(tail) else tail, parts)
-            self.note_ref(_ORDERED_DICT)
-        else:  # a fresh OrderedDict(): () REDUCE, memoised under no id
-            index = len(self.memo) + self.unkeyed
-            self.unkeyed += 1
-            append(code + _EMPTY_REDUCE_PUTS.pack(EMPTY_TUPLE, REDUCE, LONG_BINPUT, index)
-                   if index > 0xFF else code + _EMPTY_REDUCE + _BINPUT_CODES[index])
-        memo = self.memo
-        index = len(memo) + self.unkeyed
-        self.unkeyed += 1  # the args tuple: made by no one, so memoised under no id
-        found = memo.setdefault(id(key), index + 1)
-        if found != index + 1:  # a part memoised the object: a cycle, as in save_reduce
-            append(_put_code(TUPLE, index) + REDUCE + POP + _get_code(found))
-        else:
-            self.keep.append(key)
-            append(
-                _TUPLE_REDUCE_PUTS.pack(TUPLE, LONG_BINPUT, index, REDUCE, LONG_BINPUT, index + 1)
-                if index > 0xFE
-                else _put_code(TUPLE, index) + _put_code(REDUCE, index + 1)
-            )
-        self.write(b"".join(parts))
-
-    def note_ref(self, node: Global) -> None:
-        """Cache the GET of ``node`` in ``refs`` once it is memoised."""
-        index = self.memo.get(id(node))
-        if index is not None:
-            self.refs[id(node)] = _get_code(index)
-
-    def flush(self, parts: list[bytes]) -> None:
-        """Write the parts gathered so far."""
-        if parts:
-            self.write(b"".join(parts))
-            parts.clear()
-
-    def save_part(self, obj: object, parts: list[bytes]) -> None:
-        """Write ``parts`` so far, then ``obj`` the generic way."""
-        self.flush(parts)
-        self.lookup(type(obj), self.fallback)(obj)
-        if type(obj) is Global:
-            self.refs[id(obj)] = _get_code(self.memo[id(obj)])
-
-    def add_pid(self, pid: object, parts: list[bytes]) -> None:
-        """``<a fresh tuple of pid's items> BINPERSID``, as :meth:`save_persistent` writes it."""
-        if type(pid) is not tuple or not pid:
-            self.flush(parts)
-            self.save_persistent(pid)  # the pid itself skips the hook
-            return
-        refs = self.refs
-        append = parts.append
-        size = len(pid)
-        if size > 3:
-            append(MARK)
-        for item in pid:
-            code = refs.get(id(item))
-            if code is not None:
-                append(code)
-            elif type(item) is int:
-                append(_BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
-            elif type(item) is str:
-                append(self.code_str(item))
-            else:
-                self.save_part(item, parts)
-        index = len(self.memo) + self.unkeyed
-        self.unkeyed += 1  # a fresh tuple: memoised under no id
-        close = _SMALL_TUPLE_CODES[size] if size < 4 else TUPLE
-        append(
-            _OP_OP_U32.pack(close, LONG_BINPUT, index) + BINPERSID
-            if index > 0xFF
-            else close + _BINPUT_CODES[index] + BINPERSID
-        )
-
-    def code_str(self, obj: str) -> bytes:
-        """What :meth:`save_str` writes, as bytes; a GET also goes to ``refs``."""
-        memo = self.memo
-        index = len(memo) + self.unkeyed
-        found = memo.setdefault(id(obj), index)
-        if found != index:
-            code = self.refs[id(obj)] = _get_code(found)
-            return code
-        try:
-            data = obj.encode()
-        except UnicodeEncodeError:  # lone surrogates: the C pickler's fallback
-            data = obj.encode("utf-8", "surrogatepass")
-        if len(data) > _U32_MAX:
-            del memo[id(obj)]
-            raise SaveError(f"str of {len(data)} UTF-8 bytes needs pickle protocol 4 or higher")
-        self.keep.append(obj)
-        return _OP_U32.pack(BINUNICODE, len(data)) + data + _put_code(b"", index)
-
-
-def _is_plain_tail(tail: object) -> bool:
-    """True for an empty OrderedDict without attributes (what torch writes as backward hooks)."""
-    return type(tail) is OrderedDict and not tail and not tail.__dict__
-
-
-def _get_code(index: int) -> bytes:
-    """BINGET/LONG_BINGET of memo ``index``."""
-    return _BINGET_CODES[index] if index < 0x100 else _OP_U32.pack(LONG_BINGET, index)
-
-
-def _put_code(opcode: bytes, index: int) -> bytes:
-    """``opcode`` followed by the BINPUT/LONG_BINPUT of memo ``index``."""
-    if index < 0x100:
-        return opcode + _BINPUT_CODES[index]
-    if len(opcode) == 1:
-        return _OP_OP_U32.pack(opcode, LONG_BINPUT, index)
-    return opcode + _OP_U32.pack(LONG_BINPUT, index)
-
-
-def _int_tuple_code(values: object) -> bytes | None:
-    """The items and closing opcode of a tuple of ints (EMPTY_TUPLE for ``()``), else None.
-
-    Pure: ints are never memoised.  Answers are cached by value, which is exact
-    because only all-int tuples are looked up or stored.
-    """
-    if type(values) is not tuple:
-        return None
-    for item in values:
-        if type(item) is not int:
-            return None
-    code = _INT_TUPLE_CODES.get(values)
-    if code is None:
-        size = len(values)
-        items = b"".join(map(encode_int, values))
-        if not size:
-            code = EMPTY_TUPLE
-        elif size < 4:
-            code = items + _SMALL_TUPLE_CODES[size]
-        else:
-            code = MARK + items + TUPLE
-        if len(_INT_TUPLE_CODES) < _INT_TUPLE_CACHE_SIZE:
-            _INT_TUPLE_CODES[values] = code
-    return code
 
 
 def _check_args(args: object, newobj: bool) -> tuple[object, ...]:

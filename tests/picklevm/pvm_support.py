@@ -122,12 +122,20 @@ def normalised_pickletools(data: bytes) -> list[tuple[str, object, int | None]]:
 Outcome = tuple[object, ...]
 
 
-def outcome(data: bytes, limits: Limits = DEFAULT_LIMITS, *, fast: bool) -> Outcome:
-    """What one gear of :func:`check_stream` says about ``data``: the walk's result or error."""
+def outcome(data: bytes, limits: Limits = DEFAULT_LIMITS, *, fast: bool,
+            steps: bool = False, counts: bool = False) -> Outcome:
+    """What one gear of :func:`check_stream` says about ``data``: the walk's result or error.
+
+    ``fast=False, steps=True`` is the reference: :func:`lexer._step` alone.
+    ``counts`` adds the opcode count and the memo index rule 3 must cover
+    (the exact gears only).
+    """
     walk = lexer._new_walk(data, 0, limits)
-    gear: Callable[[lexer._Walk], None] = lexer._walk_fast if fast else lexer._walk_exact
+    gear: Callable[[lexer._Walk], None] = lexer._walk_fast if fast else \
+        lexer._walk_steps if steps else lexer._walk_exact
     try:
         gear(walk)
     except PtfileError as exc:
         return (type(exc), str(exc))
-    return (walk.end, walk.max_depth, walk.protocol, walk.ext_offset)
+    result = (walk.end, walk.max_depth, walk.protocol, walk.ext_offset)
+    return (*result, walk.opcodes, max(walk.memo_seen, 255)) if counts else result

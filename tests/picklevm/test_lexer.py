@@ -9,7 +9,7 @@ import zipfile
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pvm_support import PROTOCOLS, normalised_pickletools, objects, outcome
 
@@ -208,6 +208,31 @@ def test_fast_gear_agrees_on_every_fixed_opcode(op: Opcode, fill: int) -> None:
 @given(op_streams(), st.sampled_from(_LIMITS))
 def test_fast_gear_agrees_with_exact_gear(data: bytes, limits: Limits) -> None:
     assert outcome(data, limits, fast=True) == outcome(data, limits, fast=False)
+
+
+@given(op_streams(), st.sampled_from([*_LIMITS, Limits(max_opcodes=20),
+                                     Limits(max_memo_index=100)]))
+def test_exact_gear_agrees_with_the_step_reference(data: bytes, limits: Limits) -> None:
+    # _walk_exact skips plain opcodes inline; _walk_steps checks each one with _step.
+    assert outcome(data, limits, fast=False, counts=True) == \
+        outcome(data, limits, fast=False, steps=True, counts=True)
+
+
+@given(valid_streams(), st.sampled_from(_LIMITS[:3]))
+def test_exact_gear_agrees_with_the_step_reference_on_valid_streams(
+        data: bytes, limits: Limits) -> None:
+    assert outcome(data, limits, fast=False, counts=True) == \
+        outcome(data, limits, fast=False, steps=True, counts=True)
+
+
+@pytest.mark.parametrize("small_below", [0, 1 << 30], ids=["large-pattern", "small-pattern"])
+@settings(max_examples=50)
+@given(data=op_streams(), limits=st.sampled_from(_LIMITS))
+def test_both_fast_pattern_sizes_agree_with_exact_gear(
+        small_below: int, data: bytes, limits: Limits) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ptfile.picklevm.lexer._SMALL_STREAM_BYTES", small_below)
+        assert outcome(data, limits, fast=True) == outcome(data, limits, fast=False)
 
 
 @given(op_streams(), st.integers(0, 2**20), st.integers(0, 7))

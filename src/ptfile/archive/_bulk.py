@@ -49,7 +49,7 @@ def _names_match(buffer: memoryview, local: np.ndarray, central: np.ndarray,
     size = len(buffer)
     widths = np.left_shift(1, np.ceil(np.log2(np.maximum(lengths, 1))).astype(np.int64))
     widths = np.maximum(widths, lengths)  # whatever log2 rounds to
-    for width in np.unique(widths[~match]).tolist():
+    for width in sorted(set(widths[~match].tolist())):  # np.unique would import numpy.ma (14 ms)
         rows = np.flatnonzero((widths == width) & ~match)
         fits = (local[rows] + width <= size) & (central[rows] + width <= size)
         many, few = rows[fits], rows[~fits]

@@ -202,6 +202,14 @@ def test_entries_signature_inside_a_name(where: str) -> None:
     assert reader.read(names[at].decode()) == b"data"
 
 
+@pytest.mark.parametrize(("copies", "fast"), [(60, True), (80, False)])
+def test_entries_many_signatures_after_the_last_entry_start(copies: int, fast: bool) -> None:
+    names = [b"archive/a", b"archive/" + b"PK\x01\x02" * copies]  # 2 * 2 + 64 tolerated
+    data = build_zip([(name, b"data") for name in names])
+    assert (assert_paths_agree(data) is not None) == fast
+    assert ZipReader(BytesSource(data)).names[1] == names[1].decode()
+
+
 def test_entries_signature_inside_extra_and_comment_fields() -> None:
     data = build_zip([(b"archive/a", b"1"), (b"archive/b", b"2")])
     reader = ZipReader(BytesSource(data))

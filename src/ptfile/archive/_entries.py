@@ -15,7 +15,8 @@ Sequential (the reference, ~1 µs an entry)
     into the central directory; duplicate name.
 
 Vectorised (~0.15 µs an entry)
-    1. Candidate entry starts: every ``PK\\x01\\x02`` whose 46 fixed bytes fit.
+    1. Candidate entry starts: every ``PK\\x01\\x02`` whose 46 fixed bytes fit
+       (at most ``2 * entries + 64`` of them, which bounds the memory they take).
     2. The first ``entries`` candidates must chain: the first at 0, each next
        one at ``start + 46 + name + extra + comment`` lengths (gathered with
        numpy), the last entry ending inside the directory.  By induction these
@@ -66,6 +67,9 @@ MAX_SIZE: Final = 2**63 - 1
 #: ZIP64 values the vectorised sums (offset + 30 + name + size) cannot overflow with.
 _VECTOR_MAX: Final = 2**61
 _SIGNATURE_U32: Final = int.from_bytes(CENTRAL_DIRECTORY_SIGNATURE, "little")
+#: Signatures in names, extras and comments the vectorised pass tolerates beyond
+#: one per entry (most break the chain anyway; this bounds the memory for their offsets).
+_SPARE_SIGNATURES: Final = 64
 _FIELD_SPEC: Final = (  # name, numpy format, offset in the fixed header (4.3.12)
     ("flags", "<u2", 8), ("method", "<u2", 10), ("crc32", "<u4", 16),
     ("compressed_size", "<u4", 20), ("size", "<u4", 24), ("name_length", "<u2", 28),
@@ -321,11 +325,11 @@ def parse_vectorised(data: bytes, entries: int, cd_offset: int, max_name: int) -
 def _chain(data: bytes, entries: int) -> np.ndarray | None:
     """The start of every entry when the first ``entries`` signatures chain, else None."""
     room = len(data) - _CD_FIXED + 1  # starts whose fixed part fits
-    raw = np.frombuffer(data, np.uint8, room)
-    maybe = np.flatnonzero(raw == CENTRAL_DIRECTORY_SIGNATURE[0])
-    words = np.ndarray((room,), "<u4", data, 0, (1,))
-    starts = maybe[words[maybe] == _SIGNATURE_U32][:entries]
-    if len(starts) < entries or starts[0] != 0:
+    found = np.ndarray((room,), "<u4", data, 0, (1,)) == _SIGNATURE_U32
+    if not entries <= np.count_nonzero(found) <= 2 * entries + _SPARE_SIGNATURES:
+        return None  # too few, or so many false ones that their offsets would cost memory
+    starts = np.flatnonzero(found)[:entries]
+    if starts[0] != 0:
         return None
     lengths = np.ndarray((room,), "V6", data, 28, (1,))[starts].view("<u2").reshape(-1, 3)
     nexts = starts + _CD_FIXED + lengths.astype(np.int64).sum(axis=1)

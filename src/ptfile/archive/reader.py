@@ -18,6 +18,8 @@ Policy choices beyond APPNOTE, all refusals of things torch never writes:
 * Members must lie before the central directory and must not overlap
   (overlapping members are how "zip bombs" multiply their data).
 * Names are decoded as UTF-8 whatever general purpose bit 11 says.
+* Declared (uncompressed) sizes must be below ``2**63``: members are kept in
+  int64 columns.  Only a ZIP64 value can be larger, and no file holds that much.
 
 Local headers are checked lazily: the first :meth:`ZipReader.data_offset` or
 :meth:`ZipReader.data_offsets` call checks all of them in one vectorised pass

@@ -280,6 +280,13 @@ class ZipReader:
     UnsupportedFeatureError
         A multi-disk archive or an encrypted member.
 
+    Notes
+    -----
+    One member at a time: :meth:`get`, :meth:`data_offset`, :meth:`read`,
+    :meth:`view`.  Many at once, without a :class:`Record` each:
+    :attr:`names`, :attr:`entries` (int64 columns), :meth:`indices`,
+    :meth:`indices_with_prefix`, :meth:`data_offsets` and :meth:`data_offsets_at`.
+
     Examples
     --------
     >>> import io
@@ -291,6 +298,9 @@ class ZipReader:
     >>> reader = ZipReader(BytesSource(out.getvalue()))
     >>> reader.prefix, reader.read("archive/data.pkl")
     ('archive', b'\\x80\\x02N.')
+    >>> rows = reader.indices_with_prefix("archive/data")
+    >>> reader.data_offsets_at(rows).tolist(), reader.entries.column("size")[rows].tolist()
+    ([64], [4])
     """
 
     def __init__(self, source: Source, *, limits: Limits = DEFAULT_LIMITS) -> None:

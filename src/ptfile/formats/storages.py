@@ -143,7 +143,7 @@ class FastStorages:
             return self._remember(key, self._slow(pid))
         size, offset = entry
         dtype = storage_type.dtype or UINT8
-        if size != numel * dtype.itemsize or offset == _UNKNOWN:
+        if size != numel * dtype.itemsize or (offset == _UNKNOWN and self._view is not None):
             return self._remember(key, self._slow(pid))
         storage = object.__new__(Storage)  # Storage(...) without the keyword parsing
         whole = self._whole
@@ -170,12 +170,12 @@ def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader, skip_data
     header fails the bulk check (the reference path then reads each
     referenced header and reports the damaged one, if referenced).
     """
-    names = reader.names
-    rows = [i for i, name in enumerate(names) if name.startswith(prefix)]
-    sizes = reader.entries.column("size")[rows]
+    names, entries = reader.names, reader.entries
+    rows = np.flatnonzero(entries.starting_with(prefix))
+    sizes = entries.column("size")[rows]
     offsets = np.full(len(rows), _UNKNOWN, np.int64)
-    if not skip_data and rows:
-        wanted = [names[i] for i in rows]
+    wanted = list(map(names.__getitem__, rows.tolist()))
+    if not skip_data and wanted:
         try:
             if slow._calculate:
                 found = [reader.get(name) for name in wanted]
@@ -186,8 +186,7 @@ def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader, skip_data
         except ArchiveError:
             pass
         offsets = np.where((offsets >= 0) & (offsets + sizes <= source_size), offsets, _UNKNOWN)
-    cut = len(prefix)
-    keys = [names[i][cut:] for i in rows]
+    keys = map(operator.itemgetter(slice(len(prefix), None)), wanted)
     return dict(zip(keys, zip(sizes.tolist(), offsets.tolist(), strict=True), strict=True))
 
 
@@ -206,14 +205,19 @@ def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | No
     return int(1 + sum(map(operator.mul, size, stride)) - sum(stride))
 
 
-class _Geometry(dict[tuple[Any, Any], "int | None"]):
-    """Cache of :func:`_geometry_extent`, keyed by tuples already checked to hold ints
-    (so equal keys are equal geometries: no ``1.0`` or ``True`` in them)."""
+_Shape = tuple[Any, ...]
 
-    def __missing__(self, key: tuple[Any, Any]) -> int | None:
-        extent: int | None = _geometry_extent(*key)
-        self[key] = extent
-        return extent
+
+class _Geometry(dict[tuple[_Shape, _Shape], tuple["int | None", _Shape, _Shape]]):
+    """Cache of :func:`_geometry_extent`, keyed by tuples already checked to hold ints
+    (so equal keys are equal geometries: no ``1.0`` or ``True`` in them).  It also
+    holds the first size and stride tuples met, which later tensors share: 2 fewer
+    objects per tensor for the garbage collector to scan after a big load."""
+
+    def __missing__(self, key: tuple[_Shape, _Shape]) -> tuple[int | None, _Shape, _Shape]:
+        found = (_geometry_extent(*key), *key)
+        self[key] = found
+        return found
 
 
 def _fast_tensor(geometry: _Geometry, storage: object, offset: object, size: object,
@@ -227,7 +231,7 @@ def _fast_tensor(geometry: _Geometry, storage: object, offset: object, size: obj
     both = size + stride
     if both and not _INTS.issuperset(map(type, both)):
         return None
-    extent = geometry[size, stride]
+    extent, size, stride = geometry[size, stride]
     dtype = dtype if isinstance(dtype, DType) else storage.dtype
     if extent is None or offset < 0 or (extent and
                                         offset + extent > storage._nbytes // dtype.itemsize):

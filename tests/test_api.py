@@ -164,6 +164,27 @@ def test_api_calculate_storage_offsets_reads_no_local_headers(ckpt: Path) -> Non
     assert sd["v"].numpy().tolist() == [2.0, 3.0]
 
 
+@pytest.mark.parametrize("map_location", [None, {"cpu": "cpu"}], ids=["fast", "reference"])
+def test_api_calculate_storage_offsets_ignores_storage_local_headers(
+        tmp_path: Path, map_location: dict[str, str] | None) -> None:
+    import zipfile
+
+    path = tmp_path / "t.pt"
+    torch.save({f"w{i}": torch.full((3,), float(i)) for i in range(80)}, path)
+    blob = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if "/data/" in info.filename:  # spoil each storage's local header signature
+                blob[info.header_offset:info.header_offset + 4] = b"XXXX"
+    damaged = tmp_path / "d.pt"
+    damaged.write_bytes(bytes(blob))
+    with ptfile.settings(calculate_storage_offsets=True):
+        sd = ptfile.load(damaged, map_location=map_location)
+    assert [sd[f"w{i}"].numpy().tolist() for i in (0, 79)] == [[0.0] * 3, [79.0] * 3]
+    with pytest.raises(ptfile.ArchiveError, match="local file header"):
+        ptfile.load(damaged, map_location=map_location)
+
+
 def test_api_prefix_rules_match_torch(tmp_path: Path) -> None:
     t = torch.ones(2)
     (tmp_path / "p").mkdir()

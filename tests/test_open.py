@@ -346,21 +346,3 @@ def test_open_error_contract_on_damaged_goldens(golden: Path, name: str) -> None
         except ptfile.PtfileError:
             pass
 
-
-def test_computed_data_offsets_match_the_scalar_rule() -> None:
-    import numpy as np
-
-    from ptfile.archive import computed_data_offset
-    from ptfile.reader import computed_data_offsets
-
-    rng = np.random.default_rng(0)
-    headers = rng.integers(0, 2**33, 500)
-    sizes = rng.integers(0, 2**33, 500)
-    headers[:50] = rng.integers(2**32 - 100, 2**32 + 100, 50)  # around the ZIP64 edges
-    sizes[50:100] = rng.integers(2**32 - 100, 2**32 + 100, 50)
-    lengths = rng.integers(1, 60, 500)
-    for alignment in (1, 64, 4096):
-        got = computed_data_offsets(headers, lengths, sizes, alignment).tolist()
-        want = [computed_data_offset(int(h), "x" * int(n), int(s), alignment)
-                for h, n, s in zip(headers, lengths, sizes, strict=True)]
-        assert got == want

@@ -31,8 +31,7 @@ import numpy as np
 
 from . import config
 from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
-from .archive import Record, ZipReader, computed_data_offset
-from .archive.records import U32_MAX, LocalFileHeader
+from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Format, detect
@@ -138,22 +137,6 @@ def _is_flat(obj: dict[Any, Any]) -> bool:
     """Str keys and Tensor/Parameter values (a dict flatten returns as is)."""
     return bool(obj) and _LEAVES.issuperset(map(type, obj.values())) \
         and set(map(type, obj)) == {str}
-
-
-def computed_data_offsets(header_offsets: np.ndarray, name_lengths: np.ndarray,
-                          sizes: np.ndarray, alignment: int) -> np.ndarray:
-    """:func:`~ptfile.archive.computed_data_offset` of many records at once (int64 columns).
-
-    torch's layout rule, vectorised: local header (30 bytes), name, the local
-    ZIP64 extra (4 + 8 bytes per value: size and a zero compressed size when
-    the size needs ZIP64, the header offset when it does), the padding extra's
-    4-byte header, then padding up to ``alignment``.
-    """
-    values = 2 * (sizes >= U32_MAX) + (header_offsets >= U32_MAX)
-    start = header_offsets + (LocalFileHeader.SIZE + 4) + name_lengths \
-        + np.where(values > 0, 4 + 8 * values, 0)
-    offsets: np.ndarray = start + (-start) % alignment
-    return offsets
 
 
 def _children(node: object) -> list[tuple[object, object]] | None:

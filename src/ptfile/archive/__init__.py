@@ -7,7 +7,13 @@ format subset is specified in :mod:`ptfile.archive.records`.
 
 from __future__ import annotations
 
-from .reader import Record, ZipReader, computed_data_offset, computed_next_header_offset
+from .reader import (
+    Record,
+    ZipReader,
+    computed_data_offset,
+    computed_data_offsets,
+    computed_next_header_offset,
+)
 from .serialization_id import SERIALIZATION_ID_NAME
 from .writer import MAX_ALIGNMENT, ZipWriter
 
@@ -18,5 +24,6 @@ __all__ = [
     "ZipReader",
     "ZipWriter",
     "computed_data_offset",
+    "computed_data_offsets",
     "computed_next_header_offset",
 ]

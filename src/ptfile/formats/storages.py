@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import dtypes
 from .._io import Source, whole_view
-from ..archive import Record, ZipReader, computed_data_offset
+from ..archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from ..dtypes import UINT8, DType
 from ..errors import ArchiveError, FormatError, StorageError
 from ..location import MapLocation, has_packages, restore_location
@@ -96,6 +96,11 @@ class StorageLoader:
         if self._map_location is None and not has_packages():
             return storage  # the recorded tag stands; nothing to remap
         return restore_location(storage, location, self._map_location)
+
+    @property
+    def alignment(self) -> int:
+        """The archive's storage alignment."""
+        return self._info.storage_alignment
 
     def data_offset(self, record: Record) -> int:
         """Where the record's bytes start: computed from the central directory alone when
@@ -171,18 +176,18 @@ def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader, skip_data
     referenced header and reports the damaged one, if referenced).
     """
     names, entries = reader.names, reader.entries
-    rows = np.flatnonzero(entries.starting_with(prefix))
+    rows = reader.indices_with_prefix(prefix)
     sizes = entries.column("size")[rows]
     offsets = np.full(len(rows), _UNKNOWN, np.int64)
     wanted = list(map(names.__getitem__, rows.tolist()))
     if not skip_data and wanted:
         try:
-            if slow._calculate:
-                found = [reader.get(name) for name in wanted]
-                offsets = np.array([slow.data_offset(r) if r is not None else _UNKNOWN
-                                    for r in found], np.int64)
+            if slow._calculate:  # torch's layout assumed: no local header is read
+                offsets = computed_data_offsets(
+                    entries.column("header_offset")[rows], entries.name_length[rows], sizes,
+                    slow.alignment)
             else:
-                offsets = reader.data_offsets(wanted)
+                offsets = reader.data_offsets_at(rows)
         except ArchiveError:
             pass
         offsets = np.where((offsets >= 0) & (offsets + sizes <= source_size), offsets, _UNKNOWN)

@@ -298,8 +298,7 @@ def test_reader_prefix_errors() -> None:
 def test_computed_data_offsets_match_the_scalar_rule() -> None:
     import numpy as np
 
-    from ptfile.archive import computed_data_offset
-    from ptfile.archive import computed_data_offsets
+    from ptfile.archive import computed_data_offset, computed_data_offsets
 
     rng = np.random.default_rng(0)
     headers = rng.integers(0, 2**33, 500)

@@ -156,9 +156,11 @@ def deepest_tuple(root: object) -> int:
             continue
         if type(obj) is tuple:
             deepest = max(deepest, tuple_height(obj, heights))
+        if not any(issubclass(kind, _CONTAINERS) for kind in set(map(type, children))):
+            continue  # no container among them (a state dict of 10^5 tensors): C-level check
         for child in children:
             # Only containers have children to walk; anything else would be popped and
-            # skipped, so it is never pushed (10^5 tensors in a state dict).
+            # skipped, so it is never pushed.
             if isinstance(child, _CONTAINERS) and id(child) not in seen:
                 seen.add(id(child))
                 stack.append(child)

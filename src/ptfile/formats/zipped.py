@@ -308,11 +308,13 @@ class _Reducer:
             self._dtypes[int(key)] = dtype
 
     def tensor_args(self, t: Tensor) -> tuple[Global, tuple[Any, ...]]:
+        # Size and stride are fresh tuples, as torch builds them per reduction
+        # (loaded tensors may share theirs; the memo must not see them twice).
         if t.storage is None:
-            return _META, (t.dtype, t._shape, t._stride, t.requires_grad)
+            return _META, (t.dtype, (*t._shape,), (*t._stride,), t.requires_grad)
         self._note_dtype(t.storage, t.dtype)
-        base: tuple[Any, ...] = (t.storage, t._offset, t._shape, t._stride, t.requires_grad,
-                                 t.backward_hooks)
+        base: tuple[Any, ...] = (t.storage, t._offset, (*t._shape,), (*t._stride,),
+                                 t.requires_grad, t.backward_hooks)
         if t.dtype.is_v3:
             base = (*base, t.dtype)
         if t.metadata:
@@ -355,7 +357,7 @@ class _Reducer:
         params: tuple[Any, ...] = (scheme, q.scale, q.zero_point) if q.scales is None else \
             (scheme, q.scales, q.zero_points, q.axis)
         hooks = q.backward_hooks if q.backward_hooks is not None else OrderedDict()
-        return Reduce(_QTENSOR, (r.storage, r._offset, r._shape, r._stride, params,
+        return Reduce(_QTENSOR, (r.storage, r._offset, (*r._shape,), (*r._stride,), params,
                                  q.requires_grad, hooks))
 
     def sparse(self, s: SparseTensor) -> Reduce:

@@ -85,15 +85,20 @@ _TUPLE_PUT: Final = TUPLE + LONG_BINPUT
 _REDUCE_PUT: Final = REDUCE + LONG_BINPUT
 #: What follows the flag's opcode and the OrderedDict's GET: ``() REDUCE LONG_BINPUT``.
 _EMPTY_REDUCE_PUT: Final = _EMPTY_REDUCE + LONG_BINPUT
-#: Layouts of everything after the pid, by the lengths of the offset, size,
+#: The closing opcode of a pid tuple and LONG_BINPUT, by item count (0: four or more).
+_PID_CLOSE_PUTS: Final = tuple(code + LONG_BINPUT for code in (TUPLE, *SMALL_TUPLE_CODES[1:]))
+#: BINPERSID and an offset below 256.
+_PERSID_INT1: Final = tuple(BINPERSID + code for code in BININT1_CODES)
+#: Layouts of everything after the pid items, by the lengths of the offset, size,
 #: stride and middle (flag, OrderedDict, ``() REDUCE``) codes.
 _REST_LAYOUTS: dict[tuple[int, int, int, int], struct.Struct] = {}
 
 
 def _rest_layout(lengths: tuple[int, int, int, int]) -> struct.Struct:
-    """offset, size + PUT, stride + PUT, middle + PUT, TUPLE PUT, REDUCE PUT."""
+    """pid close + PUT, BINPERSID offset, size + PUT, stride + PUT, middle + PUT,
+    TUPLE PUT, REDUCE PUT."""
     offset, size, stride, middle = lengths
-    layout = struct.Struct(f"<{offset}s{size}sI{stride}sI{middle}sI2sI2sI")
+    layout = struct.Struct(f"<2sI{offset}s{size}sI{stride}sI{middle}sI2sI2sI")
     if len(_REST_LAYOUTS) < _INT_TUPLE_CACHE_SIZE:
         _REST_LAYOUTS[lengths] = layout
     return layout
@@ -137,19 +142,40 @@ class ViewWriter:
     def write_view(self, node: ViewReduce, key: object) -> None:
         """The bytes of ``node``'s Reduce, gathered part by part into one write."""
         func, pid = node.func, node.pid
-        parts: list[bytes] = []
-        code = self.refs.get(id(func))
-        if code is None:
-            self.save_part(func, parts)
-            code = b""
-        parts.append(code + MARK)
-        self.add_pid(pid, parts)
-        if not self.write_rest_fast(node, key, parts):
+        refs = self.refs
+        head = refs.get(id(func))
+        if head is None or type(pid) is not tuple or not pid:
+            parts: list[bytes] = []
+            if head is None:
+                self.save_part(func, parts)
+                head = b""
+            parts.append(head + MARK)
+            self.add_pid(pid, parts)
             self.write_rest(node, key, parts)
+        else:
+            parts = [head + MARK + MARK if len(pid) > 3 else head + MARK]
+            for item in pid:  # add_pid's items, inlined
+                code = refs.get(id(item))
+                if code is not None:
+                    parts.append(code)
+                elif type(item) is int:
+                    parts.append(BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
+                elif type(item) is str:
+                    parts.append(self.code_str(item))
+                else:
+                    self.save_part(item, parts)
+            if not self.write_rest_fast(node, key, parts, len(pid)):
+                self.close_pid(len(pid), parts)
+                self.write_rest(node, key, parts)
         self.write(b"".join(parts))
 
-    def write_rest_fast(self, node: ViewReduce, key: object, parts: list[bytes]) -> bool:
-        """After the pid, the common view in one pack; False (nothing done) for any other."""
+    def write_rest_fast(
+        self, node: ViewReduce, key: object, parts: list[bytes], count: int
+    ) -> bool:
+        """Close the pid (of ``count`` items) and write the rest of the common view in one pack.
+
+        Returns False, having done nothing, for any other view.
+        """
         _, _, offset, size, stride, flag, tail = node
         od = self.refs.get(id(_ORDERED_DICT))
         if (od is None or type(offset) is not int or type(flag) is not bool
@@ -168,18 +194,20 @@ class ViewWriter:
         index = len(memo) + self.unkeyed
         if size_put is None or stride_put is None or index < 0x100:
             return False
-        self.unkeyed += 4  # size, stride, the OrderedDict, the args tuple
-        found = memo.setdefault(id(key), index + 4)
-        if found != index + 4:  # a part of the pid memoised the object: a cycle
-            self.unkeyed -= 4
+        self.unkeyed += 5  # the pid tuple, size, stride, the OrderedDict, the args tuple
+        found = memo.setdefault(id(key), index + 5)
+        if found != index + 5:  # a part of the pid memoised the object: a cycle
+            self.unkeyed -= 5
             return False
         self.keep.append(key)
-        offset_code = BININT1_CODES[offset] if 0 <= offset < 0x100 else encode_int(offset)
+        close = _PID_CLOSE_PUTS[count] if count < 4 else _PID_CLOSE_PUTS[0]
+        offset_code = _PERSID_INT1[offset] if 0 <= offset < 0x100 else BINPERSID + encode_int(offset)
         middle = (NEWTRUE if flag else NEWFALSE) + od + _EMPTY_REDUCE_PUT
         lengths = (len(offset_code), len(size_put), len(stride_put), len(middle))
         layout = _REST_LAYOUTS.get(lengths) or _rest_layout(lengths)
-        parts.append(layout.pack(offset_code, size_put, index, stride_put, index + 1, middle,
-                                 index + 2, _TUPLE_PUT, index + 3, _REDUCE_PUT, index + 4))
+        parts.append(layout.pack(close, index, offset_code, size_put, index + 1, stride_put,
+                                 index + 2, middle, index + 3, _TUPLE_PUT, index + 4,
+                                 _REDUCE_PUT, index + 5))
         return True
 
     def write_rest(self, node: ViewReduce, key: object, parts: list[bytes]) -> None:
@@ -267,10 +295,14 @@ class ViewWriter:
                 append(self.code_str(item))
             else:
                 self.save_part(item, parts)
+        self.close_pid(size, parts)
+
+    def close_pid(self, size: int, parts: list[bytes]) -> None:
+        """End a pid tuple of ``size`` items: its closing opcode, PUT, BINPERSID."""
         index = len(self.memo) + self.unkeyed
         self.unkeyed += 1  # a fresh tuple: memoised under no id
         close = SMALL_TUPLE_CODES[size] if size < 4 else TUPLE
-        append(
+        parts.append(
             OP_OP_U32.pack(close, LONG_BINPUT, index) + BINPERSID
             if index > 0xFF
             else close + BINPUT_CODES[index] + BINPERSID

@@ -95,7 +95,7 @@ the hot handlers (str, tuple, Reduce, Global) inline their memo operations,
 opcodes and memo codes below 256 are precomputed bytes, and the output is one
 ``io.BytesIO`` (appending millions of small bytes objects to a list and joining
 them is twice as slow).  A :class:`ViewReduce` (one per tensor) is gathered
-into one write by straight-line code; the objects it writes afresh take a
+into one write by :mod:`~ptfile.picklevm.views`; the objects it writes afresh take a
 memo index without a memo entry (``unkeyed``), since id-keyed operations on a
 memo of 10^5-10^6 entries are the costliest thing per tensor; and
 ``persistent_types`` saves a hook call per object.

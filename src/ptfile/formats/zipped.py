@@ -138,6 +138,13 @@ def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, setti
              find_class: Callable[[str, str], Any] = find_safe_class, skip_data: bool = False,
              encoding: str = "ASCII") -> Any:
     """Unpickle a torch ZIP checkpoint from ``source``; storages are views of the source."""
+    with paused_gc():  # the directory, the records' table and the objects: no garbage
+        return _read_zip(source, map_location=map_location, limits=limits, settings=settings,
+                         find_class=find_class, skip_data=skip_data, encoding=encoding)
+
+
+def _read_zip(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,
+              find_class: Callable[[str, str], Any], skip_data: bool, encoding: str) -> Any:
     reader = ZipReader(source, limits=limits)
     if reader.get(f"{reader.prefix}/archive_format") is not None:
         raise UnsupportedFeatureError(PT2_MESSAGE)
@@ -160,9 +167,8 @@ def read_zip(source: Source, *, map_location: MapLocation, limits: Limits, setti
         loader = StorageLoader(reader, source, info, map_location=map_location,
                                skip_data=skip_data,
                                calculate_offsets=settings.calculate_storage_offsets)
-    with paused_gc():
-        obj, _ = unpickle(reader.read(data_name), find_class=find_class, persistent_load=loader,
-                          limits=limits, encoding=encoding)
+    obj, _ = unpickle(reader.read(data_name), find_class=find_class, persistent_load=loader,
+                      limits=limits, encoding=encoding)
     return obj
 
 

@@ -512,7 +512,7 @@ class ZipReader:
                 f"bad local file header signature {sig!r}", offset=at, member=record.name
             )
         if raw[_LOCAL_FIXED:] != name or nlen != len(name):
-            local = raw[_LOCAL_FIXED : _LOCAL_FIXED + nlen]
+            local = bytes(raw[_LOCAL_FIXED : _LOCAL_FIXED + nlen])
             raise ArchiveError(f"local header names {local!r}", offset=at, member=record.name)
         if offset + record.compressed_size > self._cd_offset:
             raise ArchiveError(

@@ -377,6 +377,7 @@ def _plain_kinds(binput: bool) -> tuple[bytes, bytes]:
 
 
 _PLAIN: Final = {binput: _plain_kinds(binput) for binput in (False, True)}
+_LONGEST_PLAIN: Final = max(_PLAIN[True][1])
 
 
 def _walk_exact(walk: _Walk) -> None:
@@ -385,8 +386,19 @@ def _walk_exact(walk: _Walk) -> None:
     data, limit, limits = walk.data, walk.limit, walk.limits
     kinds, sizes = _PLAIN[limits.max_memo_index >= FREE_MEMO_INDEX]
     memo_cap = min(walk.memo_cap, limits.max_memo_index)
+    # Below safe_end a plain opcode's argument lies inside the walk; and where
+    # opcodes cannot outnumber bytes, none can pass the ceiling on opcodes.
+    safe_end = limit - _LONGEST_PLAIN if limits.max_opcodes >= limit - walk.start else 0
     pos = walk.start
     while walk.end < 0:
+        skipped = 0
+        while pos < safe_end:  # runs of plain fixed-size opcodes: the hot loop
+            size = sizes[data[pos]]
+            if not size:
+                break
+            pos += size
+            skipped += 1
+        walk.opcodes += skipped
         kind = kinds[data[pos]] if pos < limit and walk.opcodes < limits.max_opcodes else 0
         end = limit + 1  # kind 0, or the checks below fail: _step decides
         if kind == 1:

@@ -283,3 +283,11 @@ def test_bit_flips_load_or_raise_ptfile_errors(where: int, bit: int, count: int)
         _load(bytes(data), limits=Limits(max_depth=50))
     except PtfileError:
         pass
+
+
+def test_failure_offset_is_exact_beyond_the_prefetch_buffer() -> None:
+    # The failing BINGET sits past the 128 KiB the C unpickler prefetches at a time.
+    data = b"\x80\x02]q\x00(" + b"K\x01" * 200_000 + b"h\x09" + b"e."
+    with pytest.raises(PickleStreamError, match="Memo value not found") as caught:
+        unpickle(data, find_class=lambda module, name: None, persistent_load=None)
+    assert caught.value.offset == len(data) - 2

@@ -6,7 +6,8 @@ This layer knows nothing about torch: the allowlist (``find_class``) and the
 
 from __future__ import annotations
 
-from .lexer import Op, StreamInfo, check_stream, genops
+from .decoder import Op, genops
+from .lexer import StreamInfo, check_stream
 from .opcodes import BY_CODE, BY_NAME, OPCODES, ArgKind, Opcode
 from .unpickler import unpickle
 

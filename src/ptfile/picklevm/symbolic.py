@@ -1,6 +1,6 @@
 """A symbolic pickle machine: what a stream would name, call and hash, without running it.
 
-:func:`trace` walks :func:`~ptfile.picklevm.lexer.genops` with a *symbolic*
+:func:`trace` walks :func:`~ptfile.picklevm.decoder.genops` with a *symbolic*
 stack, mark stack and memo.  Literals are kept as their values; globals as
 :class:`GlobalRef`; the result of a call (``REDUCE``, ``NEWOBJ``, ``NEWOBJ_EX``,
 ``INST``, ``OBJ``) or a persistent id as a :class:`Result`; lists, dicts and
@@ -37,7 +37,8 @@ from typing import Any, Final
 
 from ..errors import PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
-from .lexer import Buffer, Op, genops
+from .decoder import Op, genops
+from .lexer import Buffer
 
 __all__ = ["Container", "GlobalRef", "NameUse", "Result", "Trace", "Tup", "trace"]
 

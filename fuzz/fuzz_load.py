@@ -1,6 +1,6 @@
 """Atheris harness: the error contract of load (strict, structural) and scan, coverage-guided.
 
-Run (outside CI; needs ``pip install atheris``)::
+Run (outside CI; needs the fuzz extra: ``pip install -e '.[fuzz]'``)::
 
     python fuzz/fuzz_load.py -max_total_time=3600 -rss_limit_mb=4096 -timeout=10 \\
         fuzz/corpus fuzz/seeds

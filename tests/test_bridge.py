@@ -100,3 +100,30 @@ def test_core_never_imports_torch() -> None:
             "ptfile.open(io.BytesIO(b.getvalue())).keys(); import ptfile.cli, ptfile.inspection; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_to_torch_rebuilds_quantized_and_sparse_tensors(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    obj = {
+        "q8": torch.quantize_per_tensor(torch.randn(5), 0.1, 3, torch.quint8),
+        "qi8": torch.quantize_per_tensor(torch.randn(2, 3), 0.05, -2, torch.qint8),
+        "qc": torch.quantize_per_channel(torch.randn(2, 3), torch.tensor([0.1, 0.2]),
+                                         torch.tensor([1, 2]), 0, torch.quint8),
+        "coo": torch.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3)),
+        "coalesced": torch.sparse_coo_tensor([[0, 1], [2, 0]], [3.0, 4.0], (2, 3)).coalesce(),
+        "csr": torch.tensor([[0.0, 1.0], [2.0, 0.0]]).to_sparse_csr(),
+        "csc": torch.tensor([[0.0, 1.0], [2.0, 3.0]]).to_sparse_csc(),
+    }
+    path = tmp_path / "special.pt"
+    torch.save(obj, path)
+    want, got = torch.load(path), to_torch(ptfile.load(path))
+    for key in ("q8", "qi8", "qc"):
+        assert got[key].is_quantized and got[key].qscheme() == want[key].qscheme()
+        assert got[key].dtype == want[key].dtype
+        assert torch.equal(got[key].int_repr(), want[key].int_repr())
+        assert torch.equal(got[key].dequantize(), want[key].dequantize())
+    for key in ("coo", "coalesced", "csr", "csc"):
+        assert got[key].layout == want[key].layout
+        if key in ("coo", "coalesced"):
+            assert got[key].is_coalesced() == want[key].is_coalesced()
+        assert torch.equal(got[key].to_dense(), want[key].to_dense())

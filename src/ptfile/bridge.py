@@ -9,7 +9,10 @@ already in ``sys.modules``.
   memory (``torch.frombuffer``), so tensors that shared a storage in the file
   share it in torch; :class:`~ptfile.Parameter` becomes ``nn.Parameter``;
   ``map_location`` is honoured as ``torch.load`` does (a device, a tag mapping,
-  or a callable on the tag), moving each storage once.
+  or a callable on the tag), moving each storage once.  Sparse tensors (COO and
+  the compressed layouts) become torch sparse tensors over their parts;
+  quantized ones (qint8, quint8, qint32; per tensor or per channel) are made
+  by torch from the integer representation, which it copies.
 * :func:`from_torch` does the reverse for saving: CPU tensors are viewed, not
   copied; a storage on another device is copied to the host once and keeps its
   location tag (``cuda:0``), as ``torch.save`` records it.
@@ -21,18 +24,21 @@ import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import torch
 
 from .dtypes import DTYPES, DType
 from .errors import UnsupportedFeatureError
-from .tensor import Device, Parameter, Size, Storage, Tensor
+from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __all__ = ["from_torch", "to_torch"]
 
 TorchMapLocation = (str | torch.device | Mapping[str, str] | Callable[[str], Any] | None)
+
+#: The plain integer dtype torch's quantized dtypes store (``int_repr()``'s dtype).
+_QUANTIZED_INTS: Final = {"qint8": "int8", "quint8": "uint8", "qint32": "int32"}
 
 
 def _torch_dtype(dtype: DType) -> torch.dtype:
@@ -87,8 +93,8 @@ class _ToTorch:
             base = torch.frombuffer(data, dtype=torch.uint8)
         return base.untyped_storage()
 
-    def tensor(self, t: Tensor) -> torch.Tensor:
-        dtype = _torch_dtype(t.dtype)
+    def tensor(self, t: Tensor, as_dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = as_dtype or _torch_dtype(t.dtype)
         if t.storage is None:
             return torch.empty_strided(t._shape, t._stride, dtype=dtype, device="meta")
         storage = self.storage(t.storage, t.dtype)
@@ -102,6 +108,36 @@ class _ToTorch:
             out.requires_grad_(True)
         return out
 
+    def quantized(self, q: QuantizedTensor) -> torch.Tensor:
+        """A torch quantized tensor from the integer representation (which torch copies)."""
+        plain = _QUANTIZED_INTS.get(q.int_repr.dtype.name)
+        if plain is None:
+            raise UnsupportedFeatureError(f"to_torch of a {q.int_repr.dtype.name} quantized "
+                                          "tensor (torch builds those only by quantizing)")
+        ints = self.tensor(q.int_repr, as_dtype=getattr(torch, plain))
+        if q.qscheme == "per_tensor_affine" and q.scale is not None and q.zero_point is not None:
+            out = torch._make_per_tensor_quantized_tensor(ints, q.scale, q.zero_point)
+        elif q.scales is not None and q.zero_points is not None and q.axis is not None:
+            out = torch._make_per_channel_quantized_tensor(
+                ints, self.tensor(q.scales), self.tensor(q.zero_points), q.axis)
+        else:
+            raise UnsupportedFeatureError(f"quantizer {q.qscheme!r} without its parameters")
+        return out.requires_grad_(True) if q.requires_grad else out
+
+    def sparse(self, s: SparseTensor) -> torch.Tensor:
+        """A torch sparse tensor whose parts view the ptfile parts' memory."""
+        size, values = tuple(s.size), self.tensor(s.values)
+        if s.layout == "sparse_coo" and s.indices is not None:
+            return torch.sparse_coo_tensor(self.tensor(s.indices), values, size,
+                                           is_coalesced=bool(s.is_coalesced))
+        layout = getattr(torch, s.layout, None)
+        if not isinstance(layout, torch.layout) or s.compressed_indices is None \
+                or s.plain_indices is None:
+            raise UnsupportedFeatureError(f"to_torch of a {s.layout!r} sparse tensor")
+        return torch.sparse_compressed_tensor(self.tensor(s.compressed_indices),
+                                              self.tensor(s.plain_indices), values, size,
+                                              layout=layout)
+
     def convert(self, obj: Any) -> Any:
         found = self._memo.get(id(obj))
         if found is not None:
@@ -114,6 +150,10 @@ class _ToTorch:
     def _convert(self, obj: Any) -> Any:
         if isinstance(obj, Tensor):
             return self.tensor(obj)
+        if isinstance(obj, QuantizedTensor):
+            return self.quantized(obj)
+        if isinstance(obj, SparseTensor):
+            return self.sparse(obj)
         if isinstance(obj, dict):
             out = type(obj)() if isinstance(obj, OrderedDict) else {}
             out.update((k, self.convert(v)) for k, v in obj.items())

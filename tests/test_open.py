@@ -346,3 +346,20 @@ def test_open_error_contract_on_damaged_goldens(golden: Path, name: str) -> None
         except ptfile.PtfileError:
             pass
 
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_infos_in_bulk_equal_info_one_by_one(tmp_path: Path, flat: bool) -> None:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    sd: dict[str, Any] = {"base": base, "sub": base[1:3, ::2], "p": torch.nn.Parameter(torch.ones(3)),
+                          "h": torch.ones(2, dtype=torch.float16), "e": torch.empty(0, 3)}
+    if not flat:
+        sd["nested"] = {"meta": torch.empty(2, 2, device="meta"), "x": [torch.tensor(1)]}
+    path = tmp_path / "m.pt"
+    torch.save(sd, path)
+    with ptfile.open(path) as ck:
+        infos = list(ck.infos())
+        assert infos == [ck.info(name) for name in ck]
+        assert all(type(info) is ptfile.TensorInfo for info in infos)
+        assert [info.is_parameter for info in infos][:3] == [False, False, True]
+        assert infos[0].data_offset is not None

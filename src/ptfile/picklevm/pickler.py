@@ -159,7 +159,8 @@ from .nodes import (
     ViewReduce,
     global_,
 )
-from .views import VIEW_PART_TYPES, ViewWriter
+from .pairs import PairWriter, add_note
+from .views import VIEW_PART_TYPES
 
 __all__ = [
     "BATCH_SIZE",
@@ -261,7 +262,7 @@ _PROTOCOL_HANDLERS: Final[dict[int, dict[type, str]]] = {
 }
 
 
-class _Emitter(ViewWriter):
+class _Emitter(PairWriter):
     """The state of one :meth:`Pickler.dump`: output and memo.
 
     Handlers call each other directly through ``lookup`` (one Python frame per
@@ -302,6 +303,8 @@ class _Emitter(ViewWriter):
         self.keep: list[object] = []  # keeps every memoised id in use
         self.unkeyed = 0  # memo indices given to objects no one else holds (under no id)
         self.refs: dict[int, bytes] = {}  # id -> GET, for the str and Global write_view met
+        self.shapes: dict[int, bytes] = {}  # these two: see PairWriter
+        self.layouts: dict[tuple[bytes, bytes, bytes], Any] = {}
         names = {**_HANDLERS, **_PROTOCOL_HANDLERS[protocol]}
         self.table: dict[type, Callable[[Any], None]] = {
             kind: getattr(self, name) for kind, name in names.items()
@@ -511,13 +514,16 @@ class _Emitter(ViewWriter):
                 self.write(SETITEM)
                 return
             self.write(MARK)
-            for key, value in chunk:
-                get(type(key), fallback)(key)
-                try:
-                    get(type(value), fallback)(value)
-                except PtfileError as exc:
-                    _add_note(exc, f"while pickling the value of key {key!r:.80}")
-                    raise
+            if self.views:  # no hook to ask about keys and parts: the inline loop
+                self.write_pairs(chunk)
+            else:
+                for key, value in chunk:
+                    get(type(key), fallback)(key)
+                    try:
+                        get(type(value), fallback)(value)
+                    except PtfileError as exc:
+                        add_note(exc, f"while pickling the value of key {key!r:.80}")
+                        raise
             self.write(SETITEMS)
 
     # -- reduce, globals, persistent ids -----------------------------------------
@@ -594,9 +600,7 @@ class _Emitter(ViewWriter):
         self.write(b"".join((GLOBAL, module, b"\n", name, b"\n")))
 
     def save_persistent_id(self, node: PersistentId) -> None:
-        pid = node.pid  # save_persistent, inlined: one call less per tensor
-        self.table.get(type(pid), self.save_other)(pid)
-        self.write(BINPERSID)
+        self.save_persistent(node.pid)
 
     def save_persistent(self, pid: object) -> None:
         """Write ``<save(pid)> BINPERSID``; the pid itself skips the hook."""
@@ -609,7 +613,10 @@ class _Emitter(ViewWriter):
         if index is not None:
             self.fetch(index)
             return
-        result = None if self.reducer is None else self.reducer(obj)
+        self.save_reduced(None if self.reducer is None else self.reducer(obj), obj)
+
+    def save_reduced(self, result: object, obj: object) -> None:
+        """Write the reducer's ``result`` for ``obj``."""
         handler = self.results.get(type(result))
         if handler is None:
             if result is None:
@@ -647,12 +654,6 @@ def _checked_pairs(pairs: Iterable[object]) -> Iterator[tuple[object, object]]:
 
 def _no_persistent_id(obj: object) -> None:
     """The persistent_id hook of a Pickler without one (never called)."""
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    """Add context to an error on its way out (``add_note`` is new in Python 3.11)."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
 
 
 def _describe(obj: object) -> str:

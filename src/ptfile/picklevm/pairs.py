@@ -1,0 +1,269 @@
+r"""The loop that writes a chunk of dict items: str keys and reduced values, inline.
+
+Specification
+-------------
+:meth:`PairWriter.write_pairs` MUST write a chunk of dict items with exactly
+the bytes, memo operations included, that the pickler's generic loop writes:
+for each pair ``save(key)`` then ``save(value)`` (the caller writes MARK and
+SETITEMS around the chunk).  An error raised while writing a value gets the
+note ``while pickling the value of key ...``, as in the generic loop.  It
+runs only where the one-step :class:`~ptfile.picklevm.nodes.ViewReduce`
+writer may (no persistent_id hook is asked about the parts it writes).
+
+How: a state dict is 10^5-10^6 ``str -> tensor`` pairs, so this is the hot
+loop of ``ptfile.save``, one function of local names with no Python call per
+pair but the reducer's.  Inline, once memo indices have reached 256 (every
+PUT is then LONG_BINPUT):
+
+* a str key: ``BINUNICODE <u32> <utf-8> LONG_BINPUT <u32>`` in one pack of a
+  layout cached by length, or its GET when it is memoised;
+* a value the reducer turns into the common :class:`ViewReduce` (as
+  :meth:`~ptfile.picklevm.views.ViewWriter.write_rest_fast` defines it: func,
+  OrderedDict and pid items already met, or plain str and int pid items; int
+  offset; non-empty all-int size and stride; bool flag; fresh empty
+  OrderedDict): the head and pid items, then the rest in one pack of a layout
+  cached by the lengths of its parts.
+
+Any other key, value or part is written by the generic handlers
+(``lookup``/``save_other``'s result dispatch/``write_view``) once the bytes
+gathered so far are written, so the output never depends on which path wrote
+a pair.  Size and stride tuples are looked up by identity first (a loaded
+checkpoint shares one tuple among equal shapes); each entry of that cache
+holds its tuple, so the identity cannot be reused while the cache lives.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from ptfile.errors import PtfileError, SaveError
+
+from ._codes import (
+    BININT1_CODES,
+    BINPERSID,
+    BINUNICODE,
+    LONG_BINPUT,
+    MARK,
+    NEWFALSE,
+    NEWTRUE,
+    U32_MAX,
+    encode_int,
+    get_code,
+)
+from .nodes import Reducer, ViewReduce
+from .views import (
+    _EMPTY_REDUCE_PUT,
+    _INT_TUPLE_CACHE_SIZE,
+    _ORDERED_DICT,
+    _PERSID_INT1,
+    _PID_CLOSE_PUTS,
+    _REDUCE_PUT,
+    _TUPLE_PUT,
+    ViewWriter,
+    _int_tuple_put,
+)
+
+__all__ = ["PairWriter", "add_note"]
+
+#: BINUNICODE layouts by UTF-8 length: opcode, length, bytes, LONG_BINPUT, index.
+_STR_LAYOUTS: dict[int, struct.Struct] = {}
+#: Rest-of-view layouts (pid close + PUT ... REDUCE PUT) by the lengths of the
+#: offset, size, stride and OrderedDict GET codes.
+_VIEW_LAYOUTS: dict[tuple[int, int, int, int], struct.Struct] = {}
+#: The bytes before a view's pid items: the args tuple's MARK, the pid's own MARK
+#: when it has more than 3 items.
+_PID_OPEN: Final = (MARK, MARK, MARK, MARK, MARK + MARK)
+#: The flag's opcode.
+_FLAG: Final = {False: NEWFALSE, True: NEWTRUE}
+
+
+def _str_layout(size: int) -> struct.Struct:
+    if size > U32_MAX:
+        raise SaveError(f"str of {size} UTF-8 bytes needs pickle protocol 4 or higher")
+    layout = struct.Struct(f"<cI{size}scI")
+    if len(_STR_LAYOUTS) < _INT_TUPLE_CACHE_SIZE:
+        _STR_LAYOUTS[size] = layout
+    return layout
+
+
+def _view_layout(lengths: tuple[int, int, int, int]) -> struct.Struct:
+    """pid close + PUT, BINPERSID offset, size + PUT, stride + PUT, flag,
+    OrderedDict GET, ``() REDUCE`` + PUT, TUPLE PUT, REDUCE PUT."""
+    offset, size, stride, od = lengths
+    layout = struct.Struct(f"<2sI{offset}s{size}sI{stride}sIc{od}s3sI2sI2sI")
+    if len(_VIEW_LAYOUTS) < _INT_TUPLE_CACHE_SIZE:
+        _VIEW_LAYOUTS[lengths] = layout
+    return layout
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # lone surrogates: the C pickler's fallback
+        return text.encode("utf-8", "surrogatepass")
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Add context to an error on its way out (``add_note`` is new in Python 3.11)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+
+
+class PairWriter(ViewWriter):
+    """The dict-items loop of the pickler's emitter (a mixin: the state is the emitter's)."""
+
+    # The puts of size and stride tuples by id (b"" for any other object; the
+    # objects are held in ``keep``) and the rest-of-view layouts of this dump by
+    # (offset code, size put, stride put), the OrderedDict's GET being fixed.
+    __slots__ = ("layouts", "shapes")
+
+    shapes: dict[int, bytes]
+    layouts: dict[tuple[bytes, bytes, bytes], struct.Struct]
+    reducer: Reducer | None
+    save_reduced: Callable[[object, object], None]
+
+    def write_pairs(self, chunk: Sequence[tuple[object, object]]) -> None:
+        """Write ``<key> <value>`` for every pair of ``chunk``, in few writes."""
+        memo, refs, reducer, shapes, layouts = (
+            self.memo, self.refs, self.reducer, self.shapes, self.layouts)
+        claim, known, ref, lookup, keep = (
+            memo.setdefault, memo.get, refs.get, self.lookup, self.keep.append)
+        strs = _STR_LAYOUTS
+        od = ref(id(_ORDERED_DICT))
+        func = head = None
+        parts: list[bytes] = []
+        add = parts.append
+        for key, value in chunk:
+            index = len(memo) + self.unkeyed
+            if type(key) is not str or index < 0x100 or reducer is None:
+                self.write_pair(key, value, parts)
+                continue
+            found = claim(id(key), index)
+            if found == index:
+                try:
+                    data = key.encode()
+                except UnicodeEncodeError:
+                    data = _utf8(key)
+                keep(key)
+                size = len(data)
+                add((strs.get(size) or _str_layout(size)).pack(
+                    BINUNICODE, size, data, LONG_BINPUT, index))
+            else:
+                add(get_code(found))
+            if lookup(type(value)) is not None or known(id(value)) is not None:
+                self.write_value(key, value, parts)
+                continue
+            try:
+                view = reducer(value)
+            except PtfileError as exc:
+                add_note(exc, f"while pickling the value of key {key!r:.80}")
+                raise
+            if type(view) is not ViewReduce:
+                self.write_reduced(key, value, view, parts)
+                continue
+            if view[0] is not func:
+                func = view[0]
+                head = ref(id(func))
+            _, pid, offset, size_, stride, flag, tail = view
+            if (head is None or od is None or type(pid) is not tuple or not pid
+                    or type(offset) is not int or type(flag) is not bool
+                    or type(tail) is not OrderedDict or tail or tail.__dict__):  # fmt: skip
+                self.write_reduced(key, value, view, parts)
+                od, func = ref(id(_ORDERED_DICT)), None  # either may be met now
+                continue
+            count = len(pid)
+            add(head)
+            add(_PID_OPEN[count] if count < 4 else _PID_OPEN[4])
+            for item in pid:  # ViewWriter.add_pid's items, inlined
+                code = ref(id(item))
+                if code is not None:
+                    add(code)
+                elif type(item) is int:
+                    add(BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
+                elif type(item) is str:
+                    index = len(memo) + self.unkeyed
+                    found = claim(id(item), index)
+                    if found != index:
+                        add(self.note_str(item, found))
+                        continue
+                    try:
+                        data = item.encode()
+                    except UnicodeEncodeError:
+                        data = _utf8(item)
+                    keep(item)
+                    size = len(data)
+                    add((strs.get(size) or _str_layout(size)).pack(
+                        BINUNICODE, size, data, LONG_BINPUT, index))
+                else:
+                    self.save_part(item, parts)
+            size_put = shapes.get(id(size_)) or self.shape_put(size_)
+            stride_put = shapes.get(id(stride)) or self.shape_put(stride)
+            index = len(memo) + self.unkeyed
+            if not size_put or not stride_put or claim(id(value), index + 5) != index + 5:
+                self.close_pid(count, parts)
+                self.write_rest(view, value, parts)
+                continue
+            self.unkeyed += 5  # the pid tuple, size, stride, the OrderedDict, the args tuple
+            keep(value)
+            persid = _PERSID_INT1[offset] if 0 <= offset < 0x100 else BINPERSID + encode_int(offset)
+            layout = layouts.get((persid, size_put, stride_put))
+            if layout is None:
+                layout = self.view_layout(persid, size_put, stride_put, od)
+            add(layout.pack(
+                _PID_CLOSE_PUTS[count] if count < 4 else _PID_CLOSE_PUTS[0], index,
+                persid, size_put, index + 1, stride_put, index + 2, _FLAG[flag], od,
+                _EMPTY_REDUCE_PUT, index + 3, _TUPLE_PUT, index + 4, _REDUCE_PUT, index + 5))
+        self.flush(parts)
+
+    def note_str(self, item: str, index: int) -> bytes:
+        """The GET of a str memoised at ``index``, kept in ``refs``."""
+        code = self.refs[id(item)] = get_code(index)
+        return code
+
+    def view_layout(self, persid: bytes, size_put: bytes, stride_put: bytes,
+                    od: bytes) -> struct.Struct:
+        """The rest-of-view layout for these codes, cached for this dump."""
+        lengths = (len(persid), len(size_put), len(stride_put), len(od))
+        layout = _VIEW_LAYOUTS.get(lengths) or _view_layout(lengths)
+        if len(self.layouts) < _INT_TUPLE_CACHE_SIZE:
+            self.layouts[persid, size_put, stride_put] = layout
+        return layout
+
+    def write_pair(self, key: object, value: object, parts: list[bytes]) -> None:
+        """A pair the generic way, after what ``parts`` gathered."""
+        self.save_part(key, parts)
+        self.write_value(key, value, parts)
+
+    def write_value(self, key: object, value: object, parts: list[bytes]) -> None:
+        """A value the generic way, after what ``parts`` gathered."""
+        try:
+            self.save_part(value, parts)
+        except PtfileError as exc:
+            add_note(exc, f"while pickling the value of key {key!r:.80}")
+            raise
+
+    def write_reduced(self, key: object, value: object, result: object,
+                      parts: list[bytes]) -> None:
+        """The reducer's ``result`` for ``value`` the generic way, after what ``parts`` gathered."""
+        self.flush(parts)
+        try:
+            self.save_reduced(result, value)
+        except PtfileError as exc:
+            add_note(exc, f"while pickling the value of key {key!r:.80}")
+            raise
+
+    def shape_put(self, values: object) -> bytes:
+        """The items, closing opcode and LONG_BINPUT of a non-empty all-int tuple (b"" else).
+
+        Cached by identity for the first
+        :data:`~ptfile.picklevm.views._INT_TUPLE_CACHE_SIZE` objects met, which
+        ``keep`` then holds, so their ids stay theirs.
+        """
+        put = _int_tuple_put(values) if type(values) is tuple and values else None
+        if len(self.shapes) < _INT_TUPLE_CACHE_SIZE:
+            self.keep.append(values)
+            self.shapes[id(values)] = put or b""
+        return put or b""

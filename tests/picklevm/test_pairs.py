@@ -1,0 +1,162 @@
+"""The inline dict-items loop (picklevm/pairs.py) writes what the generic handlers write.
+
+The reference is the same graph pickled with a persistent_id hook that answers
+None for everything: the hook must then see every object, so neither the
+inline loop nor the one-step ViewReduce writer runs, and every node goes the
+generic way (``ViewReduce.as_reduce``), which the pickler tests check against
+CPython's C pickler.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ptfile.errors import SaveError
+from ptfile.picklevm.pickler import Global, PersistentId, Reduce, ViewReduce, dumps, global_
+
+V2 = global_("torch._utils", "_rebuild_tensor_v2")
+FLOAT = global_("torch", "FloatStorage")
+HALF = global_("torch", "HalfStorage")
+STORAGE = "storage"
+CPU = "cpu"
+
+
+class Box:
+    """Stands for a tensor: the reducer turns it into whatever ``result`` says."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+def reducer(obj: object) -> object:
+    if type(obj) is Box:
+        return obj.result
+    return None
+
+
+def same_as_generic(graph: object, protocol: int = 2) -> bytes:
+    fast = dumps(graph, protocol, reducer=reducer)
+    generic = dumps(graph, protocol, reducer=reducer, persistent_id=lambda obj: None)
+    assert fast == generic
+    return fast
+
+
+def view(key: str, *, shape: Any = (4,), stride: Any = (1,), offset: Any = 0, flag: Any = False,
+         tail: Any = None, storage: Global = FLOAT, location: str = CPU, numel: Any = 4,
+         func: Global = V2) -> ViewReduce:
+    return ViewReduce(func, (STORAGE, storage, key, location, numel), offset, shape, stride, flag,
+                      OrderedDict() if tail is None else tail)
+
+
+def test_pairs_state_dict_of_views_is_the_generic_bytes() -> None:
+    shape, stride = (2, 3), (3, 1)  # shared tuples, as a loaded checkpoint shares them
+    graph = {f"layer.{i}.weight": Box(view(str(i), shape=shape, stride=stride, numel=6))
+             for i in range(2500)}
+    same_as_generic(graph)
+
+
+def test_pairs_shared_keys_values_and_storages_are_fetched() -> None:
+    key = "shared"  # one storage key str in many pids: BINGET after the first
+    boxes = [Box(view(key, offset=i, numel=400)) for i in range(300)]
+    graph: dict[object, object] = {f"k{i}": box for i, box in enumerate(boxes)}
+    graph["again"] = boxes[5]  # a value met before: BINGET
+    graph[key] = boxes[6]  # the storage key str as a dict key
+    graph["first a key"] = 1
+    graph["then a pid item"] = Box(view("first a key"))  # the same (interned) str
+    graph["last"] = Box(view("x", shape=(1, 2, 3, 4, 5), stride=(120, 60, 20, 5, 1), numel=300))
+    for protocol in (2, 3):
+        same_as_generic(graph, protocol)
+
+
+def test_pairs_other_keys_values_and_results_go_the_generic_way() -> None:
+    boxes = {
+        **{f"pad{i}": i for i in range(300)},  # memo indices past 256 first
+        "list": [1, 2, Box(view("0"))],
+        1: Box(view("1")),
+        (1, 2): "tuple key",
+        "reduce": Box(Reduce(global_("collections", "OrderedDict"), ())),
+        "global": Box(global_("torch", "float32")),
+        "pid": Box(PersistentId(("storage", FLOAT, "2", CPU, 1))),
+        "odd shape": Box(view("3", shape=[4])),
+        "empty shape": Box(view("4", shape=(), stride=())),
+        "float in shape": Box(view("5", shape=(4.0,))),
+        "big offset": Box(view("6", offset=2**40, numel=2**70)),
+        "negative offset": Box(view("7", offset=-1)),
+        "int flag": Box(view("8", flag=1)),
+        "full tail": Box(view("9", tail=OrderedDict(a=1))),
+        "none tail": Box(ViewReduce(V2, (STORAGE, FLOAT, "10", CPU, 4), 0, (4,), (1,), True, None)),
+        "new global": Box(view("11", storage=HALF, location="cuda:0", func=global_("m", "f"))),
+        "short pid": Box(ViewReduce(V2, (STORAGE,), 0, (4,), (1,), False, OrderedDict())),
+        "int pid": Box(ViewReduce(V2, 7, 0, (4,), (1,), False, OrderedDict())),
+        "empty pid": Box(ViewReduce(V2, (), 0, (4,), (1,), False, OrderedDict())),
+        "pid of objects": Box(ViewReduce(V2, (STORAGE, (1, 2), 3.5), 0, (4,), (1,), False,
+                                         OrderedDict())),
+        "surrogate \udc80": Box(view("\udc81")),
+        "é": Box(view("ü")),
+    }
+    for protocol in (2, 3):
+        same_as_generic(boxes, protocol)
+
+
+def test_pairs_a_value_that_memoises_itself_is_a_cycle() -> None:
+    box = Box(None)
+    inner: list[object] = [box]  # memoised before the box: the box meets itself through it
+    box.result = ViewReduce(V2, (STORAGE, inner, "0", CPU, 4), 0, (4,), (1,), False, OrderedDict())
+    graph = {f"pad{i}": i for i in range(300)} | {"cycle": box}
+    same_as_generic(graph)
+
+
+def test_pairs_errors_name_the_key() -> None:
+    graph = {f"pad{i}": i for i in range(300)} | {"bad": Box(None)}
+    with pytest.raises(SaveError) as info:
+        dumps(graph, reducer=reducer)
+    assert "while pickling the value of key 'bad'" in "".join(getattr(info.value, "__notes__", []))
+    with pytest.raises(SaveError) as info:
+        dumps(graph | {"bad": object()}, reducer=reducer)
+    assert "'bad'" in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_pairs_reducer_errors_name_the_key() -> None:
+    def failing(obj: object) -> object:
+        raise SaveError("no")
+
+    graph = {f"pad{i}": i for i in range(300)} | {"bad": Box(None)}
+    with pytest.raises(SaveError) as info:
+        dumps(graph, reducer=failing)
+    assert "'bad'" in "".join(getattr(info.value, "__notes__", []))
+
+
+_parts = st.sampled_from(["0", "1", "shared", "storage", "cpu"])
+_shapes = st.sampled_from([(4,), (2, 3), (1, 2, 3, 4), (), (4.0,), [4], (2**40,)])
+
+
+@st.composite
+def _values(draw: st.DrawFn) -> object:
+    kind = draw(st.sampled_from(["view", "view", "view", "int", "str", "reduce", "none"]))
+    if kind == "view":
+        return Box(view(draw(_parts), shape=draw(_shapes), stride=draw(_shapes),
+                        offset=draw(st.sampled_from([0, 5, 300, -2, 2**33])),
+                        flag=draw(st.sampled_from([False, True, 0])),
+                        storage=draw(st.sampled_from([FLOAT, HALF])),
+                        location=draw(st.sampled_from([CPU, "cuda:1"]))))
+    if kind == "int":
+        return draw(st.integers(-(2**40), 2**40))
+    if kind == "str":
+        return draw(_parts)
+    if kind == "reduce":
+        return Box(Reduce(global_("collections", "OrderedDict"), ()))
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(_parts, st.text(max_size=4), st.integers(0, 3)), _values()),
+                max_size=400), st.integers(0, 300))
+def test_pairs_random_dicts_are_the_generic_bytes(items: list[tuple[Any, Any]], pad: int) -> None:
+    graph: dict[Any, Any] = {f"pad{i}": i for i in range(pad)}
+    graph.update(items)
+    same_as_generic(graph)

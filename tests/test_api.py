@@ -257,3 +257,15 @@ def test_api_rejects_torch_only_arguments(ckpt: Path) -> None:
         ptfile.load(ckpt, pickle_module=object())  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         ptfile.load(ckpt, foo=1)
+
+
+@pytest.mark.parametrize("mmap", [True, "r", "c", "r+"])
+def test_api_mmap_of_a_file_object_is_refused_like_torch(ckpt: Path, mmap: bool | str) -> None:
+    with pytest.raises(ValueError, match="mmap needs a path") as ours:
+        ptfile.load(io.BytesIO(ckpt.read_bytes()), mmap=mmap)
+    with ckpt.open("rb") as fp, pytest.raises(ValueError, match="mmap needs a path"):
+        ptfile.load(fp, mmap=mmap)
+    with pytest.raises(ValueError, match="mmap"):
+        torch.load(io.BytesIO(ckpt.read_bytes()), mmap=True)
+    assert not isinstance(ours.value, ptfile.PtfileError)
+    assert ptfile.load(io.BytesIO(ckpt.read_bytes()), mmap=False)["v"].numpy().tolist() == [2.0, 3.0]

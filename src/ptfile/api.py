@@ -30,6 +30,16 @@ __all__ = ["detect_format", "load", "load_torchscript", "save"]
 _MMAP_MODES: Final = {"r": "r", "c": "private", "r+": "shared"}
 
 
+def _mapped_access(f: FileLike, mmap: bool | str | None) -> str | None:
+    """The map access for ``mmap``, refusing what cannot be mapped, as torch.load does."""
+    access = _mmap_access(mmap)
+    if access is not None and not is_path(f):
+        raise ValueError("mmap needs a path (str or os.PathLike): a file object or bytes cannot "
+                         "be mapped (torch.load refuses them too); pass the file's path, or "
+                         "leave mmap off to read it")
+    return access
+
+
 def _mmap_access(mmap: bool | str | None) -> str | None:
     if mmap is None or mmap is False:
         return None
@@ -98,7 +108,8 @@ def load(
         read until touched and arrays are views of the file.  ``"r"`` maps it
         read-only, ``"c"`` copy-on-write, ``"r+"`` shared (writes reach the
         file).  ``False`` (default) reads the file once into memory; arrays
-        are writable views of that copy.
+        are writable views of that copy.  Mapping needs a path: with a file
+        object or bytes, any of these raises ValueError (as in torch).
     limits
         Ceilings for untrusted input (:class:`ptfile.Limits`).
     skip_data
@@ -140,10 +151,10 @@ def load(
     unknown = set(pickle_load_args) - {"encoding", "errors"}
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    access = _mmap_access(mmap)
+    access = _mapped_access(f, mmap)
     limits = limits or DEFAULT_LIMITS
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
-    source = open_source(f, mmap=access is not None and is_path(f), access=access or "private",
+    source = open_source(f, mmap=access is not None, access=access or "private",
                          lazy=skip_data)
     try:
         with damage_as_format_error():
@@ -408,9 +419,9 @@ def load_torchscript(
     >>> ptfile.load_torchscript("model.pt").module.training  # doctest: +SKIP
     True
     """
-    access = _mmap_access(mmap)
+    access = _mapped_access(f, mmap)
     limits = limits or DEFAULT_LIMITS
-    source = open_source(f, mmap=access is not None and is_path(f), access=access or "private")
+    source = open_source(f, mmap=access is not None, access=access or "private")
     try:
         with damage_as_format_error():
             found = detect_source(source, limits)

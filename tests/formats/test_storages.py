@@ -102,3 +102,29 @@ def test_fast_and_reference_paths_agree_on_damaged_archives(name: str, data: st.
     for _ in range(data.draw(st.integers(1, 3))):
         blob[data.draw(st.integers(0, len(blob) - 1))] ^= 1 << data.draw(st.integers(0, 7))
     assert _outcome(bytes(blob)) == _outcome(bytes(blob), map_location=REFERENCE)
+
+
+def _two_pids(second: bytes) -> bytes:
+    """A torch-style archive whose pickle names storage '0' twice: well, then ``second``."""
+    good = b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x02tQ"
+    pickle = b"\x80\x02]q\x00(" + good + second + b"e."
+    buf = io.BytesIO()
+    ptfile.save({"w": np.ones(2, np.float32)}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = pickle if info.filename.endswith("data.pkl") else src.read(info)
+            dst.writestr(info.filename, data)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("second", [
+    b"(X\x03\x00\x00\x00xyzctorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x02tQ",
+    b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000K\x07K\x02tQ",
+    b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ\xff\xff\xff\xfftQ",
+    b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x02tQ",
+], ids=["tag", "location", "numel", "same"])
+def test_a_repeated_key_is_checked_like_the_first(second: bytes) -> None:
+    data = _two_pids(second)
+    assert _outcome(data) == _outcome(data, map_location=REFERENCE)

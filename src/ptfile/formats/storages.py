@@ -140,11 +140,13 @@ class FastStorages:
         if type(pid) is not tuple or len(pid) != 5:
             return self._slow(pid)
         tag, storage_type, key, location, numel = pid
-        entry = self._table.get(key) if type(key) is str else None
+        if (tag != "storage" or type(storage_type) is not StorageType or type(key) is not str
+                or type(location) is not str or type(numel) is not int or numel < 0):
+            return self._slow(pid)  # a malformed id, even for a key already loaded: it raises
+        entry = self._table.get(key)
         if type(entry) is Storage:
             return entry
-        if (entry is None or tag != "storage" or type(storage_type) is not StorageType
-                or type(location) is not str or type(numel) is not int or numel < 0):
+        if entry is None:
             return self._remember(key, self._slow(pid))
         size, offset = entry
         dtype = storage_type.dtype or UINT8
@@ -160,9 +162,8 @@ class FastStorages:
         self._table[key] = self.storages[key] = storage
         return storage
 
-    def _remember(self, key: object, storage: Storage) -> Storage:
-        # The reference path returned, so key is a str.
-        self._table[key] = self.storages[key] = storage  # type: ignore[index]
+    def _remember(self, key: str, storage: Storage) -> Storage:
+        self._table[key] = self.storages[key] = storage
         return storage
 
 

@@ -19,13 +19,13 @@ through as they come, never copied.
 from __future__ import annotations
 
 import functools
-import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Final
 
+from ._runs import fold_crcs, pack_run
 from .records import (
     CENTRAL_DIRECTORY_SIGNATURE,
     CENTRAL_DIRECTORY_STRUCT,
@@ -72,20 +72,11 @@ _FLAGS: Final = FLAG_DATA_DESCRIPTOR | FLAG_UTF8
 BATCH_PAYLOAD_BYTES: Final = 64 << 10
 #: ... and hands a batch to ``write`` once it holds about this many bytes.
 BATCH_FLUSH_BYTES: Final = 1 << 20
+#: A record's bytes in a run besides its payload and padding: local header,
+#: padding extra header, data descriptor, central entry, and a name's worth.
+_HEAD_BYTES: Final = 30 + 4 + 16 + 46 + 32
 #: Payloads from this size on are CRC'd in a helper thread while they are written.
 PARALLEL_CRC_BYTES: Final = 1 << 20
-#: LOCAL_FILE_HEADER_STRUCT with its always-zero fields as pad bytes:
-#: signature, flags, name length, extra length.
-_LOCAL_HEAD: Final = struct.Struct("<4s2xH18x2H")
-#: CENTRAL_DIRECTORY_STRUCT likewise: signature, flags, CRC, compressed and
-#: uncompressed size, name length, external attributes, local header offset.
-_CENTRAL_HEAD: Final = struct.Struct("<4s4xH6x3LH8x2L")
-_DESCRIPTOR_SIZE: Final = DESCRIPTOR_STRUCT.size
-_DESCRIPTOR_FIRST_BYTE: Final = DATA_DESCRIPTOR_SIGNATURE[0]
-_SLASH: Final = ord("/")
-#: c10::hash_combine's constants (see :func:`~ptfile.archive.serialization_id.hash_combine`).
-_GOLDEN: Final = 0x9E3779B9
-_MASK64: Final = (1 << 64) - 1
 _CLOSED: Final = "closed"
 _HALF_WRITTEN: Final = "broken: a record was left half-written (a write or a chunk failed)"
 
@@ -169,7 +160,8 @@ class ZipWriter:
         self._crc32 = crc32
         self._position = 0
         self._offsets: dict[str, int] = {}
-        self._central: list[bytes] = []
+        self._central: list[bytes] = []  # central directory entries, one or a run's each
+        self._entries = 0
         self._crc_fold = 0  # the CRC half of the serialization id
         self._paddings: dict[int, bytes] = {}
         self._unusable: str | None = None  # why no more records may be written
@@ -244,6 +236,7 @@ class ZipWriter:
             DOS_DIRECTORY_ATTRIBUTE if full.endswith(b"/") else 0, min(offset, U32_MAX),
         )  # fmt: skip
         self._central.append(header + full + extra)
+        self._entries += 1
         self._unusable = None
 
     def write_record(self, name: str, data: Buffer) -> None:
@@ -286,10 +279,11 @@ class ZipWriter:
     def write_records(self, records: Iterable[tuple[str, Buffer]]) -> None:
         """Write whole records in turn, as :meth:`write_record` writes one, in few write calls.
 
-        Headers and payloads under :data:`BATCH_PAYLOAD_BYTES` are gathered and
-        passed to ``write`` joined, about :data:`BATCH_FLUSH_BYTES` at a time;
-        larger payloads are passed as they are.  All is written before this
-        returns.
+        Records with payloads under :data:`BATCH_PAYLOAD_BYTES` are gathered
+        into runs of about :data:`BATCH_FLUSH_BYTES`, each laid out by
+        :func:`~ptfile.archive._runs.pack_run` and passed to ``write`` as one
+        piece; larger payloads are passed as they are.  All is written before
+        this returns.
 
         Raises
         ------
@@ -299,90 +293,50 @@ class ZipWriter:
         """
         if self._unusable is not None:
             raise ValueError(f"ZipWriter is {self._unusable}")
-        pending: list[bytes | memoryview] = []
+        names: list[str] = []
+        views: list[memoryview] = []
+        budget = 0
+        record = _HEAD_BYTES + self._alignment  # what a record adds to a run besides its payload
         try:
-            for name, view in self._gather(records, pending):
-                self._flush(pending)
+            for name, data in records:
+                view = data if type(data) is memoryview and data.ndim == 1 and data.format == "B" \
+                    else _as_bytes_view(data)
+                if view.nbytes >= BATCH_PAYLOAD_BYTES:
+                    self._write_run(names, views)
+                    self.write_record(name, view)
+                    continue
+                names.append(name)
+                views.append(view)
+                budget += view.nbytes + record
+                if budget >= BATCH_FLUSH_BYTES:
+                    self._write_run(names, views)
+                    budget = 0
+        except BaseException:
+            if self._unusable is None:  # the records before a failing iterator
+                self._write_run(names, views)
+            raise
+        self._write_run(names, views)
+
+    def _write_run(self, names: list[str], views: list[memoryview]) -> None:
+        """Write the gathered records (and empty both lists): as one run, or one by one."""
+        if not names:
+            return
+        run_names, run_views = names[:], views[:]
+        names.clear()
+        views.clear()
+        run = pack_run(self._prefix, run_names, run_views, self._position, self._alignment,
+                       self._crc32, self._offsets.keys())
+        if run is None:
+            for name, view in zip(run_names, run_views, strict=True):
                 self.write_record(name, view)
-        finally:
-            self._flush(pending)
-
-    def _gather(
-        self, records: Iterable[tuple[str, Buffer]], pending: list[bytes | memoryview]
-    ) -> Iterator[tuple[str, memoryview]]:
-        """Add each record to ``pending``; yield those that need :meth:`write_record`.
-
-        Those are the rare records: a duplicate or ignored name (which
-        write_record refuses or skips), a directory, a long name, a name that
-        starts like a data descriptor, or one near the ZIP64 limits.  This is
-        the hot loop of a checkpoint with many tensors, hence one long function
-        of local names; it keeps the writer's state current after each record.
-        """
-        offsets, prefix, alignment, crc_on = self._offsets, self._prefix, self._alignment, self._crc32
-        add, add_central = pending.extend, self._central.append
-        flushed_at = self._position
-        for name, data in records:
-            view = data if type(data) is memoryview and data.ndim == 1 and data.format == "B" \
-                else _as_bytes_view(data)
-            size = view.nbytes
-            offset = self._position
-            full = prefix + name.encode("utf-8")
-            if (name in offsets or name == SERIALIZATION_ID_NAME or len(full) > U16_MAX
-                    or offset + size >= U32_MAX or full[-1] == _SLASH
-                    or full[:4] == DATA_DESCRIPTOR_SIGNATURE):  # fmt: skip
-                yield name, view
-                flushed_at = self._position
-                continue
-            start = offset + _LOCAL_SIZE + _EXTRA_HEADER_SIZE + len(full)
-            pad = -start % alignment
-            padding = self._paddings.get(pad) or self._padding(pad)
-            offsets[name] = position = start + pad
-            if not size:
-                add((_LOCAL_HEAD.pack(LOCAL_FILE_HEADER_SIGNATURE, FLAG_UTF8, len(full), _EXTRA_HEADER_SIZE + pad), full, padding))  # fmt: skip
-                add_central(_CENTRAL_HEAD.pack(CENTRAL_DIRECTORY_SIGNATURE, FLAG_UTF8, 0, 0, 0, len(full), 0, offset) + full)  # fmt: skip
-                self._position = position
-                continue
-            add((_LOCAL_HEAD.pack(LOCAL_FILE_HEADER_SIGNATURE, _FLAGS, len(full), _EXTRA_HEADER_SIZE + pad), full, padding))  # fmt: skip
-            if size < BATCH_PAYLOAD_BYTES:
-                crc = zlib.crc32(view) if crc_on else 0
-                add((view, DESCRIPTOR_STRUCT.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size)))
-            else:
-                crc = self._write_payload(view, pending)
-                pending.append(DESCRIPTOR_STRUCT.pack(DATA_DESCRIPTOR_SIGNATURE, crc, size, size))
-            fold = self._crc_fold
-            if size >= 8 and view[0] == _DESCRIPTOR_FIRST_BYTE:  # quirk, see module doc
-                fold = fold_write(fold, view[:8])
-            # hash_combine(fold, crc), inlined: what fold_write sees in the descriptor
-            self._crc_fold = fold ^ ((crc + _GOLDEN + (fold << 6) + (fold >> 2)) & _MASK64)
-            add_central(_CENTRAL_HEAD.pack(CENTRAL_DIRECTORY_SIGNATURE, _FLAGS, crc, size, size, len(full), 0, offset) + full)  # fmt: skip
-            self._position = position = position + size + _DESCRIPTOR_SIZE
-            if position - flushed_at >= BATCH_FLUSH_BYTES:
-                self._flush(pending)
-                flushed_at = position
-
-    def _write_payload(self, view: memoryview, pending: list[bytes | memoryview]) -> int:
-        """Write ``pending``, then a large payload as it is; return its CRC (0 without).
-
-        The record stays open.  From :data:`PARALLEL_CRC_BYTES` on, the CRC is
-        computed in a helper thread while ``write`` runs.
-        """
-        self._flush(pending)
-        self._unusable = _HALF_WRITTEN  # until the data descriptor is written
-        if not self._crc32:
-            self._write(view)
-            return 0
-        if view.nbytes < PARALLEL_CRC_BYTES:
-            self._write(view)
-            return zlib.crc32(view)
-        return _crc_beside(view, self._write)
-
-    def _flush(self, pending: list[bytes | memoryview]) -> None:
-        """Pass what :meth:`_gather` collected to ``write``, as one piece."""
-        if pending:
-            self._unusable = _HALF_WRITTEN  # until write returns
-            self._write(b"".join(pending))
-            pending.clear()
-            self._unusable = None
+            return
+        self._unusable = _HALF_WRITTEN  # until write returns
+        self._emit(run.local.data)
+        self._offsets.update(zip(run_names, run.offsets, strict=True))
+        self._central.append(run.central)
+        self._entries += len(run_names)
+        self._crc_fold = fold_crcs(self._crc_fold, run)
+        self._unusable = None
 
     def write_record_chunks(self, name: str, size: int, chunks: Iterable[Buffer]) -> None:
         """Write one record of ``size`` bytes from ``chunks``, streaming them through.
@@ -457,7 +411,7 @@ class ZipWriter:
         cd_offset = self._position
         self._emit(b"".join(self._central))
         cd_size = self._position - cd_offset
-        entries = len(self._central)
+        entries = self._entries
         eocd64_offset = self._position
         eocd64 = Zip64EndOfCentralDirectory(
             entries_on_disk=entries, total_entries=entries, cd_size=cd_size, cd_offset=cd_offset

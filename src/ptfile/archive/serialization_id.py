@@ -211,9 +211,10 @@ def _walk(
     each, nodes by descending appearance: the reverse of a stable sort by the
     position where the node's bucket first appears.
     """
-    bucket = codes[nodes] % np.uint64(buckets)
-    _, first, inverse = np.unique(bucket, return_index=True, return_inverse=True)
-    by_first = np.argsort(first[inverse.reshape(-1)], kind="stable")
+    bucket = (codes[nodes] % np.uint64(buckets)).astype(np.intp)
+    first = np.empty(buckets, dtype=np.intp)
+    first[bucket[::-1]] = np.arange(len(nodes) - 1, -1, -1)  # a repeated index keeps the last
+    by_first = np.argsort(first[bucket], kind="stable")
     return nodes[by_first[::-1]]
 
 
@@ -292,7 +293,7 @@ def name_hash(names: Sequence[str]) -> int:
     >>> name_hash(["data.pkl"]) == hash_combine(0, hash_bytes(b"data.pkl"))
     True
     """
-    codes = hash_names([name.encode("utf-8") for name in names])
+    codes = hash_names(list(map(str.encode, names)))  # UTF-8
     value = 0
     for code in codes[unordered_set_order(codes)].tolist():
         value ^= (code + _GOLDEN + (value << 6) + (value >> 2)) & _MASK64  # hash_combine, inlined

@@ -291,6 +291,20 @@ class _Reducer:
         return (_STORAGE_LITERAL, storage_type, key, location, obj.nbytes // dtype.itemsize)
 
     def reduce(self, obj: object) -> Reduce | ViewReduce | PersistentId | Global | None:
+        if type(obj) is Tensor and not self._early_dtypes:  # the common tensor, inlined
+            storage = obj.storage
+            if (type(storage) is Storage and storage.location == _CPU and not storage.untyped
+                    and not obj.metadata and obj.type_name is None and obj.dtype.storage):  # fmt: skip
+                kind = _STORAGE_TYPES.get(storage.dtype.storage or "")
+                fresh = str(len(self.storages))
+                if kind is not None and self._keys.setdefault(id(storage), fresh) is fresh:
+                    self.storages.append(storage)  # a new storage: what tensor() does for it
+                    self._dtypes.append(obj.dtype)
+                    pid = (_STORAGE_LITERAL, kind, fresh, _CPU,
+                           storage.nbytes // storage.dtype.itemsize)
+                    return tuple.__new__(ViewReduce, (_V2, pid, obj._offset, obj._shape,
+                                                      obj._stride, obj.requires_grad,
+                                                      obj.backward_hooks))
         handler = _REDUCERS.get(type(obj))
         if handler is None:
             return None

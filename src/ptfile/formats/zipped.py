@@ -264,6 +264,8 @@ class _Reducer:
         # that of tensors met before their storage got its key.
         self._dtypes: list[DType | None] = []
         self._early_dtypes: dict[int, DType] = {}
+        # reduce() inlines tensor() and storage_pid() unless a subclass makes its own pids.
+        self._inline = type(self).storage_pid is _Reducer.storage_pid
 
     def persistent_id(self, obj: object) -> object:
         # torch's persistent_id, asked about the PERSISTENT_TYPES only (the others all give
@@ -291,7 +293,7 @@ class _Reducer:
         return (_STORAGE_LITERAL, storage_type, key, location, obj.nbytes // dtype.itemsize)
 
     def reduce(self, obj: object) -> Reduce | ViewReduce | PersistentId | Global | None:
-        if type(obj) is Tensor and not self._early_dtypes:  # the common tensor, inlined
+        if type(obj) is Tensor and self._inline and not self._early_dtypes:  # common, inlined
             storage = obj.storage
             if (type(storage) is Storage and storage.location == _CPU and not storage.untyped
                     and not obj.metadata and obj.type_name is None and obj.dtype.storage):  # fmt: skip

@@ -251,7 +251,8 @@ def hash_names(names: Sequence[bytes]) -> npt.NDArray[np.uint64]:
     """:func:`hash_bytes` of every name, vectorised over names of equal length."""
     lengths = np.fromiter(map(len, names), dtype=np.intp, count=len(names))
     out = np.empty(len(names), dtype=np.uint64)
-    for length in np.unique(lengths).tolist():
+    # the distinct lengths (np.unique would import numpy.ma: ~10 ms on a process's first call)
+    for length in np.flatnonzero(np.bincount(lengths)).tolist():
         rows = np.flatnonzero(lengths == length)
         out[rows] = _hash_rows(b"".join([names[i] for i in rows.tolist()]), len(rows), length)
     return out

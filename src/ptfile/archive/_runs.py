@@ -38,6 +38,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from itertools import compress
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -239,9 +240,9 @@ def fold_crcs(fold: int, run: Run) -> int:
     """The CRC part of the serialization id after the records of ``run``."""
     if run.quirks:
         return _fold_quirks(fold, run)
-    for crc, size in zip(run.crcs, run.sizes, strict=True):
-        if size:  # hash_combine(fold, crc), inlined: the one loop per record left
-            fold ^= (crc + _GOLDEN + (fold << 6) + (fold >> 2)) & _MASK64
+    golden, mask = _GOLDEN, _MASK64
+    for crc in compress(run.crcs, run.sizes):  # the records with a descriptor
+        fold ^= (crc + golden + (fold << 6) + (fold >> 2)) & mask  # hash_combine, inlined
     return fold
 
 

@@ -97,8 +97,8 @@ opcodes and memo codes below 256 are precomputed bytes, and the output is one
 them is twice as slow).  A :class:`ViewReduce` (one per tensor) is gathered
 into one write by :mod:`~ptfile.picklevm.views`; the objects it writes afresh take a
 memo index without a memo entry (``unkeyed``), since id-keyed operations on a
-memo of 10^5-10^6 entries are the costliest thing per tensor; and
-``persistent_types`` saves a hook call per object.
+memo of 10^5-10^6 entries are the costliest thing per tensor; dict items go through
+:mod:`~ptfile.picklevm.pairs`; ``persistent_types`` saves a hook call per object.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ _HANDLERS: Final[dict[type, str]] = {
     dict: "save_dict",
     Global: "save_global",
     Reduce: "save_reduce",
-    PersistentId: "save_persistent_id",
+    PersistentId: "save_result_pid",
     ViewReduce: "save_view",
     **dict.fromkeys(_BUILTIN_REDUCTIONS, "save_builtin_reduction"),
 }
@@ -599,9 +599,6 @@ class _Emitter(PairWriter):
             ) from exc
         self.write(b"".join((GLOBAL, module, b"\n", name, b"\n")))
 
-    def save_persistent_id(self, node: PersistentId) -> None:
-        self.save_persistent(node.pid)
-
     def save_persistent(self, pid: object) -> None:
         """Write ``<save(pid)> BINPERSID``; the pid itself skips the hook."""
         self.table.get(type(pid), self.save_other)(pid)
@@ -627,7 +624,7 @@ class _Emitter(PairWriter):
             )
         handler(result, obj)
 
-    def save_result_pid(self, result: PersistentId, obj: object) -> None:
+    def save_result_pid(self, result: PersistentId, obj: object = None) -> None:
         self.save_persistent(result.pid)
 
     def save_result_global(self, result: Global, obj: object) -> None:

@@ -297,13 +297,14 @@ class _Reducer:
             storage = obj.storage
             if (type(storage) is Storage and storage.location == _CPU and not storage.untyped
                     and not obj.metadata and obj.type_name is None and obj.dtype.storage):  # fmt: skip
-                kind = _STORAGE_TYPES.get(storage.dtype.storage or "")
-                fresh = str(len(self.storages))
+                stored = storage.dtype
+                kind = _STORAGE_TYPES.get(stored.storage or "")
+                storages = self.storages
+                fresh = str(len(storages))
                 if kind is not None and self._keys.setdefault(id(storage), fresh) is fresh:
-                    self.storages.append(storage)  # a new storage: what tensor() does for it
+                    storages.append(storage)  # a new storage: what tensor() does for it
                     self._dtypes.append(obj.dtype)
-                    pid = (_STORAGE_LITERAL, kind, fresh, _CPU,
-                           storage.nbytes // storage.dtype.itemsize)
+                    pid = (_STORAGE_LITERAL, kind, fresh, _CPU, storage._nbytes // stored.itemsize)
                     return tuple.__new__(ViewReduce, (_V2, pid, obj._offset, obj._shape,
                                                       obj._stride, obj.requires_grad,
                                                       obj.backward_hooks))

@@ -528,21 +528,21 @@ def _zip_meta(info: ZipInfo) -> dict[str, str]:
 
 
 def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
-    reader = ZipReader(source, limits=limits)
-    info = read_info(reader, config.current())
-    data_name = f"{info.prefix}/data.pkl"
-    if info.is_torchscript or reader.get(f"{info.prefix}/archive_format") is not None:
-        return None
-    if reader.get(data_name) is None:
-        raise FormatError("the archive has no data.pkl record", member=data_name)
-    loader = FastStorages(reader, source, info, skip_data=True)
-    with paused_gc():
+    with paused_gc():  # the directory, the records' table and the objects: no garbage
+        reader = ZipReader(source, limits=limits)
+        info = read_info(reader, config.current())
+        data_name = f"{info.prefix}/data.pkl"
+        if info.is_torchscript or reader.get(f"{info.prefix}/archive_format") is not None:
+            return None
+        if reader.get(data_name) is None:
+            raise FormatError("the archive has no data.pkl record", member=data_name)
+        loader = FastStorages(reader, source, info, skip_data=True)
         obj, _ = unpickle(reader.read(data_name), find_class=find_class_fast(),
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
                               zip_reader=reader, zip_info=info)
-    ck._keys = frozenset(loader.storages)
-    return ck
+        ck._keys = frozenset(loader.storages)
+        return ck
 
 
 def _open_other(source: Source, fmt: Format, limits: Limits) -> CheckpointReader:

@@ -199,6 +199,7 @@ def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader, skip_data
 # --------------------------------------------------------------------------- tensors
 
 _INTS: Final = frozenset({int})
+_new_object: Final = object.__new__
 
 
 def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
@@ -257,9 +258,23 @@ def find_class_fast() -> Callable[[str, str], Any]:
 
     def v2(storage: object, offset: object, size: object, stride: object, requires_grad: object,
            hooks: object, metadata: object = None) -> Tensor:
-        t = _fast_tensor(geometry, storage, offset, size, stride, requires_grad, hooks, None,
-                         metadata)
-        return t if t is not None else rebuild_tensor_v2(
+        # _fast_tensor inlined for torch's usual call: one Python frame per tensor, not two.
+        if (type(storage) is Storage and type(offset) is int and type(size) is tuple
+                and type(stride) is tuple and type(hooks) is OrderedDict and metadata is None
+                and offset >= 0 and (not (both := size + stride)
+                                     or _INTS.issuperset(map(type, both)))):
+            extent, size, stride = geometry[size, stride]
+            if extent is not None and (not extent or offset + extent
+                                       <= storage._nbytes // storage.dtype.itemsize):
+                t = _new_object(Tensor)
+                t.storage, t.dtype, t._offset, t._shape, t._stride = \
+                    storage, storage.dtype, offset, size, stride
+                t.requires_grad, t.backward_hooks = bool(requires_grad), hooks
+                t.metadata = t.python_state = t.type_name = None
+                return t
+        made = _fast_tensor(geometry, storage, offset, size, stride, requires_grad, hooks, None,
+                            metadata)
+        return made if made is not None else rebuild_tensor_v2(
             storage, offset, size, stride, requires_grad, hooks, metadata)
 
     def v3(storage: object, offset: object, size: object, stride: object, requires_grad: object,

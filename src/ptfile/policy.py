@@ -220,9 +220,9 @@ class CallOnly(functools.partial):  # type: ignore[type-arg]
         return hash(self.func)
 
     def __setstate__(self, state: object) -> None:
-        raise UnsafeGlobalError(f"the pickle BUILDs on the global {self.func!r}: "
-                                "allowlisted globals are read-only",
-                                module="", name=getattr(self.func, "__name__", "?"))
+        name = getattr(self.func, "__name__", "?")
+        raise UnsafeGlobalError(f"the pickle BUILDs on the global {name}: allowlisted globals "
+                                "are read-only", module="", name=name)
 
     def __repr__(self) -> str:
         return repr(self.func)

@@ -128,3 +128,19 @@ def _two_pids(second: bytes) -> bytes:
 def test_a_repeated_key_is_checked_like_the_first(second: bytes) -> None:
     data = _two_pids(second)
     assert _outcome(data) == _outcome(data, map_location=REFERENCE)
+
+
+@pytest.mark.parametrize("name", ["_rebuild_tensor_v2", "_rebuild_tensor_v3"])
+def test_build_on_a_rebuild_function_is_refused_on_both_paths(name: str) -> None:
+    buf = io.BytesIO()
+    ptfile.save({"w": np.ones(2, np.float32)}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    hostile = b"\x80\x02ctorch._utils\n" + name.encode() + b"\n}X\x01\x00\x00\x00aK\x01sb."
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename,
+                         hostile if info.filename.endswith("data.pkl") else src.read(info))
+    fast, reference = _outcome(out.getvalue()), _outcome(out.getvalue(), map_location=REFERENCE)
+    assert fast == reference
+    assert fast[0] == "UnsafeGlobalError"

@@ -42,7 +42,7 @@ from ..archive import Record, ZipReader, computed_data_offset, computed_data_off
 from ..dtypes import UINT8, DType
 from ..errors import ArchiveError, FormatError, StorageError
 from ..location import MapLocation, has_packages, restore_location
-from ..policy import find_strict_class
+from ..policy import CallOnly, find_strict_class
 from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
 from ..tensor import MAX_NDIM, Storage, Tensor
 
@@ -284,8 +284,10 @@ def find_class_fast() -> Callable[[str, str], Any]:
         return t if t is not None else rebuild_tensor_v3(
             storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
 
-    fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): v2,
-                                        ("torch._utils", "_rebuild_tensor_v3"): v3}
+    # Named and wrapped as the allowlist's own: BUILD on them raises on both paths, alike.
+    v2.__name__, v3.__name__ = rebuild_tensor_v2.__name__, rebuild_tensor_v3.__name__
+    fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): CallOnly(v2),
+                                        ("torch._utils", "_rebuild_tensor_v3"): CallOnly(v3)}
 
     def find_class(module: str, name: str) -> Any:
         found = fast.get((module, name))

@@ -256,9 +256,12 @@ def find_class_fast() -> Callable[[str, str], Any]:
     fast constructors for ``_rebuild_tensor_v2``/``_v3``."""
     geometry = _Geometry()
 
-    def v2(storage: object, offset: object, size: object, stride: object, requires_grad: object,
-           hooks: object, metadata: object = None) -> Tensor:
+    # The parameters are named as the reference functions' are: a stream that calls one
+    # with the wrong arguments gets the same TypeError on both paths.
+    def v2(storage: object, storage_offset: object, size: object, stride: object,
+           requires_grad: object, backward_hooks: object, metadata: object = None) -> Tensor:
         # _fast_tensor inlined for torch's usual call: one Python frame per tensor, not two.
+        offset, hooks = storage_offset, backward_hooks
         if (type(storage) is Storage and type(offset) is int and type(size) is tuple
                 and type(stride) is tuple and type(hooks) is OrderedDict and metadata is None
                 and offset >= 0 and (not (both := size + stride)
@@ -277,15 +280,19 @@ def find_class_fast() -> Callable[[str, str], Any]:
         return made if made is not None else rebuild_tensor_v2(
             storage, offset, size, stride, requires_grad, hooks, metadata)
 
-    def v3(storage: object, offset: object, size: object, stride: object, requires_grad: object,
-           hooks: object, dtype: object, metadata: object = None) -> Tensor:
+    def v3(storage: object, storage_offset: object, size: object, stride: object,
+           requires_grad: object, backward_hooks: object, dtype: object,
+           metadata: object = None) -> Tensor:
         t = None if not isinstance(dtype, DType) else _fast_tensor(
-            geometry, storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
+            geometry, storage, storage_offset, size, stride, requires_grad, backward_hooks,
+            dtype, metadata)
         return t if t is not None else rebuild_tensor_v3(
-            storage, offset, size, stride, requires_grad, hooks, dtype, metadata)
+            storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype,
+            metadata)
 
     # Named and wrapped as the allowlist's own: BUILD on them raises on both paths, alike.
-    v2.__name__, v3.__name__ = rebuild_tensor_v2.__name__, rebuild_tensor_v3.__name__
+    for fast_fn, reference in ((v2, rebuild_tensor_v2), (v3, rebuild_tensor_v3)):
+        fast_fn.__name__ = fast_fn.__qualname__ = reference.__name__
     fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): CallOnly(v2),
                                         ("torch._utils", "_rebuild_tensor_v3"): CallOnly(v3)}
 

@@ -78,7 +78,7 @@ def test_fast_path_keeps_sharing_and_views() -> None:
     np.testing.assert_array_equal(fast["c"].numpy(), base.reshape(4, 6).T)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(name=st.sampled_from([f for f in FILES if "nocrc" not in f]), data=st.data())
 def test_fast_and_reference_paths_agree_on_damaged_pickles(name: str, data: st.DataObject) -> None:
     """Bit flips in data.pkl (geometry, keys, sizes, types) and in storage records."""
@@ -98,7 +98,7 @@ def test_fast_and_reference_paths_agree_on_damaged_pickles(name: str, data: st.D
     assert _outcome(damaged) == _outcome(damaged, map_location=REFERENCE)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(name=st.sampled_from(FILES), data=st.data())
 def test_fast_and_reference_paths_agree_on_damaged_archives(name: str, data: st.DataObject) -> None:
     blob = bytearray(SAMPLES[name])

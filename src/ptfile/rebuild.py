@@ -22,6 +22,7 @@ from . import dtypes
 from .dtypes import DType
 from .errors import PickleStreamError, StorageError, UnsupportedFeatureError
 from .tensor import (
+    MAX_NDIM,
     Device,
     Parameter,
     QuantizedTensor,
@@ -130,12 +131,11 @@ def rebuild_tensor_v2(storage: object, storage_offset: object, size: object, str
     """``torch._utils._rebuild_tensor_v2``."""
     if (metadata is None and type(storage) is Storage and type(storage_offset) is int
             and type(size) is tuple and type(stride) is tuple
-            and type(backward_hooks) is OrderedDict):
-        # The shape of every tensor torch.save writes; _from_checked checks the rest.
-        tensor = Tensor._from_checked(storage, storage_offset, size, stride,
-                                      bool(requires_grad), backward_hooks)
-        if tensor is not None:
-            return tensor
+            and type(backward_hooks) is OrderedDict and len(size) <= MAX_NDIM
+            and (not size or set(map(type, size + stride)) == _INT_ONLY)):
+        # The shape of every tensor torch.save writes: checked here in one go.
+        return Tensor._from_checked(storage, storage_offset, size, stride,
+                                    bool(requires_grad), backward_hooks)
     return Tensor(_storage(storage), _int(storage_offset, "storage_offset"),
                   _ints(size, "size"), _ints(stride, "stride"),
                   requires_grad=bool(requires_grad), backward_hooks=_hooks(backward_hooks),

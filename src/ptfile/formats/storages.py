@@ -44,7 +44,7 @@ from ..errors import ArchiveError, FormatError, StorageError
 from ..location import MapLocation, has_packages, restore_location
 from ..policy import CallOnly, find_strict_class
 from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
-from ..tensor import MAX_NDIM, Storage, Tensor
+from ..tensor import MAX_NDIM, Storage, Tensor, view_extent
 
 if TYPE_CHECKING:
     from .zipped import ZipInfo
@@ -199,7 +199,6 @@ def _record_table(reader: ZipReader, prefix: str, slow: StorageLoader, skip_data
 # --------------------------------------------------------------------------- tensors
 
 _INTS: Final = frozenset({int})
-_new_object: Final = object.__new__
 
 
 def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
@@ -207,9 +206,7 @@ def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | No
     ndim = len(size)
     if ndim != len(stride) or ndim > MAX_NDIM or (ndim and (min(size) < 0 or min(stride) < 0)):
         return None
-    if ndim and not min(size):
-        return 0
-    return int(1 + sum(map(operator.mul, size, stride)) - sum(stride))
+    return view_extent(size, stride)
 
 
 _Shape = tuple[Any, ...]
@@ -260,25 +257,10 @@ def find_class_fast() -> Callable[[str, str], Any]:
     # with the wrong arguments gets the same TypeError on both paths.
     def v2(storage: object, storage_offset: object, size: object, stride: object,
            requires_grad: object, backward_hooks: object, metadata: object = None) -> Tensor:
-        # _fast_tensor inlined for torch's usual call: one Python frame per tensor, not two.
-        offset, hooks = storage_offset, backward_hooks
-        if (type(storage) is Storage and type(offset) is int and type(size) is tuple
-                and type(stride) is tuple and type(hooks) is OrderedDict and metadata is None
-                and offset >= 0 and (not (both := size + stride)
-                                     or _INTS.issuperset(map(type, both)))):
-            extent, size, stride = geometry[size, stride]
-            if extent is not None and (not extent or offset + extent
-                                       <= storage._nbytes // storage.dtype.itemsize):
-                t = _new_object(Tensor)
-                t.storage, t.dtype, t._offset, t._shape, t._stride = \
-                    storage, storage.dtype, offset, size, stride
-                t.requires_grad, t.backward_hooks = bool(requires_grad), hooks
-                t.metadata = t.python_state = t.type_name = None
-                return t
-        made = _fast_tensor(geometry, storage, offset, size, stride, requires_grad, hooks, None,
-                            metadata)
-        return made if made is not None else rebuild_tensor_v2(
-            storage, offset, size, stride, requires_grad, hooks, metadata)
+        t = _fast_tensor(geometry, storage, storage_offset, size, stride, requires_grad,
+                         backward_hooks, None, metadata)
+        return t if t is not None else rebuild_tensor_v2(
+            storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata)
 
     def v3(storage: object, storage_offset: object, size: object, stride: object,
            requires_grad: object, backward_hooks: object, dtype: object,

@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 
 from . import config
+from ._gc import paused_gc
 from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Format, detect
-from .formats.storages import FastStorages, find_class_fast, paused_gc
+from .formats.storages import FastStorages, find_class_fast
 from .formats.zipped import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle

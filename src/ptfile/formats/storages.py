@@ -27,11 +27,9 @@ them (``BUILD`` on a global) outlives the load (see
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import operator
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -49,7 +47,7 @@ from ..tensor import MAX_NDIM, Storage, Tensor, view_extent
 if TYPE_CHECKING:
     from .zipped import ZipInfo
 
-__all__ = ["FastStorages", "StorageLoader", "find_class_fast", "paused_gc"]
+__all__ = ["FastStorages", "StorageLoader", "find_class_fast"]
 
 
 class StorageLoader:
@@ -283,20 +281,3 @@ def find_class_fast() -> Callable[[str, str], Any]:
         return found if found is not None else find_strict_class(module, name)
 
     return find_class
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while unpickling or saving.
-
-    Unpickling 100,000 tensors allocates ~10^6 container objects, which triggers
-    repeated full collections over an ever larger heap: ~30 % of the load time.
-    Nothing built during a load is garbage, so collecting then is wasted work.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

@@ -34,6 +34,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import dtypes
+from .._gc import paused_gc
 from .._io import Source
 from ..archive import ZipReader, ZipWriter
 from ..config import Settings
@@ -50,7 +51,7 @@ from ..picklevm.pickler import Global, PersistentId, Pickler, Reduce, ViewReduce
 from ..policy import find_strict_class
 from ..rebuild import Layout, QScheme, StorageType, TensorType
 from ..tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
-from .storages import FastStorages, StorageLoader, find_class_fast, paused_gc
+from .storages import FastStorages, StorageLoader, find_class_fast
 
 __all__ = ["ZipInfo", "read_zip", "write_zip"]
 

@@ -22,9 +22,7 @@ interface; only their metadata is then not "free".
 
 from __future__ import annotations
 
-import functools
 import itertools
-import operator
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -200,11 +198,6 @@ def _select(key: object, shape: tuple[int, ...], stride: tuple[int, ...],
 
 
 _make_info: Final = TensorInfo._make
-#: TensorInfo from a tuple of its fields, without a Python frame.
-_new_info: Final = functools.partial(tuple.__new__, TensorInfo)
-_STORAGE, _DTYPE, _SHAPE, _STRIDE, _OFFSET, _REQUIRES_GRAD = map(
-    operator.attrgetter, ("storage", "dtype", "_shape", "_stride", "_offset", "requires_grad"))
-_KEY, _NBYTES, _LOCATION = map(operator.attrgetter, ("key", "_nbytes", "location"))
 
 
 class TensorSlice:
@@ -414,30 +407,10 @@ class CheckpointReader(Mapping[str, Tensor]):
         if self._closed:
             raise ValueError("I/O operation on a closed CheckpointReader")
         offsets = self._offset_map()
+        info = self._info
         with paused_gc():  # 10^5 new tuples would trigger ~100 full collections
-            found = self._columns(offsets)
-            if found is None:  # meta tensors or storages without a known offset: one by one
-                found = list(map(self._info, self._tensors, self._tensors.values(),
-                                 itertools.repeat(offsets)))
-            return iter(found)
-
-    def _columns(self, offsets: dict[str, int]) -> list[TensorInfo] | None:
-        """Every tensor's info built column by column with C-level maps (10^5 tensors in
-        a few hundredths of a second), or None when a tensor needs :meth:`_info`."""
-        tensors = list(self._tensors.values())
-        storages = list(map(_STORAGE, tensors))
-        if None in storages:
-            return None
-        keys = list(map(_KEY, storages))
-        data_offsets = list(map(offsets.get, keys))
-        if None in data_offsets:
-            return None
-        columns = zip(self._tensors, map(_DTYPE, tensors), map(_SHAPE, tensors),
-                      map(_STRIDE, tensors), map(_OFFSET, tensors), keys,
-                      map(_NBYTES, storages), map(_LOCATION, storages), data_offsets,
-                      map(_REQUIRES_GRAD, tensors),
-                      map(isinstance, tensors, itertools.repeat(Parameter)), strict=True)
-        return list(map(_new_info, columns))
+            return iter(list(map(info, self._tensors, self._tensors.values(),
+                                 itertools.repeat(offsets))))
 
     def _offset_map(self) -> dict[str, int]:
         """Storage key → data offset, computed in one pass when the file has torch's layout."""

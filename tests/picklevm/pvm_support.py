@@ -123,16 +123,16 @@ Outcome = tuple[object, ...]
 
 
 def outcome(data: bytes, limits: Limits = DEFAULT_LIMITS, *, fast: bool,
-            steps: bool = False, counts: bool = False) -> Outcome:
+            steps: bool = False, runs: bool = False, counts: bool = False) -> Outcome:
     """What one gear of :func:`check_stream` says about ``data``: the walk's result or error.
 
-    ``fast=False, steps=True`` is the reference: :func:`lexer._step` alone.
-    ``counts`` adds the opcode count and the memo index rule 3 must cover
-    (the exact gears only).
+    ``fast=False, steps=True`` is the reference: :func:`lexer._step` alone;
+    ``fast=False, runs=True`` the run gear.  ``counts`` adds the opcode count
+    and the memo index rule 3 must cover (the exact gears only).
     """
     walk = lexer._new_walk(data, 0, limits)
     gear: Callable[[lexer._Walk], None] = lexer._walk_fast if fast else \
-        lexer._walk_steps if steps else lexer._walk_exact
+        lexer._walk_steps if steps else lexer._walk_runs if runs else lexer._walk_exact
     try:
         gear(walk)
     except PtfileError as exc:

@@ -9,7 +9,7 @@ import zipfile
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pvm_support import PROTOCOLS, normalised_pickletools, objects, outcome
 
@@ -225,14 +225,33 @@ def test_exact_gear_agrees_with_the_step_reference_on_valid_streams(
         outcome(data, limits, fast=False, steps=True, counts=True)
 
 
-@pytest.mark.parametrize("small_below", [0, 1 << 30], ids=["large-pattern", "small-pattern"])
-@settings(max_examples=50)
-@given(data=op_streams(), limits=st.sampled_from(_LIMITS))
-def test_both_fast_pattern_sizes_agree_with_exact_gear(
-        small_below: int, data: bytes, limits: Limits) -> None:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("ptfile.picklevm.lexer._SMALL_STREAM_BYTES", small_below)
-        assert outcome(data, limits, fast=True) == outcome(data, limits, fast=False)
+@given(op_streams(), st.sampled_from(_LIMITS))
+def test_run_gear_agrees_with_exact_gear(data: bytes, limits: Limits) -> None:
+    assert outcome(data, limits, fast=False, runs=True) == outcome(data, limits, fast=False)
+
+
+@given(valid_streams(), st.sampled_from(_LIMITS[:3]))
+def test_run_gear_agrees_on_valid_streams(data: bytes, limits: Limits) -> None:
+    assert outcome(data, limits, fast=False, runs=True) == outcome(data, limits, fast=False)
+
+
+@pytest.mark.parametrize("op", _FIXED, ids=lambda op: op.name)
+def test_run_gear_agrees_on_every_fixed_opcode(op: Opcode) -> None:
+    arg = b"\xff" * (op.fixed_size - 1) if op.fixed_size else b""
+    for head in (b"", b"(", b"N" * 5000):
+        data = b"\x80\x02" + head + bytes([op.code]) + arg + b"N" * 100 + b"t" * len(head) + b"."
+        assert outcome(data, fast=False, runs=True) == outcome(data, fast=False)
+
+
+@pytest.mark.parametrize("size", [1 << 10, 1 << 14, 1 << 20])
+def test_check_stream_chooses_its_gear_by_size(size: int) -> None:
+    # Each gear alone gives the same answer; check_stream's own choice must too.
+    data = b"\x80\x02" + b"r\x00\x01\x00\x00" + b"N" * size + b"0" + b"r\x00\x01\x00\x00."
+    assert check_stream(data).end == len(data)
+    beyond = data[:-6] + b"r" + (2 * len(data)).to_bytes(4, "little") + b"."
+    with pytest.raises(PickleStreamError, match="cannot exceed the stream's length") as caught:
+        check_stream(beyond)
+    assert caught.value.offset == len(data) - 6
 
 
 @given(op_streams(), st.integers(0, 2**20), st.integers(0, 7))
@@ -240,7 +259,9 @@ def test_fast_gear_agrees_after_a_bit_flip(data: bytes, where: int, bit: int) ->
     flipped = bytearray(data)
     if flipped:
         flipped[where % len(flipped)] ^= 1 << bit
-    assert outcome(bytes(flipped), fast=True) == outcome(bytes(flipped), fast=False)
+    exact = outcome(bytes(flipped), fast=False)
+    assert outcome(bytes(flipped), fast=True) == exact
+    assert outcome(bytes(flipped), fast=False, runs=True) == exact
 
 
 def _torch_data_pkl(tensors: int) -> bytes:
@@ -255,6 +276,7 @@ def _torch_data_pkl(tensors: int) -> bytes:
 def test_fast_gear_agrees_on_a_torch_state_dict() -> None:
     data = _torch_data_pkl(3000)  # memo indices past 2**12, offsets past 2**18, 3 SETITEMS
     assert outcome(data, fast=True) == outcome(data, fast=False) == (len(data), 3, 2, None)
+    assert outcome(data, fast=False, runs=True) == (len(data), 3, 2, None)
     assert check_stream(data, Limits(max_depth=3)).max_depth == 3
     with pytest.raises(LimitExceededError, match="max_depth"):
         check_stream(data, Limits(max_depth=2))

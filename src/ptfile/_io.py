@@ -12,7 +12,11 @@ an ``EOFError`` or a silently short result.
   current position too).
 * :class:`MmapSource` maps a file read-only (``ACCESS_READ``), copy-on-write
   (``ACCESS_COPY``, torch's ``MAP_PRIVATE``) or shared (``ACCESS_WRITE``,
-  ``MAP_SHARED``).  Its :meth:`view` slices are zero-copy.
+  ``MAP_SHARED``).  Its :meth:`view` slices are zero-copy.  It keeps the
+  file's descriptor until closed, for :meth:`MmapSource.gather`: a few bytes
+  at each of many places far apart cost ~0.65 µs a ``pread``, against
+  ~3.6 µs for the first touch of a page of a fresh map (a page fault, which
+  also maps the 64 KiB around it).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import contextlib
 import io
 import mmap as _mmap
 import os
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Sequence
+from itertools import repeat
 from typing import IO, BinaryIO, Final, Protocol, Union, runtime_checkable
 
 import numpy as np
@@ -188,6 +194,10 @@ class FileSource:
             self._fp.close()
 
 
+#: Positioned reads (not on Windows).
+_PREAD: Final = getattr(os, "pread", None)
+
+
 class MmapSource(_ViewSource):
     """A memory-mapped file; :meth:`view` returns zero-copy slices of the map."""
 
@@ -202,10 +212,27 @@ class MmapSource(_ViewSource):
             else:
                 self._map = _mmap.mmap(fp.fileno(), 0, access=MMAP_ACCESS[access])
                 self._view = memoryview(self._map)
+            # The mapped file itself, not whatever the path names later; closed with us.
+            self._fd = os.dup(fp.fileno())
+        self._close_fd = weakref.finalize(self, os.close, self._fd)
+
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """The file's ``lengths[i]`` bytes at each ``offsets[i]``, concatenated.
+
+        Read with positioned reads, not through the map (see the module
+        docstring).  The caller checks the ranges against :attr:`size`.  None
+        when positioned reads are not available, the source is closed, or a
+        read comes back short (the file shrank since it was mapped).
+        """
+        if _PREAD is None or not self._close_fd.alive:
+            return None
+        joined = b"".join(map(_PREAD, repeat(self._fd), lengths, offsets))
+        return joined if len(joined) == sum(lengths) else None
 
     def close(self) -> None:
-        """Release our own view; the map closes once no array uses it anymore."""
+        """Release our own view and descriptor; the map closes once no array uses it."""
         self._view.release()
+        self._close_fd()
 
 
 def is_path(f: object) -> bool:

@@ -2,8 +2,9 @@
 
 ``parse_vectorised`` may give up (None) whenever it likes, but when it answers it
 must answer exactly what ``parse_sequential`` answers, and it must never answer
-where the sequential pass raises.  ``bulk_data_offsets`` must give each record
-the offset ``ZipReader._read_local_header`` gives it, or ``-1`` where that raises.
+where the sequential pass raises.  ``bulk_data_offsets`` and
+``gathered_data_offsets`` must give each record the offset
+``ZipReader._read_local_header`` gives it, or ``-1`` where that raises.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import io
 import struct
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +21,9 @@ from archive_helpers import GOLDEN, ZIP_GOLDEN, write_archive, zip64_sample
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource, FileSource
+from ptfile._io import BytesSource, FileSource, MmapSource
 from ptfile.archive import ZipReader
-from ptfile.archive._bulk import bulk_data_offsets
+from ptfile.archive._bulk import bulk_data_offsets, gathered_data_offsets, sparse
 from ptfile.archive._entries import (
     Entries,
     check_overlaps,
@@ -138,10 +140,13 @@ def assert_bulk_agrees(data: bytes) -> None:
     except PtfileError:
         return
     entries = reader.entries
-    bulk = bulk_data_offsets(
-        memoryview(data), entries.column("header_offset"), entries.name_at,
-        entries.name_length, entries.column("compressed_size"), reader._cd_offset,
-    )  # fmt: skip
+    columns = (entries.column("header_offset"), entries.name_at, entries.name_length,
+               entries.column("compressed_size"), reader._cd_offset)
+    bulk = bulk_data_offsets(memoryview(data), *columns)
+    gathered = gathered_data_offsets(
+        lambda offsets, lengths: b"".join(data[o:o + n] for o, n in zip(offsets, lengths)),
+        len(data), entries.directory, entries.directory_offset, *columns)
+    assert gathered is not None and gathered.tolist() == bulk.tolist()
     for record, found in zip(reader.records, bulk.tolist(), strict=True):
         try:
             expected = reader._read_local_header(record)
@@ -415,6 +420,60 @@ def test_entries_bulk_long_names_near_the_end_of_the_buffer() -> None:
         entries.name_length, entries.column("compressed_size"), reader._cd_offset,
     )  # fmt: skip
     assert bulk[-1] == -1 and bulk[:-1].tolist() == [reader.data_offset(r) for r in reader][:-1]
+
+
+def sparse_archive(n: int = 70, size: int = 70_000) -> bytes:
+    """``n`` records of ``size`` bytes: every local header in a 64 KiB window of its own."""
+    return write_archive([(f"data/{i}", bytes([i]) * size) for i in range(n)])
+
+
+def test_entries_sparse_archives_are_told_from_dense_ones() -> None:
+    spaced = np.arange(70, dtype=np.int64) * 70_000
+    assert sparse(spaced, 70 * 70_000)
+    assert not sparse(spaced // 1000, 70 * 70)  # all in one window
+    assert not sparse(spaced[:0], 0)
+
+
+def test_entries_mapped_sparse_archive_reads_its_headers(tmp_path: Path) -> None:
+    data = sparse_archive()
+    assert_bulk_agrees(data)
+    path = tmp_path / "sparse.zip"
+    path.write_bytes(data)
+    source = MmapSource(path)
+    reader, expected = ZipReader(source), ZipReader(BytesSource(data))
+    names = list(reader.names)
+    assert reader.data_offsets(names).tolist() == [expected.data_offset(n) for n in names]
+    assert source.gather([0, 4], [2, 2]) == data[0:2] + data[4:6]
+    source.close()
+    assert source.gather([0], [2]) is None  # closed: the caller maps instead
+
+
+def test_entries_mapped_sparse_archive_reports_a_damaged_header_alike(tmp_path: Path) -> None:
+    data = bytearray(sparse_archive())
+    reader = ZipReader(BytesSource(bytes(data)))
+    data[reader.records[40].header_offset + 30] ^= 1  # the local name of data/40
+    path = tmp_path / "damaged.zip"
+    path.write_bytes(data)
+    mapped, in_memory = ZipReader(MmapSource(path)), ZipReader(BytesSource(bytes(data)))
+    for one in (mapped, in_memory):
+        rows = one.indices_with_prefix("archive/data/")
+        with pytest.raises(ArchiveError, match="local header names") as caught:
+            one.data_offsets_at(rows)
+        assert caught.value.member == "archive/data/40"
+        assert one.data_offsets_at(rows[:40]).tolist() == reader.data_offsets_at(rows[:40]).tolist()
+
+
+def test_entries_a_few_single_lookups_check_no_other_header() -> None:
+    data = many_records(200)
+    reader = ZipReader(BytesSource(data))
+    names = list(reader.names)
+    offsets = [reader.data_offset(name) for name in names[:64]]
+    assert not reader._bulk_checked  # 64 headers read, none of the other 140
+    assert [reader.data_offset(name) for name in names] == \
+        offsets + [reader.data_offset(name) for name in names[64:]]
+    assert reader._bulk_checked  # the 65th look-up checked the rest at once
+    assert reader.data_offsets(names).tolist() == \
+        [ZipReader(BytesSource(data)).data_offset(name) for name in names]
 
 
 # --- the reader's column API -----------------------------------------------------------------

@@ -21,10 +21,13 @@ Policy choices beyond APPNOTE, all refusals of things torch never writes:
 * Declared (uncompressed) sizes must be below ``2**63``: members are kept in
   int64 columns.  Only a ZIP64 value can be larger, and no file holds that much.
 
-Local headers are checked lazily: the first :meth:`ZipReader.data_offset` or
-:meth:`ZipReader.data_offsets` call checks all of them in one vectorised pass
-(:mod:`ptfile.archive._bulk`) when the archive is in memory or mapped, and
-otherwise reads one header per member asked for; the results are cached.
+Local headers are checked lazily, and the results cached.  The first
+:meth:`ZipReader.data_offsets` call (or the 65th :meth:`ZipReader.data_offset`
+of different members: reading a few metadata records costs no pass over
+10^5 headers) checks all of them in one vectorised pass
+(:mod:`ptfile.archive._bulk`) when the archive is in memory or mapped; a
+mapped archive whose headers lie far apart has them read rather than
+touched.  Otherwise one header is read per member asked for.
 :func:`computed_data_offset` is torch's alternative that derives the offset
 from the previous member instead (spec §6).
 """
@@ -42,7 +45,7 @@ from .._gc import paused_gc
 from .._io import BytesSource, MmapSource, Source
 from ..errors import ArchiveError, LimitExceededError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
-from ._bulk import bulk_data_offsets
+from ._bulk import bulk_data_offsets, gathered_data_offsets, sparse
 from ._entries import Entries, parse_entries
 from .records import (
     CENTRAL_DIRECTORY_STRUCT,
@@ -70,7 +73,8 @@ EOCD_SEARCH_BYTES: Final = EndOfCentralDirectory.SIZE + U16_MAX
 #: CRC checks read stored members in slices of this size.
 CRC_CHUNK_BYTES: Final = 1 << 24
 
-#: Below this many records, checking local headers one at a time is as fast.
+#: Below this many records (or this many single look-ups), checking local headers one
+#: at a time is as fast.
 _BULK_MIN_RECORDS: Final = 64
 _CD_FIXED: Final = CENTRAL_DIRECTORY_STRUCT.size
 _LOCAL_FIXED: Final = LOCAL_FILE_HEADER_STRUCT.size
@@ -335,6 +339,7 @@ class ZipReader:
         self._all: tuple[Record, ...] | None = None
         self._offsets = np.full(directory.entries, -1, np.int64)  # checked data offsets
         self._bulk_checked = False
+        self._single_reads = 0  # local headers read one at a time before the bulk check
 
     @property
     def records(self) -> tuple[Record, ...]:
@@ -474,10 +479,13 @@ class ZipReader:
 
     def _data_offset(self, index: int) -> int:
         found = int(self._offsets[index])
-        if found < 0 and not self._bulk_checked:
+        if found >= 0:
+            return found
+        if not self._bulk_checked and self._single_reads >= _BULK_MIN_RECORDS:
             self._check_all_local_headers()
             found = int(self._offsets[index])
         if found < 0:
+            self._single_reads += 1
             found = self._read_local_header(self._record(index))
             self._offsets[index] = found
         return found
@@ -485,16 +493,19 @@ class ZipReader:
     def _check_all_local_headers(self) -> None:
         """Check every local header in one vectorised pass when the archive is in memory."""
         self._bulk_checked = True
-        if len(self._made) >= _BULK_MIN_RECORDS and isinstance(
-            self._source, (BytesSource, MmapSource)
-        ):
-            whole = self._source.view(0, self._source.size, "archive")
-            entries = self._entries
-            found = bulk_data_offsets(
-                whole, entries.column("header_offset"), entries.name_at, entries.name_length,
-                entries.column("compressed_size"), self._cd_offset,
-            )  # fmt: skip
-            self._offsets = np.where(self._offsets < 0, found, self._offsets)
+        source, entries = self._source, self._entries
+        if len(self._made) < _BULK_MIN_RECORDS or not isinstance(source, (BytesSource,
+                                                                           MmapSource)):
+            return
+        columns = (entries.column("header_offset"), entries.name_at, entries.name_length,
+                   entries.column("compressed_size"), self._cd_offset)
+        found = None
+        if isinstance(source, MmapSource) and sparse(columns[0], source.size):
+            found = gathered_data_offsets(source.gather, source.size, entries.directory,
+                                          entries.directory_offset, *columns)
+        if found is None:
+            found = bulk_data_offsets(source.view(0, source.size, "archive"), *columns)
+        self._offsets = np.where(self._offsets < 0, found, self._offsets)
 
     def _read_local_header(self, record: Record) -> int:
         name = record.name.encode("utf-8")

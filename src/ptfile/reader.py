@@ -23,7 +23,7 @@ interface; only their metadata is then not "free".
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -260,7 +260,7 @@ class CheckpointReader(Mapping[str, Tensor]):
         self._meta = meta
         self._object = obj
         self._tensors = flatten(obj)
-        self._keys: frozenset[str] = frozenset()
+        self._referenced: Callable[[], Iterable[str]] = tuple  # keys of the loaded storages
         self._computed_ok: bool | None = None
         self._offsets: dict[str, int] | None = None
         self._closed = False
@@ -343,7 +343,8 @@ class CheckpointReader(Mapping[str, Tensor]):
     def storage_keys(self) -> frozenset[str]:
         """Keys of the storages the pickle references."""
         return frozenset(t.storage.key for t in self._tensors.values()
-                         if t.storage is not None and t.storage.key is not None) | self._keys
+                         if t.storage is not None and t.storage.key is not None) \
+            | frozenset(self._referenced())
 
     def load_tensors(self) -> dict[str, Tensor]:
         """Every tensor with its data; tensors sharing a storage in the file share one here."""
@@ -515,7 +516,7 @@ def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
                               zip_reader=reader, zip_info=info)
-        ck._keys = frozenset(loader.storages)
+        ck._referenced = lambda: loader.storages
         return ck
 
 

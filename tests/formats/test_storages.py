@@ -133,6 +133,17 @@ def test_a_repeated_key_is_checked_like_the_first(second: bytes) -> None:
     assert _outcome(data) == _outcome(data, map_location=REFERENCE)
 
 
+@pytest.mark.parametrize("key", ["../version", "", "0/", "00", "../data.pkl", "\u00e9"])
+def test_keys_that_name_no_storage_record_fail_alike(key: str) -> None:
+    raw = key.encode("utf-8")
+    pid = (b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX" + len(raw).to_bytes(4, "little")
+           + raw + b"X\x03\x00\x00\x00cpuK\x02tQ")
+    data = _two_pids(pid)
+    fast = _outcome(data)
+    assert fast == _outcome(data, map_location=REFERENCE)
+    assert fast[0] == "StorageError"
+
+
 @pytest.mark.parametrize("name", ["_rebuild_tensor_v2", "_rebuild_tensor_v3"])
 def test_build_on_a_rebuild_function_is_refused_on_both_paths(name: str) -> None:
     buf = io.BytesIO()

@@ -9,6 +9,7 @@ CPython's C pickler.
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 from typing import Any
 
@@ -101,6 +102,32 @@ def test_pairs_other_keys_values_and_results_go_the_generic_way() -> None:
     }
     for protocol in (2, 3):
         same_as_generic(boxes, protocol)
+
+
+def test_pairs_tails_with_an_instance_dict_are_the_generic_bytes() -> None:
+    touched: OrderedDict[object, object] = OrderedDict()
+    assert not touched.__dict__  # made on this read: an empty instance dict, still a plain tail
+    named: OrderedDict[object, object] = OrderedDict()
+    named.note = 1  # type: ignore[attr-defined]  # state: written with BUILD
+    tails = {"touched": touched, "named": named, "plain": OrderedDict()}
+    graph = {f"pad{i}": i for i in range(300)}
+    graph |= {name: Box(view(str(i), tail=tail)) for i, (name, tail) in enumerate(tails.items())}
+    for protocol in (2, 3):
+        fast = same_as_generic(graph, protocol)
+        untouched = graph | {"touched": Box(view("0"))}
+        assert fast == dumps(untouched, protocol, reducer=reducer)
+        views = [box.result for box in graph.values() if type(box) is Box]
+        assert dumps(views, protocol) == dumps([v.as_reduce() for v in views], protocol)
+
+
+def test_pairs_and_views_leave_tails_without_an_instance_dict() -> None:
+    # Reading __dict__ would attach an empty dict to every tail (10^5 in a checkpoint).
+    tails: list[OrderedDict[object, object]] = [OrderedDict() for _ in range(4)]
+    graph = {f"pad{i}": i for i in range(300)}
+    graph |= {f"t{i}": Box(view(str(i), tail=tail)) for i, tail in enumerate(tails)}
+    dumps(graph, reducer=reducer)
+    dumps([view(str(i), tail=tail) for i, tail in enumerate(tails)])
+    assert not any(gc.get_referents(tail) for tail in tails)
 
 
 def test_pairs_a_value_that_memoises_itself_is_a_cycle() -> None:

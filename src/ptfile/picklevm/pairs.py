@@ -20,9 +20,10 @@ PUT is then LONG_BINPUT):
 * a value the reducer turns into the common :class:`ViewReduce` (as
   :meth:`~ptfile.picklevm.views.ViewWriter.write_rest_fast` defines it: func,
   OrderedDict and pid items already met, or plain str and int pid items; int
-  offset; non-empty all-int size and stride; bool flag; fresh empty
-  OrderedDict): the head and pid items, then the rest in one pack of a layout
-  cached by the lengths of its parts.
+  offset; non-empty all-int size and stride; bool flag; an OrderedDict tail
+  without referents, i.e. empty and without ``__dict__``, as
+  :mod:`~ptfile.picklevm.views` explains): the head and pid items, then the
+  rest in one pack of a layout cached by the lengths of its parts.
 
 Any other key, value or part is written by the generic handlers
 (``lookup``/``save_other``'s result dispatch/``write_view``) once the bytes
@@ -37,6 +38,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from gc import get_referents
 from typing import Final
 
 from ptfile.errors import PtfileError, SaveError
@@ -131,7 +133,7 @@ class PairWriter(ViewWriter):
             self.memo, self.refs, self.reducer, self.shapes, self.layouts)
         claim, known, ref, lookup, keep = (
             memo.setdefault, memo.get, refs.get, self.lookup, self.keep.append)
-        strs = _STR_LAYOUTS
+        strs, referents = _STR_LAYOUTS, get_referents
         od = ref(id(_ORDERED_DICT))
         func = head = None
         parts: list[bytes] = []
@@ -170,7 +172,7 @@ class PairWriter(ViewWriter):
             _, pid, offset, size_, stride, flag, tail = view
             if (head is None or od is None or type(pid) is not tuple or not pid
                     or type(offset) is not int or type(flag) is not bool
-                    or type(tail) is not OrderedDict or tail or tail.__dict__):  # fmt: skip
+                    or type(tail) is not OrderedDict or referents(tail)):  # fmt: skip
                 self.write_reduced(key, value, view, parts)
                 od, func = ref(id(_ORDERED_DICT)), None  # either may be met now
                 continue

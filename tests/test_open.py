@@ -87,6 +87,19 @@ def test_open_keys_and_metadata(views_file: tuple[Path, dict[str, torch.Tensor]]
         assert len(ck) == len(_expected(sd))
 
 
+def test_open_storage_keys_include_storages_without_a_tensor(tmp_path: Path) -> None:
+    path = tmp_path / "s.pt"
+    torch.save({"w": torch.ones(2), "s": torch.zeros(3).untyped_storage(),
+                "v": torch.ones(4)[1:]}, path)
+    with ptfile.open(path) as ck:
+        assert list(ck) == ["w", "v"]
+        assert ck.storage_keys == {"0", "1", "2"}
+        zr = ck.zip_reader
+        assert zr is not None
+        assert [ck.info(name).data_offset for name in ck] == \
+            [zr.data_offset(f"s/data/{key}") for key in ("0", "2")]
+
+
 @pytest.mark.parametrize("mmap", [True, False])
 def test_open_info_matches_torch(views_file: tuple[Path, dict[str, torch.Tensor]],
                                  mmap: bool) -> None:

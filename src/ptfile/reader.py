@@ -22,8 +22,7 @@ interface; only their metadata is then not "free".
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -260,9 +259,10 @@ class CheckpointReader(Mapping[str, Tensor]):
         self._meta = meta
         self._object = obj
         self._tensors = flatten(obj)
-        self._referenced: Callable[[], Iterable[str]] = tuple  # keys of the loaded storages
+        # The storage loaded from each central directory row (None for the others).
+        self._by_row: Callable[[], Sequence[Storage | None]] = tuple
         self._computed_ok: bool | None = None
-        self._offsets: dict[str, int] | None = None
+        self._offsets: dict[Storage, int] | None = None
         self._closed = False
 
     # -- mapping -----------------------------------------------------------------------
@@ -344,7 +344,7 @@ class CheckpointReader(Mapping[str, Tensor]):
         """Keys of the storages the pickle references."""
         return frozenset(t.storage.key for t in self._tensors.values()
                          if t.storage is not None and t.storage.key is not None) \
-            | frozenset(self._referenced())
+            | frozenset(s.key for s in self._by_row() if s is not None and s.key is not None)
 
     def load_tensors(self) -> dict[str, Tensor]:
         """Every tensor with its data; tensors sharing a storage in the file share one here."""
@@ -392,12 +392,12 @@ class CheckpointReader(Mapping[str, Tensor]):
         """
         return self._info(name, self._tensor(name), self._offset_map())
 
-    def _info(self, name: str, t: Tensor, offsets: dict[str, int]) -> TensorInfo:
+    def _info(self, name: str, t: Tensor, offsets: dict[Storage, int]) -> TensorInfo:
         s = t.storage
         if s is None:
             return _make_info((name, t.dtype, t._shape, t._stride, t._offset, None, 0, "meta",
                                None, t.requires_grad, isinstance(t, Parameter)))
-        offset = offsets.get(s.key) if s.key is not None else None
+        offset = offsets.get(s)
         if offset is None:
             offset = self._storage_offset(s)
         return _make_info((name, t.dtype, t._shape, t._stride, t._offset, s.key, s.nbytes,
@@ -408,13 +408,26 @@ class CheckpointReader(Mapping[str, Tensor]):
         if self._closed:
             raise ValueError("I/O operation on a closed CheckpointReader")
         offsets = self._offset_map()
-        info = self._info
+        get, new, parameter, out = offsets.get, tuple.__new__, Parameter, []
         with paused_gc():  # 10^5 new tuples would trigger ~100 full collections
-            return iter(list(map(info, self._tensors, self._tensors.values(),
-                                 itertools.repeat(offsets))))
+            # _info inlined for the common tensor (one frame, not three: 70 -> 45 ms on 10^5)
+            for name, t in self._tensors.items():
+                s = t.storage
+                offset = None if s is None else get(s)
+                if s is None or offset is None:
+                    out.append(self._info(name, t, offsets))
+                    continue
+                out.append(new(TensorInfo, (name, t.dtype, t._shape, t._stride, t._offset, s.key,
+                                            s._nbytes, s.location, offset, t.requires_grad,
+                                            isinstance(t, parameter))))
+        return iter(out)
 
-    def _offset_map(self) -> dict[str, int]:
-        """Storage key → data offset, computed in one pass when the file has torch's layout."""
+    def _offset_map(self) -> dict[Storage, int]:
+        """Storage → data offset, computed in one pass when the file has torch's layout.
+
+        Keyed by the storage objects the load made (identity: cheaper to build and to
+        look up than 10^5 key strings, which the names would have to be sliced into).
+        """
         if self._offsets is not None:
             return self._offsets
         self._offsets = {}
@@ -425,12 +438,12 @@ class CheckpointReader(Mapping[str, Tensor]):
         rows = np.flatnonzero(entries.starting_with(prefix))
         first = self._zip.get(entries.names[rows[0]]) if rows.size else None
         if first is not None and self.record_data_offset(first) == self.computed_offset(first):
-            offsets = computed_data_offsets(
-                entries.column("header_offset")[rows], entries.name_length[rows],
-                entries.column("size")[rows], self._zip_info.storage_alignment)
-            start, names = len(prefix), entries.names
-            self._offsets = dict(zip([names[i][start:] for i in rows.tolist()],
-                                     offsets.tolist(), strict=True))
+            offsets = computed_data_offsets(  # of every row: those without a storage are dropped
+                entries.column("header_offset"), entries.name_length, entries.column("size"),
+                self._zip_info.storage_alignment)
+            by_row = self._by_row()  # empty when no loader told
+            self._offsets = {s: offset for s, offset in zip(by_row, offsets.tolist(),
+                                                            strict=False) if s is not None}
         return self._offsets
 
     def _record(self, storage: Storage) -> Record | None:
@@ -516,7 +529,7 @@ def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
                               zip_reader=reader, zip_info=info)
-        ck._referenced = lambda: loader.storages
+        ck._by_row = loader.by_row
         return ck
 
 

@@ -138,6 +138,10 @@ class FastStorages:
                                                              source.size)
         self._made: list[Storage | None] = [None] * len(self._sizes)  # by directory row
 
+    def by_row(self) -> list[Storage | None]:
+        """The storage loaded from each central directory row so far (None for the others)."""
+        return self._made
+
     @property
     def storages(self) -> dict[str, Storage]:
         """The storages loaded so far by key, in directory order."""

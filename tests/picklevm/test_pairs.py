@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ptfile.errors import SaveError
+from ptfile.picklevm import pairs
 from ptfile.picklevm.pickler import Global, PersistentId, Reduce, ViewReduce, dumps, global_
 
 V2 = global_("torch._utils", "_rebuild_tensor_v2")
@@ -45,6 +46,13 @@ def same_as_generic(graph: object, protocol: int = 2) -> bytes:
     generic = dumps(graph, protocol, reducer=reducer, persistent_id=lambda obj: None)
     assert fast == generic
     return fast
+
+
+def other_object(text: str) -> str:
+    """A str equal to ``text`` but not the same object (not interned)."""
+    copy = "".join(list(text))
+    assert copy is not text
+    return copy
 
 
 def view(key: str, *, shape: Any = (4,), stride: Any = (1,), offset: Any = 0, flag: Any = False,
@@ -128,6 +136,62 @@ def test_pairs_and_views_leave_tails_without_an_instance_dict() -> None:
     dumps(graph, reducer=reducer)
     dumps([view(str(i), tail=tail) for i, tail in enumerate(tails)])
     assert not any(gc.get_referents(tail) for tail in tails)
+
+
+def test_pairs_views_alike_are_the_generic_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Views written from a template (the first view of their size tuple, here the
+    # shared default (4,) of view()) and every way of not being alike it.
+    layouts: list[int] = []
+
+    def like_layout(*args: Any) -> Any:
+        layouts.append(args[-1])
+        return real(*args)
+
+    real = pairs._like_layout
+    monkeypatch.setattr(pairs, "_like_layout", like_layout)
+    other = (2, 3)
+    graph: dict[str, object] = {f"pad{i}": i for i in range(300)}
+    for i in range(20):  # two shapes in turn: a template each
+        graph[f"w{i}"] = Box(view(f"w{i}"))
+        graph[f"b{i}"] = Box(view(f"b{i}", shape=other, stride=(3, 1), numel=6))
+    for i in range(3):  # the fresh str elsewhere in the pid
+        graph[f"first{i}"] = Box(ViewReduce(V2, (f"f{i}", FLOAT, STORAGE, CPU, 6), 0, other,
+                                            (3, 1), False, OrderedDict()))
+        graph[f"last{i}"] = Box(ViewReduce(V2, (STORAGE, FLOAT, CPU, 6, f"l{i}"), 0, other,
+                                           (3, 1), False, OrderedDict()))
+    unlike = {
+        "storage met before": view("w3"),
+        "equal str, other object": view("u0", location=other_object(CPU)),
+        "other class": view("u1", storage=HALF),
+        "equal numel, other object": view("u2", numel=int("4")),
+        "flag": view("u4", flag=True),
+        "int flag": view("u5", flag=0),
+        "offset": view("u6", offset=1),
+        "equal stride, other object": view("u7", stride=(int("1"),)),
+        "float stride": view("u8", stride=(1.0,)),
+        "full tail": view("u9", tail=OrderedDict(a=1)),
+        "two fresh strs": view("u10", location=other_object("cuda:0")),
+        "four items": ViewReduce(V2, (STORAGE, FLOAT, "u11", CPU), 0, (4,), (1,), False,
+                                 OrderedDict()),
+        "six items": ViewReduce(V2, (STORAGE, FLOAT, "u12", CPU, 4, 4), 0, (4,), (1,), False,
+                                OrderedDict()),
+        "tuple item": view("u13", numel=(4,)),
+        "other func": view("u14", func=global_("m", "g")),
+        "alike again": view("u15"),
+    }
+    for at, item in enumerate((STORAGE, FLOAT, CPU, 4)):  # each fixed item: an equal other
+        copy = other_object(item) if type(item) is str else \
+            Global(item.module, item.name) if type(item) is Global else int(str(item))
+        pid = [STORAGE, FLOAT, CPU, 4]
+        pid[at] = copy
+        pid.insert(2, f"u{at + 16}")
+        unlike[f"other item {at}"] = ViewReduce(V2, tuple(pid), 0, (4,), (1,), False,
+                                                OrderedDict())
+    graph |= {name: Box(node) for name, node in unlike.items()}
+    graph |= {f"again {name}": graph[name] for name in ("w5", "b5", "first1", "last2")}
+    for protocol in (2, 3):
+        same_as_generic(graph, protocol)
+    assert set(layouts) == {2, 3}  # the fresh strs' lengths: the templates were used
 
 
 def test_pairs_a_value_that_memoises_itself_is_a_cycle() -> None:

@@ -98,7 +98,8 @@ them is twice as slow).  A :class:`ViewReduce` (one per tensor) is gathered
 into one write by :mod:`~ptfile.picklevm.views`; the objects it writes afresh take a
 memo index without a memo entry (``unkeyed``), since id-keyed operations on a
 memo of 10^5-10^6 entries are the costliest thing per tensor; dict items go through
-:mod:`~ptfile.picklevm.pairs`; ``persistent_types`` saves a hook call per object.
+:mod:`~ptfile.picklevm.pairs`, where a view alike an earlier one of its shape is
+written from that one's template; ``persistent_types`` saves a hook call per object.
 """
 
 from __future__ import annotations
@@ -305,6 +306,7 @@ class _Emitter(PairWriter):
         self.refs: dict[int, bytes] = {}  # id -> GET, for the str and Global write_view met
         self.shapes: dict[int, bytes] = {}  # these two: see PairWriter
         self.layouts: dict[tuple[bytes, bytes, bytes], Any] = {}
+        self.templates: dict[int, tuple[Any, ...]] = {}
         names = {**_HANDLERS, **_PROTOCOL_HANDLERS[protocol]}
         self.table: dict[type, Callable[[Any], None]] = {
             kind: getattr(self, name) for kind, name in names.items()

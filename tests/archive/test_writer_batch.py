@@ -122,3 +122,12 @@ def test_write_records_runs_around_large_payloads_and_a_failing_iterator() -> No
     assert list(writer.record_offsets) == ["a", "b"]
     writer.close()
     assert out.getvalue() == write_archive([("a", b"1"), ("b", b"2")])
+
+
+@pytest.mark.parametrize("size", [1, 8, 16, 300])
+def test_write_records_runs_of_one_size_equal_write_record(size: int) -> None:
+    # Payloads of one size and names of one length are placed as rows (archive/_runs.py).
+    records = [(f"data/{i:04d}", bytes([i % 251]) * size) for i in range(3000)]
+    records[7] = (records[7][0], (b"PK\x07\x08" + bytes(size))[:size])
+    data, _ = write_batched(records)
+    assert data == write_archive(records)

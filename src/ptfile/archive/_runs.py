@@ -28,9 +28,11 @@ How: the data offsets need no loop.  Every payload starts at a multiple of
 ``alignment``, so the next one starts ``round_up(size + descriptor + 34 +
 name length of the next, alignment)`` later: a cumulative sum.  The output
 is filled with ``Z`` (the padding) and every other field is placed by
-numpy, fixed-size fields as rows, names and payloads as one gather each, so
-the cost per record is a few C-level steps (a CRC, a join) instead of a
-dozen Python ones.
+numpy, fixed-size fields as rows, names and payloads as one gather each (as
+rows too when all are of one length, as the payloads of like tensors and
+names of as many digits are: 57 -> 48 ms for B's 100,000 records), so the
+cost per record is a few C-level steps (a CRC, a join) instead of a dozen
+Python ones.
 """
 
 from __future__ import annotations
@@ -155,10 +157,19 @@ def _positions(start: int, full_lengths: npt.NDArray[np.int64], sizes: npt.NDArr
 
 def _place(out: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
            source: npt.NDArray[np.uint8]) -> None:
-    """Copy the consecutive pieces of ``source`` (``lengths`` bytes each) to ``out`` at ``at``."""
-    if len(source):
-        starts = np.cumsum(lengths) - lengths
-        out[np.repeat(at - starts, lengths) + np.arange(len(source))] = source
+    """Copy the consecutive pieces of ``source`` (``lengths`` bytes each) to ``out`` at ``at``.
+
+    Pieces of one length (payloads of a run of like tensors, names of as many
+    digits) are rows: one item copy each instead of a gather of every byte.
+    """
+    if not len(source):
+        return
+    width = int(lengths[0])
+    if (lengths == width).all():
+        _place_rows(out, at, source.reshape(len(lengths), width))
+        return
+    starts = np.cumsum(lengths) - lengths
+    out[np.repeat(at - starts, lengths) + np.arange(len(source))] = source
 
 
 def _rows(records: npt.NDArray[np.void]) -> npt.NDArray[np.uint8]:

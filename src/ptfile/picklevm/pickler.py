@@ -350,7 +350,19 @@ class _Emitter(PairWriter):
                 "arguments built afresh (CPython's C pickler raises RecursionError too)"
             ) from exc
         self.write(STOP)
-        return self.out.getvalue()
+        result = self.out.getvalue()
+        self.release()
+        return result
+
+    def release(self) -> None:
+        """Empty the memo and the caches now.
+
+        The emitter's tables hold its own bound methods, a reference cycle: left
+        alone, the memo of a big state dict (10^5-10^6 entries, tens of MB) would
+        live until a garbage collection found the cycle, after walking it.
+        """
+        for held in (self.memo, self.keep, self.refs, self.shapes, self.layouts, self.templates):
+            held.clear()
 
     def save(self, obj: object) -> None:
         """Save any object (C ``save``)."""

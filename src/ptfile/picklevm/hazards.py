@@ -35,8 +35,9 @@ the check costs a few percent of a large load and nothing on small ones.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
 from ..errors import LimitExceededError
@@ -148,17 +149,18 @@ def deepest_tuple(root: object) -> int:
     while stack:
         obj = stack.pop()
         if isinstance(obj, dict):
-            children: tuple[object, ...] = (*obj, *obj.values(), *vars(obj).values()) \
-                if hasattr(obj, "__dict__") else (*obj, *obj.values())
+            parts: tuple[Iterable[object], ...] = (obj, obj.values(), vars(obj).values()) \
+                if hasattr(obj, "__dict__") else (obj, obj.values())
         elif isinstance(obj, (tuple, list, set, frozenset)):
-            children = tuple(obj)
+            parts = (obj,)
         else:
             continue
         if type(obj) is tuple:
             deepest = max(deepest, tuple_height(obj, heights))
-        if not any(issubclass(kind, _CONTAINERS) for kind in set(map(type, children))):
+        kinds = set().union(*(map(type, part) for part in parts))
+        if not any(issubclass(kind, _CONTAINERS) for kind in kinds):
             continue  # no container among them (a state dict of 10^5 tensors): C-level check
-        for child in children:
+        for child in itertools.chain(*parts):
             # Only containers have children to walk; anything else would be popped and
             # skipped, so it is never pushed.
             if isinstance(child, _CONTAINERS) and id(child) not in seen:

@@ -244,7 +244,20 @@ def _values(draw: st.DrawFn) -> object:
     return None
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("pad", range(225, 262))
+def test_views_across_the_binput_boundary(pad: int) -> None:
+    # Memo indices reach 256 somewhere inside the last views: each PUT must be
+    # BINPUT below 256 and LONG_BINPUT from 256 on, wherever the boundary falls
+    # (index 255 for the args tuple was once written as LONG_BINPUT).
+    graph: dict[str, object] = {f"pad{i}": i for i in range(pad)}
+    graph["0"] = Box(Reduce(global_("collections", "OrderedDict"), ()))
+    graph[""] = Box(view("0", shape=(4,), stride=(4,)))
+    graph["x"] = Box(view("1", shape=(2, 3), stride=(3, 1), numel=6, offset=300))
+    same_as_generic(graph)
+    same_as_generic({f"p{i}": i for i in range(pad)} | {"v": Box(view("k"))})
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.one_of(_parts, st.text(max_size=4), st.integers(0, 3)), _values()),
                 max_size=400), st.integers(0, 300))
 def test_pairs_random_dicts_are_the_generic_bytes(items: list[tuple[Any, Any]], pad: int) -> None:

@@ -261,7 +261,7 @@ class ViewWriter:
             self.keep.append(key)
             append(
                 _TUPLE_REDUCE_PUTS.pack(TUPLE, LONG_BINPUT, index, REDUCE, LONG_BINPUT, index + 1)
-                if index > 0xFE
+                if index > 0xFF
                 else put_code(TUPLE, index) + put_code(REDUCE, index + 1)
             )
 

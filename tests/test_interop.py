@@ -169,6 +169,23 @@ def test_interop_resave_buffer_is_byte_identical(saved: tuple[str, Path]) -> Non
     assert got.getvalue() == expected.getvalue()
 
 
+@pytest.mark.parametrize("shift", range(10))
+@pytest.mark.parametrize("kind", [dict, collections.OrderedDict])
+def test_interop_resave_identical_where_memo_indices_reach_256(
+        shift: int, kind: type[dict[str, Any]]) -> None:
+    # Each leading int item moves memo index 256 one PUT further into the tensors'
+    # entries, so across the shifts it lands on every kind of PUT a tensor has
+    # (key, storage key, pid, size, stride, OrderedDict, args, result): BINPUT
+    # below 256, LONG_BINPUT from 256 on, on ptfile's inline writers as in torch's.
+    obj = kind({f"p{i}": i for i in range(shift)})
+    obj.update({f"layer.{i}.weight": torch.ones(2, 3)[:, i % 2:] for i in range(40)})
+    expected = io.BytesIO()
+    torch.save(obj, expected)
+    got = io.BytesIO()
+    ptfile.save(ptfile.load(io.BytesIO(expected.getvalue())), got)
+    assert got.getvalue() == expected.getvalue()
+
+
 def test_interop_quantized_parts(tmp_path: Path) -> None:
     path = tmp_path / "q.pt"
     torch.save(CASES["quantized"](), path)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import collections
 import io
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -97,3 +100,35 @@ def test_tensors_sharing_an_empty_storage_keep_sharing_it() -> None:
     got = io.BytesIO()
     ptfile.save(loaded, got)
     assert got.getvalue() == first.getvalue()  # torch's own resave has one record per tensor
+
+
+def _raw(array: Any) -> bytes:
+    return np.ascontiguousarray(array).tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(torch_objects())
+def test_open_agrees_with_load_on_random_torch_objects(obj: Any) -> None:
+    # The metadata ptfile.open lists (its own fast paths) is that of the tensors
+    # ptfile.load builds, and each data_offset points at the storage's bytes.
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    raw = buffer.getvalue()
+    expected = ptfile.reader.flatten(ptfile.load(io.BytesIO(raw)))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ckpt.pt"
+        path.write_bytes(raw)
+        for source in (path, io.BytesIO(raw)):
+            with ptfile.open(source) as ck:
+                assert sorted(ck.keys()) == sorted(expected)
+                for info in ck.infos():
+                    t = expected[info.name]
+                    assert (info.dtype, info.shape, info.stride, info.storage_offset,
+                            info.requires_grad) == (t.dtype, t.shape, t.stride(),
+                                                    t.storage_offset(), t.requires_grad)
+                    assert t.storage is not None and info.storage_key == t.storage.key
+                    assert info.storage_nbytes == t.storage.nbytes
+                    assert info.data_offset is not None
+                    stored = raw[info.data_offset:info.data_offset + info.storage_nbytes]
+                    assert stored == bytes(t.storage.data)
+                    assert _raw(ck.get_tensor(info.name)) == _raw(t.numpy())

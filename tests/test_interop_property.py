@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ptfile
+from oracle import assert_same, assert_sharing
 
 torch = pytest.importorskip("torch")
 
@@ -132,3 +133,21 @@ def test_open_agrees_with_load_on_random_torch_objects(obj: Any) -> None:
                     stored = raw[info.data_offset:info.data_offset + info.storage_nbytes]
                     assert stored == bytes(t.storage.data)
                     assert _raw(ck.get_tensor(info.name)) == _raw(t.numpy())
+
+
+@settings(max_examples=40, deadline=None)
+@given(torch_objects())
+def test_load_equals_torch_load_on_random_torch_objects(obj: Any) -> None:
+    # Every way of loading (the fast path from memory and from a map, the reference
+    # path that map_location takes) gives torch.load's values, metadata and sharing.
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    raw = buffer.getvalue()
+    expected = torch.load(io.BytesIO(raw), weights_only=True)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ckpt.pt"
+        path.write_bytes(raw)
+        for loaded in (ptfile.load(io.BytesIO(raw)), ptfile.load(path, mmap=True),
+                       ptfile.load(io.BytesIO(raw), map_location="cpu")):
+            assert_same(loaded, expected)
+            assert_sharing(loaded, expected)

@@ -38,7 +38,8 @@ and a 100,000-tensor state dict (``data.pkl`` of 10.9 MB) has 3.0 million:
 the exact gear alone (:func:`_walk_exact`) takes 0.85 s there.  Three gears,
 chosen by the stream's size, enforce the same rules:
 
-* the exact gear (streams under 4 KiB, or when opcodes must be counted):
+* the exact gear (streams under 4 KiB, or when opcodes must be counted or
+  ``max_memo_index`` is below 255):
   :func:`_step` per opcode, with the opcodes that have nothing to check but
   their bounds skipped inline;
 * the run gear (:func:`_walk_runs`, streams under 512 KiB): the exact gear,
@@ -635,8 +636,8 @@ def check_stream(data: Buffer, limits: Limits = DEFAULT_LIMITS, *, start: int = 
     StreamInfo(start=0, end=5, protocol=2, max_depth=0, ext_offset=None)
     """
     walk = _new_walk(data, start, limits)
-    # The fast gear cannot count opcodes; counting only matters when the ceiling
-    # on opcodes is below the ceiling on bytes (each opcode is at least a byte).
+    # The run and fast gears cannot count opcodes; counting only matters when the
+    # ceiling on opcodes is below the ceiling on bytes (each opcode is at least a byte).
     size = walk.limit - start
     exact = limits.max_opcodes < size or limits.max_memo_index < FREE_MEMO_INDEX \
         or size < RUN_GEAR_MIN_BYTES

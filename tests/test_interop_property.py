@@ -173,3 +173,21 @@ def test_legacy_format_load_equals_torch_load(obj: Any) -> None:
         torch.save(expected, resaved)
         ptfile.save(loaded, converted)
         assert converted.getvalue() == resaved.getvalue()
+
+
+@settings(max_examples=30, deadline=None)
+@given(torch_objects())
+def test_skip_data_save_of_random_torch_objects_is_byte_identical(obj: Any) -> None:
+    # save(skip_data=True) writes torch's serialization.skip_data() layout: same records,
+    # zero-filled payloads, CRC 0.  Both files get the same name (it names the archive).
+    first = io.BytesIO()
+    torch.save(obj, first)
+    raw = first.getvalue()
+    with tempfile.TemporaryDirectory() as folder:
+        ours, theirs = Path(folder) / "ptfile", Path(folder) / "torch"
+        ours.mkdir()
+        theirs.mkdir()
+        with torch.serialization.skip_data():
+            torch.save(torch.load(io.BytesIO(raw), weights_only=True), theirs / "ckpt.pt")
+        ptfile.save(ptfile.load(io.BytesIO(raw)), ours / "ckpt.pt", skip_data=True)
+        assert (ours / "ckpt.pt").read_bytes() == (theirs / "ckpt.pt").read_bytes()

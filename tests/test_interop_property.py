@@ -191,3 +191,33 @@ def test_skip_data_save_of_random_torch_objects_is_byte_identical(obj: Any) -> N
             torch.save(torch.load(io.BytesIO(raw), weights_only=True), theirs / "ckpt.pt")
         ptfile.save(ptfile.load(io.BytesIO(raw)), ours / "ckpt.pt", skip_data=True)
         assert (ours / "ckpt.pt").read_bytes() == (theirs / "ckpt.pt").read_bytes()
+
+
+@settings(max_examples=30, deadline=None)
+@given(torch_objects(), st.booleans(), st.sampled_from([1, 8, 64, 4096]), st.booleans(),
+       st.sampled_from([2, 3]))
+def test_save_options_match_torch_on_random_objects(obj: Any, crc: bool, alignment: int,
+                                                    no_byteorder: bool, protocol: int) -> None:
+    # CRC on/off, storage alignment, the byteorder record and the pickle protocol, set
+    # the torch way on one side and the ptfile way on the other: the same bytes.
+    from torch.utils.serialization import config as torch_config
+
+    first = io.BytesIO()
+    torch.save(obj, first)
+    raw = first.getvalue()
+    loaded = torch.load(io.BytesIO(raw), weights_only=True)
+    expected = io.BytesIO()
+    default_alignment = torch_config.save.storage_alignment
+    torch.serialization.set_crc32_options(crc)
+    torch_config.save.storage_alignment = alignment
+    try:
+        torch.save(loaded, expected, pickle_protocol=protocol,
+                   _disable_byteorder_record=no_byteorder)
+    finally:
+        torch.serialization.set_crc32_options(True)
+        torch_config.save.storage_alignment = default_alignment
+    got = io.BytesIO()
+    with ptfile.config.settings(crc32=crc, storage_alignment=alignment):
+        ptfile.save(ptfile.load(io.BytesIO(raw)), got, pickle_protocol=protocol,
+                    _disable_byteorder_record=no_byteorder)
+    assert got.getvalue() == expected.getvalue()

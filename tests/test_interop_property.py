@@ -221,3 +221,40 @@ def test_save_options_match_torch_on_random_objects(obj: Any, crc: bool, alignme
         ptfile.save(ptfile.load(io.BytesIO(raw)), got, pickle_protocol=protocol,
                     _disable_byteorder_record=no_byteorder)
     assert got.getvalue() == expected.getvalue()
+
+
+@st.composite
+def _modules(draw: st.DrawFn) -> Any:
+    """A small random nn.Sequential in one floating dtype."""
+    layers: list[Any] = []
+    width = draw(st.integers(1, 5))
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["linear", "batchnorm", "layernorm", "relu", "embedding"]))
+        if kind == "linear":
+            out = draw(st.integers(1, 5))
+            layers.append(torch.nn.Linear(width, out, bias=draw(st.booleans())))
+            width = out
+        elif kind == "batchnorm":
+            layers.append(torch.nn.BatchNorm1d(width))
+        elif kind == "layernorm":
+            layers.append(torch.nn.LayerNorm(width))
+        elif kind == "relu":
+            layers.append(torch.nn.ReLU())
+        else:
+            layers.append(torch.nn.Embedding(draw(st.integers(1, 6)), width))
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.float64, torch.bfloat16]))
+    return torch.nn.Sequential(*layers).to(dtype)
+
+
+@settings(max_examples=10, deadline=None)
+@given(_modules())
+def test_torchscript_state_dict_equals_torch_on_random_modules(module: Any) -> None:
+    # ptfile.load of a torch.jit.save archive is its state dict, as torch.jit.load has it.
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(module), buffer)
+    raw = buffer.getvalue()
+    expected = torch.jit.load(io.BytesIO(raw)).state_dict()
+    loaded = ptfile.load(io.BytesIO(raw))
+    assert list(loaded) == list(expected)
+    for name, value in expected.items():
+        assert_same(loaded[name], value, name)

@@ -48,6 +48,18 @@ def test_safetensors_every_dtype_equal_in_safetensors(tmp_path: Path,
         assert torch.equal(loaded[name].view(torch.uint8), t.contiguous().view(torch.uint8))
 
 
+def test_safetensors_keeps_zero_d_shapes(tmp_path: Path) -> None:
+    # A 0-d tensor is shape [] in safetensors, as safetensors.torch writes it (it was once
+    # written as [1]: np.ascontiguousarray makes 0-d arrays 1-d).
+    sd = {"scalar": torch.tensor(1.5), "step": torch.tensor(7), "w": torch.ones(2)[1]}
+    torch.save(sd, tmp_path / "a.pt")
+    convert(str(tmp_path / "a.pt"), str(tmp_path / "a.safetensors"), to="safetensors")
+    loaded = load_file(tmp_path / "a.safetensors")
+    for name, t in sd.items():
+        assert loaded[name].shape == t.shape == ()
+        assert loaded[name].dtype == t.dtype and torch.equal(loaded[name], t)
+
+
 def test_safetensors_back_to_pt_round_trips(tmp_path: Path,
                                             dtype_file: tuple[Path, dict]) -> None:
     path, sd = dtype_file

@@ -235,6 +235,11 @@ NUMPY_CASES: dict[str, Callable[[], Any]] = {
                       "c": np.array([1 + 1j], np.complex64), "u16": np.array([1, 65535], np.uint16)},
     "views": lambda: _numpy_views(np.arange(12.0)),
     "negative": lambda: {"rev": np.arange(5.0)[::-1], "be": np.arange(3, dtype=">i4")},
+    # 0-d arrays that need a native or aligned copy keep their shape () (they once became (1,))
+    "zero_d": lambda: {"be": np.array(1.5, ">f4"), "be_int": np.array(3, ">i8"),
+                       "native": np.array(2.0, "f4"),
+                       "misaligned": np.frombuffer(bytearray(b"\0\0\0\xc0?"), "f4", 1, 1)
+                       .reshape(())},
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import ptfile
@@ -258,3 +258,39 @@ def test_torchscript_state_dict_equals_torch_on_random_modules(module: Any) -> N
     assert list(loaded) == list(expected)
     for name, value in expected.items():
         assert_same(loaded[name], value, name)
+
+
+def _torch_flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Tensors of a torch-loaded tree by dotted name, as ptfile.reader.flatten names them."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    items = obj.items() if isinstance(obj, dict) else \
+        enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    out: dict[str, Any] = {}
+    for key, value in items:
+        out.update(_torch_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _bytes_of(t: Any) -> Any:
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1).view(torch.uint8)
+
+
+@settings(max_examples=20, deadline=None)
+@given(torch_objects())
+def test_safetensors_conversion_of_random_torch_objects(obj: Any) -> None:
+    # Every tensor (shared ones copied) reaches safetensors with its dtype, shape and bytes.
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from ptfile.export.convert import convert
+
+    with tempfile.TemporaryDirectory() as folder:
+        source, target = Path(folder) / "a.pt", Path(folder) / "a.safetensors"
+        torch.save(obj, source)
+        expected = _torch_flat(torch.load(source, weights_only=True))
+        assume(sorted(expected) == sorted(ptfile.reader.flatten(ptfile.load(source))))
+        convert(str(source), str(target), to="safetensors", shared="copy")
+        got = safetensors_torch.load_file(target)
+        assert sorted(got) == sorted(expected)
+        for name, t in expected.items():
+            assert (got[name].dtype, got[name].shape) == (t.dtype, t.shape), name
+            assert torch.equal(_bytes_of(got[name]), _bytes_of(t)), name

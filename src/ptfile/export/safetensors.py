@@ -64,7 +64,7 @@ def _contiguous(t: Tensor, name: str) -> np.ndarray[Any, Any]:
     array = t.numpy()
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array)
+    return np.asarray(array, order="C")  # not np.ascontiguousarray: it makes 0-d arrays 1-d
 
 
 def _view_key(t: Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...], str]:

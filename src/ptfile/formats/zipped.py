@@ -222,12 +222,13 @@ class _ArrayStorages:
     def tensor(self, array: np.ndarray) -> Tensor:
         """A Tensor viewing the storage of ``array``'s base buffer (or of a native copy)."""
         dtype = dtypes.from_numpy(array.dtype)
+        # (copies with order="C", never np.ascontiguousarray: it makes 0-d arrays 1-d)
         if array.dtype.byteorder == ">" or any(s < 0 for s in array.strides):
-            array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+            array = array.astype(array.dtype.newbyteorder("="), order="C")
         try:
             owner, buffer = self._owner(array)
         except (ValueError, TypeError):
-            array = np.ascontiguousarray(array)
+            array = array if array.flags.c_contiguous else array.copy(order="C")
             owner, buffer = self._owner(array)
         item = dtype.itemsize
         start = np.frombuffer(buffer, np.uint8).ctypes.data if buffer.nbytes else 0
@@ -235,8 +236,8 @@ class _ArrayStorages:
         fits = (delta % item == 0 and buffer.nbytes % item == 0
                 and all(s % item == 0 for s in array.strides))
         if not fits:
-            array = np.ascontiguousarray(array).copy()
-            owner, buffer, delta = array, array.view(np.uint8).reshape(-1).data, 0
+            array = array.copy(order="C")
+            owner, buffer, delta = array, array.reshape(-1).view(np.uint8).data, 0
         storage = self._storage(owner, buffer, dtype)
         strides = tuple(s // item for s in array.strides)
         return Tensor(storage, delta // item, array.shape, strides, dtype=dtype)

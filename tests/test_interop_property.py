@@ -294,3 +294,46 @@ def test_safetensors_conversion_of_random_torch_objects(obj: Any) -> None:
         for name, t in expected.items():
             assert (got[name].dtype, got[name].shape) == (t.dtype, t.shape), name
             assert torch.equal(_bytes_of(got[name]), _bytes_of(t)), name
+
+
+@st.composite
+def _basic_index(draw: st.DrawFn, ndim: int) -> tuple[Any, ...]:
+    """A numpy basic index for ``ndim`` dimensions: ints, slices (negative steps too),
+    None and at most one Ellipsis; out-of-range ints included."""
+    parts: list[Any] = []
+    for _ in range(draw(st.integers(0, ndim))):
+        kind = draw(st.sampled_from(["int", "slice", "slice", "none"]))
+        if kind == "int":
+            parts.append(draw(st.integers(-4, 4)))
+        elif kind == "none":
+            parts.append(None)
+        else:
+            bound = st.none() | st.integers(-5, 5)
+            parts.append(slice(draw(bound), draw(bound),
+                               draw(st.none() | st.sampled_from([1, 2, 3, -1, -2]))))
+    if draw(st.booleans()):
+        parts.insert(draw(st.integers(0, len(parts))), Ellipsis)
+    return tuple(parts)
+
+
+@settings(max_examples=30, deadline=None)
+@given(torch_objects(), st.data())
+def test_get_slice_equals_numpy_indexing_on_random_objects(obj: Any, data: st.DataObject) -> None:
+    # ptfile.open(...).get_slice(name)[index] reads what numpy's basic indexing selects.
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    raw = buffer.getvalue()
+    loaded = ptfile.reader.flatten(ptfile.load(io.BytesIO(raw)))
+    with ptfile.open(io.BytesIO(raw)) as ck:
+        for name, tensor in loaded.items():
+            array = tensor.numpy()
+            index = data.draw(_basic_index(array.ndim))
+            try:
+                expected = array[index]
+            except IndexError:
+                with pytest.raises(IndexError):
+                    ck.get_slice(name)[index]
+                continue
+            got = ck.get_slice(name)[index]
+            assert (got.shape, got.dtype) == (expected.shape, expected.dtype), index
+            assert _raw(got) == _raw(expected), (name, index)

@@ -1,9 +1,16 @@
-"""Property: for random objects torch writes, ptfile's resave is byte-identical to torch's.
+"""Properties against real torch, on random objects torch writes.
 
 The objects mix what state dicts and training checkpoints hold (tensors of every
 common dtype, views sharing storages, Parameters, ints, strs, lists, nested dicts,
 OrderedDicts) in random numbers, so memo indices, SETITEMS batches and storage
-keys fall everywhere ptfile's inline writers have a boundary.
+keys fall everywhere ptfile's inline writers have a boundary.  For them:
+ptfile's resaves are byte-identical to torch's (plain, ``skip_data``, every save
+option, from the legacy format); every way of loading equals ``torch.load``;
+``ptfile.open`` agrees with ``ptfile.load`` and ``get_slice`` with numpy
+indexing; safetensors conversion keeps every tensor; damaged copies load or
+raise a PtfileError.  TorchScript archives of random modules load as
+``torch.jit.load``'s state dict.  The suite runs a few dozen examples of each;
+the commit messages say how many thousands passed when each was added.
 """
 
 from __future__ import annotations

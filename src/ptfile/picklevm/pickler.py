@@ -344,15 +344,15 @@ class _Emitter(PairWriter):
         """Save ``obj`` and return the whole pickle."""
         try:
             self.save(obj)
+            self.write(STOP)
+            return self.out.getvalue()
         except RecursionError as exc:
             raise SaveError(
                 "the object graph is nested too deeply to pickle, or cycles through "
                 "arguments built afresh (CPython's C pickler raises RecursionError too)"
             ) from exc
-        self.write(STOP)
-        result = self.out.getvalue()
-        self.release()
-        return result
+        finally:
+            self.release()  # on failure too
 
     def release(self) -> None:
         """Empty the memo and the caches now.

@@ -16,8 +16,10 @@ the commit messages say how many thousands passed when each was added.
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,30 +86,49 @@ def torch_objects(draw: st.DrawFn) -> Any:
     return out
 
 
+def _torch_bytes(obj: Any, **options: Any) -> bytes:
+    """What ``torch.save(obj, buffer, **options)`` writes."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer, **options)
+    return buffer.getvalue()
+
+
+def _ptfile_bytes(obj: Any, **options: Any) -> bytes:
+    """What ``ptfile.save(obj, buffer, **options)`` writes."""
+    buffer = io.BytesIO()
+    ptfile.save(obj, buffer, **options)
+    return buffer.getvalue()
+
+
+def _torch_load(raw: bytes) -> Any:
+    return torch.load(io.BytesIO(raw), weights_only=True)
+
+
+@contextlib.contextmanager
+def _on_disk(raw: bytes) -> Iterator[Path]:
+    """``raw`` as a file, for the loads that take a path (a map)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ckpt.pt"
+        path.write_bytes(raw)
+        yield path
+
+
 @settings(max_examples=60, deadline=None)
 @given(torch_objects())
 def test_resave_of_random_torch_objects_is_byte_identical(obj: Any) -> None:
     # The oracle is torch's own resave of what it loaded: the pickle memoises by
     # identity, and a loaded "cpu" value is no longer torch's interned location
     # literal, so both write it out again where the original has a GET.
-    first = io.BytesIO()
-    torch.save(obj, first)
-    resaved = io.BytesIO()
-    torch.save(torch.load(io.BytesIO(first.getvalue()), weights_only=True), resaved)
-    got = io.BytesIO()
-    ptfile.save(ptfile.load(io.BytesIO(first.getvalue())), got)
-    assert got.getvalue() == resaved.getvalue()
+    raw = _torch_bytes(obj)
+    assert _ptfile_bytes(ptfile.load(io.BytesIO(raw))) == _torch_bytes(_torch_load(raw))
 
 
 def test_tensors_sharing_an_empty_storage_keep_sharing_it() -> None:
     base = torch.arange(0).float()
-    first = io.BytesIO()
-    torch.save({"a": base, "b": base[0:0], "c": base[::2]}, first)
-    loaded = ptfile.load(io.BytesIO(first.getvalue()))
+    raw = _torch_bytes({"a": base, "b": base[0:0], "c": base[::2]})
+    loaded = ptfile.load(io.BytesIO(raw))
     assert loaded["a"].storage is loaded["b"].storage is loaded["c"].storage
-    got = io.BytesIO()
-    ptfile.save(loaded, got)
-    assert got.getvalue() == first.getvalue()  # torch's own resave has one record per tensor
+    assert _ptfile_bytes(loaded) == raw  # torch's own resave has one record per tensor
 
 
 def _raw(array: Any) -> bytes:
@@ -119,13 +140,9 @@ def _raw(array: Any) -> bytes:
 def test_open_agrees_with_load_on_random_torch_objects(obj: Any) -> None:
     # The metadata ptfile.open lists (its own fast paths) is that of the tensors
     # ptfile.load builds, and each data_offset points at the storage's bytes.
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    raw = buffer.getvalue()
+    raw = _torch_bytes(obj)
     expected = ptfile.reader.flatten(ptfile.load(io.BytesIO(raw)))
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "ckpt.pt"
-        path.write_bytes(raw)
+    with _on_disk(raw) as path:
         for source in (path, io.BytesIO(raw)):
             with ptfile.open(source) as ck:
                 assert sorted(ck.keys()) == sorted(expected)
@@ -147,13 +164,9 @@ def test_open_agrees_with_load_on_random_torch_objects(obj: Any) -> None:
 def test_load_equals_torch_load_on_random_torch_objects(obj: Any) -> None:
     # Every way of loading (the fast path from memory and from a map, the reference
     # path that map_location takes) gives torch.load's values, metadata and sharing.
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    raw = buffer.getvalue()
-    expected = torch.load(io.BytesIO(raw), weights_only=True)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "ckpt.pt"
-        path.write_bytes(raw)
+    raw = _torch_bytes(obj)
+    expected = _torch_load(raw)
+    with _on_disk(raw) as path:
         for loaded in (ptfile.load(io.BytesIO(raw)), ptfile.load(path, mmap=True),
                        ptfile.load(io.BytesIO(raw), map_location="cpu")):
             assert_same(loaded, expected)
@@ -165,21 +178,16 @@ def test_load_equals_torch_load_on_random_torch_objects(obj: Any) -> None:
 def test_legacy_format_load_equals_torch_load(obj: Any) -> None:
     # The pre-1.6 pickle-stream format, written by torch for the same random objects;
     # resaved, it becomes what torch.save writes for what torch.load read.
-    buffer = io.BytesIO()
-    torch.save(obj, buffer, _use_new_zipfile_serialization=False)
-    raw = buffer.getvalue()
+    raw = _torch_bytes(obj, _use_new_zipfile_serialization=False)
     try:
-        expected = torch.load(io.BytesIO(raw), weights_only=True)
+        expected = _torch_load(raw)
     except AttributeError:  # torch 2.13 cannot read the untyped (float8) storages it wrote
         expected = None
     loaded = ptfile.load(io.BytesIO(raw))
     assert_same(loaded, obj if expected is None else expected)
     assert_sharing(loaded, obj if expected is None else expected)
     if expected is not None:  # converted to the ZIP format, as torch converts it
-        converted, resaved = io.BytesIO(), io.BytesIO()
-        torch.save(expected, resaved)
-        ptfile.save(loaded, converted)
-        assert converted.getvalue() == resaved.getvalue()
+        assert _ptfile_bytes(loaded) == _torch_bytes(expected)
 
 
 @settings(max_examples=30, deadline=None)
@@ -187,15 +195,13 @@ def test_legacy_format_load_equals_torch_load(obj: Any) -> None:
 def test_skip_data_save_of_random_torch_objects_is_byte_identical(obj: Any) -> None:
     # save(skip_data=True) writes torch's serialization.skip_data() layout: same records,
     # zero-filled payloads, CRC 0.  Both files get the same name (it names the archive).
-    first = io.BytesIO()
-    torch.save(obj, first)
-    raw = first.getvalue()
+    raw = _torch_bytes(obj)
     with tempfile.TemporaryDirectory() as folder:
         ours, theirs = Path(folder) / "ptfile", Path(folder) / "torch"
         ours.mkdir()
         theirs.mkdir()
         with torch.serialization.skip_data():
-            torch.save(torch.load(io.BytesIO(raw), weights_only=True), theirs / "ckpt.pt")
+            torch.save(_torch_load(raw), theirs / "ckpt.pt")
         ptfile.save(ptfile.load(io.BytesIO(raw)), ours / "ckpt.pt", skip_data=True)
         assert (ours / "ckpt.pt").read_bytes() == (theirs / "ckpt.pt").read_bytes()
 
@@ -209,25 +215,18 @@ def test_save_options_match_torch_on_random_objects(obj: Any, crc: bool, alignme
     # the torch way on one side and the ptfile way on the other: the same bytes.
     from torch.utils.serialization import config as torch_config
 
-    first = io.BytesIO()
-    torch.save(obj, first)
-    raw = first.getvalue()
-    loaded = torch.load(io.BytesIO(raw), weights_only=True)
-    expected = io.BytesIO()
+    raw = _torch_bytes(obj)
+    options = {"pickle_protocol": protocol, "_disable_byteorder_record": no_byteorder}
     default_alignment = torch_config.save.storage_alignment
     torch.serialization.set_crc32_options(crc)
     torch_config.save.storage_alignment = alignment
     try:
-        torch.save(loaded, expected, pickle_protocol=protocol,
-                   _disable_byteorder_record=no_byteorder)
+        expected = _torch_bytes(_torch_load(raw), **options)
     finally:
         torch.serialization.set_crc32_options(True)
         torch_config.save.storage_alignment = default_alignment
-    got = io.BytesIO()
     with ptfile.config.settings(crc32=crc, storage_alignment=alignment):
-        ptfile.save(ptfile.load(io.BytesIO(raw)), got, pickle_protocol=protocol,
-                    _disable_byteorder_record=no_byteorder)
-    assert got.getvalue() == expected.getvalue()
+        assert _ptfile_bytes(ptfile.load(io.BytesIO(raw)), **options) == expected
 
 
 @st.composite
@@ -327,9 +326,7 @@ def _basic_index(draw: st.DrawFn, ndim: int) -> tuple[Any, ...]:
 @given(torch_objects(), st.data())
 def test_get_slice_equals_numpy_indexing_on_random_objects(obj: Any, data: st.DataObject) -> None:
     # ptfile.open(...).get_slice(name)[index] reads what numpy's basic indexing selects.
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    raw = buffer.getvalue()
+    raw = _torch_bytes(obj)
     loaded = ptfile.reader.flatten(ptfile.load(io.BytesIO(raw)))
     with ptfile.open(io.BytesIO(raw)) as ck:
         for name, tensor in loaded.items():
@@ -352,9 +349,7 @@ def test_mutated_random_torch_files_load_or_raise_ptfile_errors(obj: Any,
                                                                 data: st.DataObject) -> None:
     # The error contract on files torch wrote for random objects, then damaged: every way
     # of reading either works or raises a PtfileError (1,500 + 600 examples pass locally).
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    raw = bytearray(buffer.getvalue())
+    raw = bytearray(_torch_bytes(obj))
     kind = data.draw(st.sampled_from(["flip", "truncate", "overwrite"]))
     if kind == "flip":
         for _ in range(data.draw(st.integers(1, 4))):
@@ -372,9 +367,7 @@ def test_mutated_random_torch_files_load_or_raise_ptfile_errors(obj: Any,
             for name in ck:
                 ck.get_tensor(name)
 
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "damaged.pt"
-        path.write_bytes(damaged)
+    with _on_disk(damaged) as path:
         for read in (lambda: ptfile.load(io.BytesIO(damaged)), lambda: ptfile.load(path, mmap=True),
                      lambda: ptfile.load(io.BytesIO(damaged), map_location="cpu"),
                      lambda: read_all(path), lambda: read_all(io.BytesIO(damaged)),

@@ -369,6 +369,20 @@ def _plain_kinds(binput: bool) -> tuple[bytes, bytes]:
 
 _PLAIN: Final = {binput: _plain_kinds(binput) for binput in (False, True)}
 _LONGEST_PLAIN: Final = max(_PLAIN[True][1])
+
+
+def _plain_by_argument_size() -> dict[int, list[int]]:
+    """The plain fixed-size opcodes (kind 1, BINPUT included) by argument size: what
+    both compiled patterns match as single opcodes."""
+    kinds, sizes = _PLAIN[True]
+    by_size: dict[int, list[int]] = {}
+    for code in range(256):
+        if kinds[code] == 1:
+            by_size.setdefault(sizes[code] - 1, []).append(code)
+    return by_size
+
+
+_PLAIN_BY_ARGUMENT_SIZE: Final = _plain_by_argument_size()
 #: ``pattern.match`` of :func:`_run_pattern` (a starred pattern: it always matches).
 _Skip: TypeAlias = Callable[["bytes | memoryview", int, int], "re.Match[bytes]"]
 
@@ -476,14 +490,12 @@ _CHECKED: Final = frozenset(_CHECKS_BY_NAME) - {"BINPUT"}
 
 def _single_alternatives(bits: int, short: int) -> list[bytes]:
     """Alternatives matching one certainly-valid opcode outside MARK bookkeeping."""
-    fixed: dict[int, list[int]] = {}
+    fixed = _PLAIN_BY_ARGUMENT_SIZE
     counted: dict[int, list[int]] = {}
     for op in OPCODES:
         if op.name in _CHECKED or op.pushes_mark or op.pops_mark:
             continue
-        if op.fixed_size is not None:
-            fixed.setdefault(op.fixed_size - 1, []).append(op.code)
-        elif op.arg is not None and op.arg.counted and op.arg.size < 8:
+        if op.fixed_size is None and op.arg is not None and op.arg.counted and op.arg.size < 8:
             counted.setdefault(op.arg.size, []).append(op.code)
     # Most frequent first, as re tries alternatives in order: LONG_BINPUT (a big
     # state dict memoises every object; first rather than fourth saves 10%),
@@ -581,13 +593,9 @@ def _run_pattern(bits: int) -> _Skip:
     It compiles in ~0.2 ms (the fast pattern takes 2-20 ms), so the run gear
     suits streams too small to repay the fast pattern's compilation.
     """
-    kinds, sizes = _PLAIN[True]
-    by_size: dict[int, list[int]] = {}
-    for code in range(256):
-        if kinds[code] == 1:
-            by_size.setdefault(sizes[code], []).append(code)
+    by_size = _PLAIN_BY_ARGUMENT_SIZE
     # Most common first: re tries alternatives in order.
-    plain = [_byte_class(by_size[n]) + (b".{%d}" % (n - 1) if n > 1 else b"")
+    plain = [_byte_class(by_size[n]) + (b".{%d}" % n if n else b"")
              for n in sorted(by_size, key=lambda n: -len(by_size[n]))]
     pattern = re.compile(b"(?:" + b"|".join([_memo_below(bits), *plain]) + b")" + _STAR,
                          re.DOTALL)

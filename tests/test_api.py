@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ptfile
+from oracle import assert_same, assert_sharing
 
 
 @pytest.fixture
@@ -269,3 +270,83 @@ def test_api_mmap_of_a_file_object_is_refused_like_torch(ckpt: Path, mmap: bool 
         torch.load(io.BytesIO(ckpt.read_bytes()), mmap=True)
     assert not isinstance(ours.value, ptfile.PtfileError)
     assert ptfile.load(io.BytesIO(ckpt.read_bytes()), mmap=False)["v"].numpy().tolist() == [2.0, 3.0]
+
+
+def _spoil_local_header(path: Path, out: Path, member_suffix: str) -> None:
+    """Copy ``path`` to ``out`` with the local header signature of one record spoiled."""
+    blob = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(member_suffix))
+    blob[info.header_offset:info.header_offset + 4] = b"XXXX"
+    out.write_bytes(bytes(blob))
+
+
+@pytest.mark.parametrize("map_location", [None, {"cpu": "cpu"}], ids=["fast", "reference"])
+@pytest.mark.parametrize("n", [3, 80], ids=["few", "bulk"])  # 80: over the 64 single reads
+def test_api_mmap_reads_each_local_header_on_first_use(
+        tmp_path: Path, map_location: dict[str, str] | None, n: int) -> None:
+    path = tmp_path / "t.pt"
+    torch.save({f"w{i}": torch.full((3,), float(i)) for i in range(n)}, path)
+    damaged = tmp_path / "d.pt"
+    _spoil_local_header(path, damaged, "/data/1")
+    with pytest.raises(ptfile.ArchiveError, match="local file header"):
+        ptfile.load(damaged, map_location=map_location)  # in memory: checked at load
+    sd = ptfile.load(damaged, mmap=True, map_location=map_location)  # mapped: checked on use
+    assert [sd[f"w{i}"].numpy().tolist() for i in range(n) if i != 1] == \
+        [[float(i)] * 3 for i in range(n) if i != 1]
+    for _ in range(2):  # every use of the damaged record raises, not only the first
+        with pytest.raises(ptfile.ArchiveError, match="local file header"):
+            np.asarray(sd["w1"])
+    good = ptfile.load(path, mmap=True, map_location=map_location)
+    ref = torch.load(path, mmap=True)
+    assert all(np.array_equal(good[k].numpy(), ref[k].numpy()) for k in ref)
+
+
+def test_api_mmap_storages_outlive_the_load_without_a_descriptor(tmp_path: Path) -> None:
+    path = tmp_path / "t.pt"
+    torch.save({f"w{i}": torch.full((2,), float(i)) for i in range(100)}, path)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    sd = ptfile.load(path, mmap=True)
+    if fds is not None:  # the map stays, with the descriptor Python's mmap keeps of its own
+        assert len(os.listdir("/proc/self/fd")) <= fds + 1
+    assert [sd[f"w{i}"].numpy().tolist() for i in (99, 0, 50)] == [[99.0] * 2, [0.0] * 2,
+                                                                      [50.0] * 2]
+
+
+def test_api_mmap_first_use_from_many_threads_agrees(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "t.pt"
+    ref = {f"w{i}": torch.randn(5) for i in range(300)}
+    torch.save(ref, path)
+    sd = ptfile.load(path, mmap=True)
+    with ThreadPoolExecutor(8) as pool:
+        arrays = dict(zip(sd, pool.map(lambda t: t.numpy(), sd.values())))
+    assert all(np.array_equal(arrays[k], ref[k].numpy()) for k in ref)
+
+
+def _deflated_copy(path: Path, out: Path) -> None:
+    """``path`` re-packed by a ZIP tool that compresses the storage records."""
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            method = zipfile.ZIP_DEFLATED if "/data/" in info.filename else zipfile.ZIP_STORED
+            dst.writestr(info.filename, src.read(info), compress_type=method)
+
+
+@pytest.mark.parametrize("map_location", [None, {"cpu": "cpu"}], ids=["fast", "reference"])
+@pytest.mark.parametrize("mmap", [False, True, "r"])
+def test_api_compressed_storage_records_are_inflated_as_torch_reads_them(
+        tmp_path: Path, mmap: bool | str, map_location: dict[str, str] | None) -> None:
+    path, packed = tmp_path / "t.pt", tmp_path / "z.pt"
+    x = torch.arange(12.0).reshape(3, 4)
+    torch.save({"x": x, "t": x.t(), "b": torch.zeros(1000, dtype=torch.bfloat16)}, path)
+    _deflated_copy(path, packed)
+    ref = torch.load(packed)  # torch inflates them when it reads the file into memory
+    sd = ptfile.load(packed, mmap=mmap, map_location=map_location)
+    assert_same(sd, ref)
+    assert_sharing(sd, ref)
+    if mmap != "r":  # a writable copy, shared by the views of its storage
+        sd["x"].numpy()[0, 1] = 5
+        assert sd["t"].numpy()[1, 0] == 5
+    with pytest.raises(ptfile.UnsupportedFeatureError, match="compressed"):
+        np.asarray(ptfile.load(packed, mmap="r+", map_location=map_location)["x"])

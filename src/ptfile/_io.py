@@ -203,6 +203,7 @@ class MmapSource(_ViewSource):
 
     def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
         self.name: str | None = os.fspath(path)
+        self.access = access
         mode = "r+b" if access == "shared" else "rb"
         with open(path, mode) as fp:
             self.size = os.fstat(fp.fileno()).st_size
@@ -228,6 +229,11 @@ class MmapSource(_ViewSource):
             return None
         joined = b"".join(map(_PREAD, repeat(self._fd), lengths, offsets))
         return joined if len(joined) == sum(lengths) else None
+
+    def detached(self) -> BytesSource:
+        """A source over the same map that outlives :meth:`close`: it keeps the map open
+        (while it or any view from it lives), not the file descriptor."""
+        return BytesSource(self._view[:], self.name)
 
     def close(self) -> None:
         """Release our own view and descriptor; the map closes once no array uses it."""

@@ -109,7 +109,10 @@ def load(
         read-only, ``"c"`` copy-on-write, ``"r+"`` shared (writes reach the
         file).  ``False`` (default) reads the file once into memory; arrays
         are writable views of that copy.  Mapping needs a path: with a file
-        object or bytes, any of these raises ValueError (as in torch).
+        object or bytes, any of these raises ValueError (as in torch).  A
+        mapped load reads the central directory and the pickle only: a
+        storage's local header is read and checked when its bytes are first
+        used, and a damaged one raises :class:`ArchiveError` from that use.
     limits
         Ceilings for untrusted input (:class:`ptfile.Limits`).
     skip_data

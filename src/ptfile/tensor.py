@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -89,11 +89,13 @@ class Storage:
     ``dtype`` is the element type of a typed storage (``FloatStorage`` → float32);
     ``untyped`` storages (torch's ``UntypedStorage``, used for the "v3" dtypes)
     have dtype uint8 and count bytes.  ``data`` is a memoryview of the bytes:
-    a slice of the file's map when loaded with ``mmap=True``.
+    a slice of the file's map when loaded with ``mmap=True``, made on first
+    use (:meth:`_located_later`).
     """
 
-    __slots__ = ("__weakref__", "_nbytes", "byteorder", "data", "dtype", "key", "location",
-                 "untyped")
+    __slots__ = ("__weakref__", "_locate", "_nbytes", "byteorder", "data", "dtype", "key",
+                 "location", "untyped")
+    _locate: Callable[[Storage], memoryview]  # set by _located_later only
 
     def __init__(
         self,
@@ -122,6 +124,35 @@ class Storage:
         self.data, self.dtype, self.untyped = data, (UINT8 if untyped else dtype), untyped
         self.location, self.key, self.byteorder, self._nbytes = location, key, byteorder, nbytes
         return self
+
+    @classmethod
+    def _located_later(cls, locate: Callable[[Storage], memoryview], dtype: DType,
+                       location: str, key: str, untyped: bool, byteorder: str,
+                       nbytes: int) -> Storage:
+        """A storage whose ``data`` is ``locate(storage)``, called on first use of ``data``.
+
+        Loaders of a mapped archive use it: the record's local header is read
+        and checked (and its bytes mapped) only when they are used.  A damaged
+        header raises from that first use.
+        """
+        self = cls.__new__(cls)
+        self._locate, self.dtype, self.untyped = locate, (UINT8 if untyped else dtype), untyped
+        self.location, self.key, self.byteorder, self._nbytes = location, key, byteorder, nbytes
+        return self
+
+    if not TYPE_CHECKING:  # (a __getattr__ would make mypy accept any attribute name)
+        def __getattr__(self, name: str) -> Any:
+            # Python calls this only when the slot is unset: for ``data``, a storage made
+            # by _located_later whose bytes have not been used yet.
+            if name == "data":
+                try:
+                    locate = object.__getattribute__(self, "_locate")
+                except AttributeError:
+                    pass
+                else:
+                    self.data = data = locate(self)
+                    return data
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def nbytes(self) -> int:

@@ -34,6 +34,7 @@ from the previous member instead (spec §6).
 
 from __future__ import annotations
 
+import copy
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
@@ -446,6 +447,28 @@ class ZipReader:
             No member has that name.
         """
         return self._data_offset(self._resolve(record).index)
+
+    def data_offset_at(self, index: int) -> int:
+        """:meth:`data_offset` of the member at central directory ``index``.
+
+        Raises
+        ------
+        ArchiveError
+            As :meth:`data_offset`.
+        IndexError
+            An index outside ``0 .. len(self) - 1``.
+        """
+        if not 0 <= index < len(self._made):
+            raise IndexError(f"record index {index} outside 0..{len(self._made) - 1}")
+        return self._data_offset(index)
+
+    def rebound(self, source: Source) -> ZipReader:
+        """This reader, reading through ``source`` from now on: another way in to the same
+        bytes (:meth:`ptfile._io.MmapSource.detached`).  The directory is not read again."""
+        other = copy.copy(self)
+        other._source = source
+        other._made, other._offsets = list(self._made), self._offsets.copy()
+        return other
 
     def data_offsets(self, names: Iterable[str]) -> np.ndarray:
         """:meth:`data_offset` of each of ``names``, as an int64 array (one vectorised pass).

@@ -2,7 +2,8 @@
 
 What is read and checked is specified in :mod:`ptfile.archive.records`
 ("Readers") and :mod:`ptfile.archive.reader` (policy).  :func:`parse_entries`
-returns it as :class:`Entries`: names, a name index and numpy columns, no
+returns it as :class:`Entries`: names, a name index and columns (numpy arrays,
+or Python lists for directories of at most :data:`SMALL_ENTRIES` entries), no
 per-entry objects.  It has two implementations:
 
 Sequential (the reference, ~1 µs an entry)
@@ -40,9 +41,9 @@ After either: members must not overlap (:func:`check_overlaps`, shared).
 
 from __future__ import annotations
 
+import operator
 import struct
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 
@@ -58,7 +59,8 @@ from .records import (
     zip64_values,
 )
 
-__all__ = ["Entries", "check_overlaps", "parse_entries", "parse_sequential", "parse_vectorised"]
+__all__ = ["SMALL_ENTRIES", "Entries", "check_overlaps", "parse_entries", "parse_sequential",
+           "parse_vectorised"]
 
 _CD_FIXED: Final = CENTRAL_DIRECTORY_STRUCT.size
 _LOCAL_FIXED: Final = LOCAL_FILE_HEADER_STRUCT.size
@@ -86,7 +88,15 @@ _HEADER_DTYPE: Final = np.dtype({
 COLUMNS: Final = ("header_offset", "size", "compressed_size", "method", "crc32", "flags")
 
 
-@dataclass(frozen=True, slots=True)
+#: Directories of at most this many entries are parsed by the sequential pass and
+#: their columns kept as Python lists (numpy arrays are made only when asked for).
+#: Warm, the two passes cost the same at ~300 entries; but a process's first calls
+#: to the numpy functions the vectorised pass and its consumers use cost ~2 ms
+#: (a fresh process's ``load(mmap=True)`` of a 300-tensor file: ~7 ms with them,
+#: ~5 ms without).
+SMALL_ENTRIES: Final = 1024
+
+
 class Entries:
     """The central directory, one row per entry in directory order (ZIP64 values resolved).
 
@@ -95,20 +105,68 @@ class Entries:
     The arrays are read-only; ``index`` maps each name to its row.
     ``directory`` holds the directory's bytes, which start at file offset
     ``directory_offset``.
+
+    The columns are held as the parse made them: numpy arrays (vectorised
+    pass) or Python lists (sequential pass); the other form is made on first
+    use.  :meth:`row`, :meth:`column_list`, :meth:`first_outside` and
+    :func:`check_overlaps` use the lists when there are lists, so reading a
+    small directory calls no numpy function.
     """
 
-    names: tuple[str, ...]
-    index: dict[str, int]
-    values: np.ndarray
-    name_at: np.ndarray
-    name_length: np.ndarray
-    directory: bytes
-    directory_offset: int
+    __slots__ = ("_name_at", "_name_length", "_name_lengths", "_name_starts", "_rows", "_values",
+                 "directory", "directory_offset", "index", "names")
+
+    def __init__(self, names: tuple[str, ...], index: dict[str, int], directory: bytes,
+                 directory_offset: int, *, values: np.ndarray | None = None,
+                 name_at: np.ndarray | None = None, name_length: np.ndarray | None = None,
+                 rows: list[tuple[int, ...]] | None = None, name_starts: list[int] | None = None,
+                 name_lengths: list[int] | None = None) -> None:
+        self.names, self.index = names, index
+        self.directory, self.directory_offset = directory, directory_offset
+        self._values, self._name_at, self._name_length = values, name_at, name_length
+        self._rows, self._name_starts, self._name_lengths = rows, name_starts, name_lengths
+
+    @property
+    def values(self) -> np.ndarray:
+        """The :data:`COLUMNS` as an ``(n, 6)`` read-only int64 array."""
+        if self._values is None:
+            rows = cast("list[tuple[int, ...]]", self._rows)
+            self._values = _frozen(np.array(rows, np.int64).reshape(len(rows), len(COLUMNS)))
+        return self._values
+
+    @property
+    def name_at(self) -> np.ndarray:
+        """The file offset of each central name (read-only int64)."""
+        if self._name_at is None:
+            starts = cast("list[int]", self._name_starts)
+            self._name_at = _frozen(np.array(starts, np.int64) + self.directory_offset)
+        return self._name_at
+
+    @property
+    def name_length(self) -> np.ndarray:
+        """The byte length of each name (read-only int64)."""
+        if self._name_length is None:
+            self._name_length = _frozen(np.array(self._name_lengths, np.int64))
+        return self._name_length
+
+    def row(self, index: int) -> tuple[int, ...]:
+        """Row ``index`` of the :data:`COLUMNS`, as ints."""
+        if self._rows is not None:
+            return self._rows[index]
+        return tuple(self.values[index].tolist())
 
     def column(self, name: str) -> np.ndarray:
         """One of the :data:`COLUMNS`, as a read-only int64 array."""
         column: np.ndarray = self.values[:, COLUMNS.index(name)]
         return column
+
+    def column_list(self, name: str) -> list[int]:
+        """One of the :data:`COLUMNS`, as a list of ints."""
+        at = COLUMNS.index(name)
+        if self._rows is not None:
+            return [row[at] for row in self._rows]
+        found: list[int] = self.values[:, at].tolist()
+        return found
 
     def starting_with(self, prefix: str) -> np.ndarray:
         """Per row: does the name start with ``prefix``?  (Compared as UTF-8 bytes.)"""
@@ -123,6 +181,18 @@ class Entries:
         heads = every[at].view(np.uint8).reshape(len(at), width)
         match &= (heads == np.frombuffer(raw, np.uint8)).all(axis=1)
         return match
+
+    def first_outside(self, folder: str) -> int | None:
+        """The first row whose name does not start with ``folder``, or None.
+
+        (A str prefix of a decoded name is a UTF-8 byte prefix of its bytes, and
+        back: UTF-8 is a prefix code.)
+        """
+        if self._rows is not None:
+            return next((row for row, name in enumerate(self.names)
+                         if not name.startswith(folder)), None)
+        outside = np.flatnonzero(~self.starting_with(folder))
+        return int(outside[0]) if outside.size else None
 
     def ends(self) -> np.ndarray:
         """Where each member's local header, name and data end at the least."""
@@ -140,8 +210,8 @@ def _entries(names: list[str], values: np.ndarray, name_start: np.ndarray,
              cd_offset: int) -> Entries:
     values = np.ascontiguousarray(values, np.int64).reshape(len(names), len(COLUMNS))
     name_at = name_start.astype(np.int64) + cd_offset
-    return Entries(tuple(names), index, _frozen(values), _frozen(name_at),
-                   _frozen(name_length.astype(np.int64)), data, cd_offset)
+    return Entries(tuple(names), index, data, cd_offset, values=_frozen(values),
+                   name_at=_frozen(name_at), name_length=_frozen(name_length.astype(np.int64)))
 
 
 def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int) -> Entries:
@@ -152,7 +222,8 @@ def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int) -> E
     ArchiveError, LimitExceededError, UnsupportedFeatureError
         As the sequential pass (module docstring), then for overlapping members.
     """
-    parsed = parse_vectorised(data, entries, cd_offset, max_name)
+    parsed = None if entries <= SMALL_ENTRIES else \
+        parse_vectorised(data, entries, cd_offset, max_name)
     if parsed is None:
         parsed = parse_sequential(data, entries, cd_offset, max_name)
     check_overlaps(parsed)
@@ -178,7 +249,10 @@ def parse_sequential(data: bytes, entries: int, cd_offset: int, max_name: int) -
 def _sequential(data: bytes, entries: int, cd_offset: int, max_name: int,
                 names: list[str]) -> Entries:
     text = data.decode("latin-1")  # one char per byte: ASCII names are sliced, not decoded
-    unpack, rows, starts, lengths = CENTRAL_DIRECTORY_STRUCT.unpack_from, [], [], []
+    unpack = CENTRAL_DIRECTORY_STRUCT.unpack_from
+    rows: list[tuple[int, ...]] = []
+    starts: list[int] = []
+    lengths: list[int] = []
     index: dict[str, int] = {}
     pos = 0
     for row in range(entries):
@@ -209,8 +283,8 @@ def _sequential(data: bytes, entries: int, cd_offset: int, max_name: int,
         rows.append((offset, usize, csize, method, crc, flags))
         starts.append(start)
         lengths.append(nlen)
-    return _entries(names, np.array(rows, np.int64), np.array(starts, np.int64),
-                    np.array(lengths, np.int64), index, data, cd_offset)
+    return Entries(tuple(names), index, data, cd_offset, rows=rows, name_starts=starts,
+                   name_lengths=lengths)
 
 
 def _zip64_fields(
@@ -270,6 +344,12 @@ def check_overlaps(entries: Entries) -> None:
 
     Raises the first overlapping pair in (header offset, index) order.
     """
+    if entries._rows is not None:  # the lists of a small directory: no numpy if in order
+        rows, lengths = entries._rows, cast("list[int]", entries._name_lengths)
+        begins = [row[0] for row in rows]
+        stops = [row[0] + _LOCAL_FIXED + n + row[2] for row, n in zip(rows, lengths, strict=True)]
+        if all(map(operator.ge, begins[1:], stops[:-1])):
+            return
     starts, ends = entries.values[:, 0], entries.ends()
     if len(starts) < 2 or bool((starts[1:] >= ends[:-1]).all()):
         return  # stored in order, one after the other

@@ -338,9 +338,10 @@ class ZipReader:
         self._cd_offset = directory.offset
         self._made: list[Record | None] = [None] * directory.entries
         self._all: tuple[Record, ...] | None = None
-        self._offsets = np.full(directory.entries, -1, np.int64)  # checked data offsets
+        # Checked data offsets: those read one at a time, then all (the bulk check).
+        self._single: dict[int, int] = {}
+        self._offsets: np.ndarray | None = None
         self._bulk_checked = False
-        self._single_reads = 0  # local headers read one at a time before the bulk check
 
     @property
     def records(self) -> tuple[Record, ...]:
@@ -377,7 +378,7 @@ class ZipReader:
     def _record(self, index: int) -> Record:
         record = self._made[index]
         if record is None:
-            offset, size, csize, method, crc, flags = self._entries.values[index].tolist()
+            offset, size, csize, method, crc, flags = self._entries.row(index)
             name = self._entries.names[index]
             record = _new_record(name, offset, size, csize, method, crc, flags, index)
             self._made[index] = record
@@ -406,8 +407,8 @@ class ZipReader:
 
     def first_name_outside(self, folder: str) -> str | None:
         """The first name (directory order) that does not start with ``folder``, or None."""
-        outside = np.flatnonzero(~self._entries.starting_with(folder))
-        return self._entries.names[int(outside[0])] if outside.size else None
+        row = self._entries.first_outside(folder)
+        return None if row is None else self._entries.names[row]
 
     @property
     def prefix(self) -> str:
@@ -467,7 +468,7 @@ class ZipReader:
         bytes (:meth:`ptfile._io.MmapSource.detached`).  The directory is not read again."""
         other = copy.copy(self)
         other._source = source
-        other._made, other._offsets = list(self._made), self._offsets.copy()
+        other._made, other._single = list(self._made), dict(self._single)
         return other
 
     def data_offsets(self, names: Iterable[str]) -> np.ndarray:
@@ -495,22 +496,20 @@ class ZipReader:
             raise IndexError(f"record indices outside 0..{len(self._made) - 1}")
         if not self._bulk_checked:
             self._check_all_local_headers()
-        found: np.ndarray = self._offsets[indices]
+        found: np.ndarray = np.full(len(indices), -1, np.int64) if self._offsets is None \
+            else self._offsets[indices]
         for at in np.flatnonzero(found < 0).tolist():
             found[at] = self._data_offset(int(indices[at]))
         return found
 
     def _data_offset(self, index: int) -> int:
-        found = int(self._offsets[index])
-        if found >= 0:
-            return found
-        if not self._bulk_checked and self._single_reads >= _BULK_MIN_RECORDS:
+        found = self._single.get(index, -1)
+        if found < 0 and not self._bulk_checked and len(self._single) >= _BULK_MIN_RECORDS:
             self._check_all_local_headers()
+        if found < 0 and self._offsets is not None:
             found = int(self._offsets[index])
         if found < 0:
-            self._single_reads += 1
-            found = self._read_local_header(self._record(index))
-            self._offsets[index] = found
+            found = self._single[index] = self._read_local_header(self._record(index))
         return found
 
     def _check_all_local_headers(self) -> None:
@@ -528,7 +527,9 @@ class ZipReader:
                                           entries.directory_offset, *columns)
         if found is None:
             found = bulk_data_offsets(source.view(0, source.size, "archive"), *columns)
-        self._offsets = np.where(self._offsets < 0, found, self._offsets)
+        for index, offset in self._single.items():  # (the bulk check agrees, or says -1)
+            found[index] = offset
+        self._offsets = found
 
     def _read_local_header(self, record: Record) -> int:
         name = record.name.encode("utf-8")

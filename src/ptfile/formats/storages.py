@@ -205,7 +205,7 @@ class FastStorages:
         self._byteorder = info.byteorder
         self._prefix = f"{info.prefix}/data/"
         self._rows = reader.entries.index  # full name -> directory row
-        self._sizes: list[int] = reader.entries.column("size").tolist()
+        self._sizes = reader.entries.column_list("size")
         self._locator = self._slow._locator  # mapped: each header is read on first use
         self._offsets = None if skip_data or self._locator is not None else \
             _data_offsets(reader, self._prefix, self._slow, source.size)

@@ -27,6 +27,7 @@ import mmap as _mmap
 import os
 import weakref
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from typing import IO, BinaryIO, Final, Protocol, Union, runtime_checkable
 
@@ -232,7 +233,8 @@ class MmapSource(_ViewSource):
 
     def detached(self) -> BytesSource:
         """A source over the same map that outlives :meth:`close`: it keeps the map open
-        (while it or any view from it lives), not the file descriptor."""
+        (while it or any view from it lives), not this source's descriptor (for
+        :meth:`gather`)."""
         return BytesSource(self._view[:], self.name)
 
     def close(self) -> None:
@@ -246,25 +248,66 @@ def is_path(f: object) -> bool:
     return isinstance(f, (str, os.PathLike))
 
 
+#: Files at least this big are read by several threads at once, in chunks: the page
+#: faults of the fresh buffer and the copies then run on every core (a 2 GiB file
+#: on 2 cores: ~0.55 s, against 1-3 s for one ``readinto`` on the same machine).
+PARALLEL_READ_MIN_BYTES: Final = 64 << 20
+_READ_CHUNK_BYTES: Final = 32 << 20
+_READ_THREADS: Final = min(4, max(2, os.cpu_count() or 1))
+#: Positioned reads into a buffer (not on Windows).
+_PREADV: Final = getattr(os, "preadv", None)
+
+
 def read_file(path: str) -> memoryview:
-    """The whole file in one fresh, writable buffer: one ``readinto``, no second copy.
+    """The whole file in one fresh, writable buffer: no second copy.
 
     The buffer is ``numpy.empty`` memory: unlike ``bytearray(n)`` it is not
     zero-filled first, which would touch every page twice (+70 % on a 2 GiB file).
+    Big files are read in chunks by a few threads (:data:`PARALLEL_READ_MIN_BYTES`).
     """
     with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size
         view = np.empty(size, np.uint8).data.cast("B")
-        done = 0
-        while done < size:
-            got = fp.readinto(view[done:])
-            if not got:
-                break
-            done += got
+        if size >= PARALLEL_READ_MIN_BYTES and _read_in_chunks(fp.fileno(), view):
+            done = fp.seek(size)
+        else:
+            done = _read_into(fp, view)
         extra = fp.read()
         if extra or done < size:  # the file changed size while we read it
             return memoryview(bytes(view[:done]) + extra)
         return view
+
+
+def _read_into(fp: IO[bytes], view: memoryview) -> int:
+    """Fill ``view`` from ``fp``'s position on; the bytes read (fewer at end of file)."""
+    done = 0
+    while done < len(view):
+        got = fp.readinto(view[done:])  # type: ignore[attr-defined]
+        if not got:
+            break
+        done += got
+    return done
+
+
+def _read_in_chunks(fd: int, view: memoryview) -> bool:
+    """Fill ``view`` with the file's first ``len(view)`` bytes, chunks read by a few
+    threads; False (the caller reads it again) if the file ended early or
+    positioned reads are not available."""
+    if _PREADV is None:
+        return False
+    preadv = _PREADV
+
+    def chunk(start: int) -> bool:
+        end = min(len(view), start + _READ_CHUNK_BYTES)
+        while start < end:
+            got = preadv(fd, [view[start:end]], start)
+            if not got:
+                return False
+            start += got
+        return True
+
+    with ThreadPoolExecutor(_READ_THREADS) as pool:
+        return all(pool.map(chunk, range(0, len(view), _READ_CHUNK_BYTES)))
 
 
 def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",

@@ -449,20 +449,6 @@ class ZipReader:
         """
         return self._data_offset(self._resolve(record).index)
 
-    def data_offset_at(self, index: int) -> int:
-        """:meth:`data_offset` of the member at central directory ``index``.
-
-        Raises
-        ------
-        ArchiveError
-            As :meth:`data_offset`.
-        IndexError
-            An index outside ``0 .. len(self) - 1``.
-        """
-        if not 0 <= index < len(self._made):
-            raise IndexError(f"record index {index} outside 0..{len(self._made) - 1}")
-        return self._data_offset(index)
-
     def rebound(self, source: Source) -> ZipReader:
         """This reader, reading through ``source`` from now on: another way in to the same
         bytes (:meth:`ptfile._io.MmapSource.detached`).  The directory is not read again."""

@@ -158,13 +158,14 @@ class MappedLocator:
 
     ``load(mmap=True)`` reads no local header: each storage is made with
     :meth:`ptfile.Storage._located_later` and this locator, which reads and
-    checks the record's local header (:meth:`ZipReader.data_offset_at`; after
+    checks the record's local header (:meth:`ZipReader.data_offset`; after
     64 records, all of them at once) and slices the map.  A 2 GiB checkpoint of
     300 tensors has its headers on 300 pages far apart: reading them cost
     0.5 ms of a 4 ms load on a quiet machine, and ~10 ms where pages not
     touched for a while are slow to touch again.  The locator reads through
     :meth:`ptfile._io.MmapSource.detached`, so it works after the load closed
-    its source, and holds the map (not the file descriptor) open meanwhile.
+    its source, and holds the map open meanwhile (not the source's descriptor
+    for positioned reads).
     """
 
     def __init__(self, reader: ZipReader, source: MmapSource, prefix: str) -> None:

@@ -343,13 +343,9 @@ def test_get_slice_equals_numpy_indexing_on_random_objects(obj: Any, data: st.Da
             assert _raw(got) == _raw(expected), (name, index)
 
 
-@settings(max_examples=50, deadline=None)
-@given(torch_objects(), st.data())
-def test_mutated_random_torch_files_load_or_raise_ptfile_errors(obj: Any,
-                                                                data: st.DataObject) -> None:
-    # The error contract on files torch wrote for random objects, then damaged: every way
-    # of reading either works or raises a PtfileError (1,500 + 600 examples pass locally).
-    raw = bytearray(_torch_bytes(obj))
+def _damaged(original: bytes, data: st.DataObject) -> bytes:
+    """``original`` with a few bits flipped, cut short, or a few bytes overwritten."""
+    raw = bytearray(original)
     kind = data.draw(st.sampled_from(["flip", "truncate", "overwrite"]))
     if kind == "flip":
         for _ in range(data.draw(st.integers(1, 4))):
@@ -359,7 +355,37 @@ def test_mutated_random_torch_files_load_or_raise_ptfile_errors(obj: Any,
     else:
         at, size = data.draw(st.integers(0, len(raw) - 1)), data.draw(st.integers(1, 8))
         raw[at:at + size] = data.draw(st.binary(min_size=size, max_size=size))
-    damaged = bytes(raw)
+    return bytes(raw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(torch_objects(), st.data())
+def test_mapped_load_used_whole_fails_exactly_when_the_in_memory_load_fails(
+        obj: Any, data: st.DataObject) -> None:
+    # load(mmap=True) checks a storage's local header on first use of its bytes; used
+    # whole, it must fail exactly when load(mmap=False), which checks them all up front,
+    # fails, and otherwise give the same bytes (1,000 examples pass locally).
+    damaged = _damaged(_torch_bytes(obj), data)
+
+    def outcome(read: Any) -> Any:
+        try:
+            tensors = ptfile.reader.flatten(read())
+            return {name: _raw(t.numpy()) for name, t in tensors.items()}
+        except ptfile.PtfileError:
+            return "error"
+
+    with _on_disk(damaged) as path:
+        assert outcome(lambda: ptfile.load(path, mmap=True)) == \
+            outcome(lambda: ptfile.load(io.BytesIO(damaged)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(torch_objects(), st.data())
+def test_mutated_random_torch_files_load_or_raise_ptfile_errors(obj: Any,
+                                                                data: st.DataObject) -> None:
+    # The error contract on files torch wrote for random objects, then damaged: every way
+    # of reading either works or raises a PtfileError (1,500 + 600 examples pass locally).
+    damaged = _damaged(_torch_bytes(obj), data)
 
     def read_all(source: Any) -> None:
         with ptfile.open(source) as ck:

@@ -350,3 +350,18 @@ def test_api_compressed_storage_records_are_inflated_as_torch_reads_them(
         assert sd["t"].numpy()[1, 0] == 5
     with pytest.raises(ptfile.UnsupportedFeatureError, match="compressed"):
         np.asarray(ptfile.load(packed, mmap="r+", map_location=map_location)["x"])
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_api_compressed_records_inflate_at_most_max_inflate_ratio(tmp_path: Path,
+                                                                  mmap: bool) -> None:
+    path, packed = tmp_path / "t.pt", tmp_path / "z.pt"
+    torch.save({"zeros": torch.zeros(2**21), "w": torch.randn(10)}, path)  # 8 MiB of zeros
+    _deflated_copy(path, packed)
+    with zipfile.ZipFile(packed) as z:
+        info = z.getinfo("t/data/0")  # (the folder is named after the original file)
+    assert info.file_size > 64 * info.compress_size + 2**20  # ~1000x: a zip bomb's ratio
+    with pytest.raises(ptfile.LimitExceededError, match="max_inflate_ratio"):
+        np.asarray(ptfile.load(packed, mmap=mmap)["zeros"])
+    loaded = ptfile.load(packed, mmap=mmap, limits=ptfile.Limits(max_inflate_ratio=2000))
+    assert_same(loaded, torch.load(packed))

@@ -42,5 +42,10 @@ class Limits:
     #: Colliding keys make each insertion probe all earlier ones (quadratic
     #: time: int keys ``k * (2**61 - 1)`` all hash to 0); real files have none.
     max_hash_collisions: int = 1000
+    #: Bytes a compressed (deflated) record may inflate to per compressed byte, plus
+    #: 1 MiB.  torch writes no compressed records; a ZIP tool re-packing a checkpoint
+    #: shrinks real weights less than 2x, and only long runs of one byte value (zero
+    #: buffers) shrink by more.  A zip bomb inflates ~1000x.
+    max_inflate_ratio: int = 64
 
 DEFAULT_LIMITS: Final = Limits()

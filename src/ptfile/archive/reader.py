@@ -71,6 +71,8 @@ __all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_n
 #: The EOCD comment length is a u16, so the record starts within this many
 #: bytes of the end of the file (4.3.16).
 EOCD_SEARCH_BYTES: Final = EndOfCentralDirectory.SIZE + U16_MAX
+#: A deflated member may inflate to Limits.max_inflate_ratio times its size plus this.
+INFLATE_ALLOWANCE: Final = 1 << 20
 #: CRC checks read stored members in slices of this size.
 CRC_CHUNK_BYTES: Final = 1 << 24
 
@@ -327,7 +329,7 @@ class ZipReader:
     """
 
     def __init__(self, source: Source, *, limits: Limits = DEFAULT_LIMITS) -> None:
-        self._source = source
+        self._source, self._limits = source, limits
         directory = _locate_directory(source)
         _check_counts(directory, limits)
         data = source.pread(directory.offset, directory.size, "central directory")
@@ -545,6 +547,9 @@ class ZipReader:
         ------
         ArchiveError
             Damaged local header or deflate stream, or a size other than declared.
+        LimitExceededError
+            A deflated record declares more than ``Limits.max_inflate_ratio`` times
+            its compressed size (plus 1 MiB).
         UnsupportedFeatureError
             A compression method other than stored (0) and deflated (8).
         KeyError
@@ -555,6 +560,12 @@ class ZipReader:
         if record.method == METHOD_STORED:
             return self._source.pread(offset, record.size, f"record {record.name}")
         if record.method == METHOD_DEFLATED:
+            ratio = self._limits.max_inflate_ratio
+            if record.size > ratio * record.compressed_size + INFLATE_ALLOWANCE:
+                raise LimitExceededError(
+                    "max_inflate_ratio", ratio, record.size // max(record.compressed_size, 1),
+                    f"record {record.name!r} inflates {record.compressed_size} bytes to "
+                    f"{record.size}")
             raw = self._source.pread(offset, record.compressed_size, f"record {record.name}")
             return _inflate(raw, record)
         raise UnsupportedFeatureError(

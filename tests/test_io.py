@@ -69,3 +69,17 @@ def test_load_of_a_file_read_in_chunks_equals_torch(tmp_path: Path, small_chunks
     assert_sharing(loaded, ref)
     loaded["w"].numpy()[0, 0] = 42.0  # writable, shared by the views of its storage
     assert loaded["t"].numpy()[0, 0] == np.float32(42.0)
+
+
+def test_read_file_reads_in_one_pass_where_threads_cannot_start(
+        tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "f.bin"
+    data = os.urandom(3000)
+    path.write_bytes(data)
+
+    class NoThreads:
+        def __init__(self, workers: int) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(_io, "ThreadPoolExecutor", NoThreads)
+    assert bytes(_io.read_file(str(path))) == data

@@ -291,8 +291,8 @@ def _read_into(fp: IO[bytes], view: memoryview) -> int:
 
 def _read_in_chunks(fd: int, view: memoryview) -> bool:
     """Fill ``view`` with the file's first ``len(view)`` bytes, chunks read by a few
-    threads; False (the caller reads it again) if the file ended early or
-    positioned reads are not available."""
+    threads; False (the caller reads it again) if the file ended early, or
+    positioned reads or threads are not available."""
     if _PREADV is None:
         return False
     preadv = _PREADV
@@ -306,8 +306,11 @@ def _read_in_chunks(fd: int, view: memoryview) -> bool:
             start += got
         return True
 
-    with ThreadPoolExecutor(_READ_THREADS) as pool:
-        return all(pool.map(chunk, range(0, len(view), _READ_CHUNK_BYTES)))
+    try:
+        with ThreadPoolExecutor(_READ_THREADS) as pool:
+            return all(pool.map(chunk, range(0, len(view), _READ_CHUNK_BYTES)))
+    except RuntimeError:  # "can't start new thread" (a sandbox, or interpreter shutdown)
+        return False
 
 
 def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",

@@ -302,7 +302,7 @@ def test_api_mmap_reads_each_local_header_on_first_use(
     assert all(np.array_equal(good[k].numpy(), ref[k].numpy()) for k in ref)
 
 
-def test_api_mmap_storages_outlive_the_load_without_a_descriptor(tmp_path: Path) -> None:
+def test_api_mmap_storages_outlive_the_load(tmp_path: Path) -> None:
     path = tmp_path / "t.pt"
     torch.save({f"w{i}": torch.full((2,), float(i)) for i in range(100)}, path)
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
@@ -345,7 +345,9 @@ def test_api_compressed_storage_records_are_inflated_as_torch_reads_them(
     sd = ptfile.load(packed, mmap=mmap, map_location=map_location)
     assert_same(sd, ref)
     assert_sharing(sd, ref)
-    if mmap != "r":  # a writable copy, shared by the views of its storage
+    if mmap == "r":  # read-only, as the map would be
+        assert not sd["x"].numpy().flags.writeable
+    else:  # a writable copy, shared by the views of its storage
         sd["x"].numpy()[0, 1] = 5
         assert sd["t"].numpy()[1, 0] == 5
     with pytest.raises(ptfile.UnsupportedFeatureError, match="compressed"):

@@ -115,8 +115,8 @@ class StorageLoader:
         """The record's bytes: a view of the source, or inflated when it is compressed."""
         if record.method == METHOD_STORED:
             return self._source.view(self.data_offset(record), record.size, "storage record")
-        shared = isinstance(self._source, MmapSource) and self._source.access == "shared"
-        return inflated(self._reader, record, shared)
+        access = self._source.access if isinstance(self._source, MmapSource) else None
+        return inflated(self._reader, record, access)
 
     @property
     def alignment(self) -> int:
@@ -137,20 +137,22 @@ class StorageLoader:
 _UNKNOWN: Final = -1
 
 
-def inflated(reader: ZipReader, record: Record, shared: bool) -> memoryview:
-    """A compressed record's bytes, inflated into fresh writable memory (at most its
-    declared size, which the pickle's element count has been checked against).
+def inflated(reader: ZipReader, record: Record, access: str | None) -> memoryview:
+    """A compressed record's bytes, inflated into fresh memory (at most its declared
+    size, which the pickle's element count has been checked against), read-only
+    for a read-only map (``access`` ``"r"``) and writable otherwise.
 
     torch only writes stored records; a checkpoint re-packed by a ZIP tool may have
     deflated ones.  torch inflates those when it reads the file into memory, and with
     ``mmap=True`` silently hands out the compressed bytes; ptfile inflates them in both
     cases, except for a shared map, whose writes are meant to reach the file.
     """
-    if shared:
+    if access == "shared":
         raise UnsupportedFeatureError(
             f"record {record.name!r} is compressed (method {record.method}): it cannot be "
             "mapped shared (mmap='r+'); load it with another mmap mode")
-    return memoryview(bytearray(reader.read(record)))
+    data = reader.read(record)
+    return memoryview(data if access == "r" else bytearray(data))
 
 
 class MappedLocator:
@@ -172,7 +174,7 @@ class MappedLocator:
         self._source = source.detached()
         self._whole = self._source.whole()
         self._reader = reader.rebound(self._source)
-        self._shared = source.access == "shared"
+        self._access = source.access
         self._prefix = prefix
         self._lock = threading.Lock()  # the reader caches offsets: one thread at a time
 
@@ -184,7 +186,7 @@ class MappedLocator:
                 raise StorageError(f"storage {storage.key!r} is not the record {name!r}",
                                    member=name)
             if record.method != METHOD_STORED:
-                return inflated(self._reader, record, self._shared)
+                return inflated(self._reader, record, self._access)
             offset = self._reader.data_offset(record)
         return self._whole[offset:offset + record.size]
 

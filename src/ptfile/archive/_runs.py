@@ -57,7 +57,7 @@ from .records import (
     U16_MAX,
     U32_MAX,
 )
-from .serialization_id import SERIALIZATION_ID_NAME, fold_write
+from .serialization_id import SERIALIZATION_ID_NAME, fold_write, hash_combine
 
 __all__ = ["Run", "fold_crcs", "pack_run"]
 
@@ -263,5 +263,5 @@ def _fold_quirks(fold: int, run: Run) -> int:
         if head is not None:
             fold = fold_write(fold, head)
         if size:
-            fold ^= (crc + _GOLDEN + (fold << 6) + (fold >> 2)) & _MASK64
+            fold = hash_combine(fold, crc)
     return fold

@@ -26,7 +26,7 @@ implementations give the same objects and the same errors:
 With a mapped source both paths skip the local headers: every storage is made
 with :class:`MappedLocator`, which reads and checks its header (and slices the
 map) on first use of its bytes.  Compressed records, which torch never writes,
-are inflated (:func:`inflated`) on both paths.
+are inflated (:func:`record_bytes`) on both paths.
 
 The fast constructors are closures made per load: nothing a stream does to
 them (``BUILD`` on a global) outlives the load (see
@@ -105,18 +105,12 @@ class StorageLoader:
             storage = Storage._located_later(self._locator, dtype, location, key, untyped, order,
                                              nbytes)
         else:
-            storage = Storage._from_record(self._bytes(record), dtype, location, key, untyped,
-                                           order, nbytes)
+            access = self._source.access if isinstance(self._source, MmapSource) else None
+            data = record_bytes(self._reader, self._source, record, self.data_offset, access)
+            storage = Storage._from_record(data, dtype, location, key, untyped, order, nbytes)
         if self._map_location is None and not has_packages():
             return storage  # the recorded tag stands; nothing to remap
         return restore_location(storage, location, self._map_location)
-
-    def _bytes(self, record: Record) -> memoryview:
-        """The record's bytes: a view of the source, or inflated when it is compressed."""
-        if record.method == METHOD_STORED:
-            return self._source.view(self.data_offset(record), record.size, "storage record")
-        access = self._source.access if isinstance(self._source, MmapSource) else None
-        return inflated(self._reader, record, access)
 
     @property
     def alignment(self) -> int:
@@ -137,16 +131,20 @@ class StorageLoader:
 _UNKNOWN: Final = -1
 
 
-def inflated(reader: ZipReader, record: Record, access: str | None) -> memoryview:
-    """A compressed record's bytes, inflated into fresh memory (at most its declared
-    size, which the pickle's element count has been checked against), read-only
-    for a read-only map (``access`` ``"r"``) and writable otherwise.
+def record_bytes(reader: ZipReader, source: Source, record: Record,
+                 data_offset: Callable[[Record], int], access: str | None) -> memoryview:
+    """A storage record's bytes: a view of ``source`` at ``data_offset(record)`` when
+    stored; when compressed, inflated into fresh memory (at most its declared size,
+    which the pickle's element count has been checked against), read-only for a
+    read-only map (``access`` ``"r"``) and writable otherwise.
 
     torch only writes stored records; a checkpoint re-packed by a ZIP tool may have
     deflated ones.  torch inflates those when it reads the file into memory, and with
     ``mmap=True`` silently hands out the compressed bytes; ptfile inflates them in both
     cases, except for a shared map, whose writes are meant to reach the file.
     """
+    if record.method == METHOD_STORED:
+        return source.view(data_offset(record), record.size, "storage record")
     if access == "shared":
         raise UnsupportedFeatureError(
             f"record {record.name!r} is compressed (method {record.method}): it cannot be "
@@ -172,7 +170,6 @@ class MappedLocator:
 
     def __init__(self, reader: ZipReader, source: MmapSource, prefix: str) -> None:
         self._source = source.detached()
-        self._whole = self._source.whole()
         self._reader = reader.rebound(self._source)
         self._access = source.access
         self._prefix = prefix
@@ -185,10 +182,8 @@ class MappedLocator:
             if record is None or record.size != storage.nbytes:  # loaders made it from this
                 raise StorageError(f"storage {storage.key!r} is not the record {name!r}",
                                    member=name)
-            if record.method != METHOD_STORED:
-                return inflated(self._reader, record, self._access)
-            offset = self._reader.data_offset(record)
-        return self._whole[offset:offset + record.size]
+            return record_bytes(self._reader, self._source, record, self._reader.data_offset,
+                                self._access)
 
 
 class FastStorages:

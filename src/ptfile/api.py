@@ -12,14 +12,13 @@ from typing import IO, Any, Final
 import numpy as np
 
 from . import config
-from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
+from ._io import FileLike, damage_as_format_error, is_path, open_source
 from .archive.sink import DirectSink
-from .errors import FormatError, SaveError, UnknownFormatError, UnsupportedFeatureError
-from .formats import Format, detect, detect_source
-from .formats.legacy_pickle import read_legacy, write_legacy
-from .formats.legacy_tar import read_tar
+from .errors import FormatError, SaveError, UnsupportedFeatureError
+from .formats import Format, ReadOptions, detect_source, read
+from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
-from .formats.zipped import read_zip, write_zip
+from .formats.zipped import write_zip
 from .limits import DEFAULT_LIMITS, Limits
 from .location import MapLocation
 from .policy import find_strict_class
@@ -49,29 +48,6 @@ def _mmap_access(mmap: bool | str | None) -> str | None:
     if mmap in _MMAP_MODES:
         return _MMAP_MODES[mmap]
     raise ValueError(f"mmap must be a bool or one of {sorted(_MMAP_MODES)}, got {mmap!r}")
-
-
-#: One reader per container format.  Each takes the source and the keyword arguments
-#: ``map_location, limits, settings, skip_data, encoding, find_class``.
-_READERS: Final[dict[Format, Callable[..., Any]]] = {
-    Format.ZIP: read_zip,
-    Format.LEGACY: read_legacy,
-    Format.TAR: read_tar,
-}
-
-
-def _read(source: Source, **kwargs: Any) -> Any:
-    head = source.pread(0, min(source.size, 512), "file signature")
-    fmt = detect(head)
-    reader = _READERS.get(fmt)
-    if reader is not None:
-        return reader(source, **kwargs)
-    if fmt is Format.UNKNOWN:
-        raise UnknownFormatError(
-            f"not a PyTorch checkpoint: the file starts with {head[:8].hex(' ')}; "
-            "expected a ZIP (PK 03 04), a legacy pickle stream or a tar archive"
-        )
-    raise UnsupportedFeatureError(f"the {fmt.value} checkpoint format is not supported yet")
 
 
 def load(
@@ -161,10 +137,10 @@ def load(
                          lazy=skip_data)
     try:
         with damage_as_format_error():
-            return _read(source, map_location=map_location, limits=limits,
-                         settings=config.current(), skip_data=skip_data,
-                         encoding=pickle_load_args.get("encoding", "utf-8"),
-                         find_class=StructuralFindClass() if structural else find_strict_class)
+            return read(source, ReadOptions(
+                map_location=map_location, limits=limits, skip_data=skip_data,
+                encoding=pickle_load_args.get("encoding", "utf-8"),
+                find_class=StructuralFindClass() if structural else find_strict_class))
     finally:
         source.close()
 
@@ -374,7 +350,7 @@ def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
     source = open_source(f, lazy=True)
     try:
         with damage_as_format_error():
-            return detect_source(source, limits or DEFAULT_LIMITS)
+            return detect_source(source, limits or DEFAULT_LIMITS).format
     finally:
         source.close()
         if position is not None:
@@ -427,11 +403,11 @@ def load_torchscript(
     source = open_source(f, mmap=access is not None, access=access or "private")
     try:
         with damage_as_format_error():
-            found = detect_source(source, limits)
-            if found is not Format.TORCHSCRIPT:
-                raise FormatError(f"not a TorchScript archive: ptfile found the {found.value} "
-                                  "format (use ptfile.load)")
-            return read_torchscript(source, map_location=map_location, limits=limits,
-                                    settings=config.current(), skip_data=skip_data)
+            detected = detect_source(source, limits)
+            if detected.format is not Format.TORCHSCRIPT:
+                raise FormatError(f"not a TorchScript archive: ptfile found the "
+                                  f"{detected.format.value} format (use ptfile.load)")
+            return read_torchscript(source, detected, ReadOptions(
+                map_location=map_location, limits=limits, skip_data=skip_data))
     finally:
         source.close()

@@ -34,9 +34,9 @@ from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
-from .formats import Format, detect
+from .formats import Detected, Format, ReadOptions, detect_source, read_detected
 from .formats.storages import FastStorages, find_class_fast
-from .formats.zipped import ZipInfo, read_info
+from .formats.zipinfo import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
 from .tensor import Parameter, Storage, Tensor
@@ -515,13 +515,10 @@ def _zip_meta(info: ZipInfo) -> dict[str, str]:
     return meta
 
 
-def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
-    with paused_gc():  # the directory, the records' table and the objects: no garbage
-        reader = ZipReader(source, limits=limits)
+def _open_zip(source: Source, reader: ZipReader, limits: Limits) -> CheckpointReader:
+    with paused_gc():  # the records' table and the objects: no garbage
         info = read_info(reader, config.current())
         data_name = f"{info.prefix}/data.pkl"
-        if info.is_torchscript or reader.get(f"{info.prefix}/archive_format") is not None:
-            return None
         if reader.get(data_name) is None:
             raise FormatError("the archive has no data.pkl record", member=data_name)
         loader = FastStorages(reader, source, info, skip_data=True)
@@ -533,12 +530,10 @@ def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
         return ck
 
 
-def _open_other(source: Source, fmt: Format, limits: Limits) -> CheckpointReader:
-    from . import api  # api imports this module
-
-    obj = api._read(source, map_location=None, limits=limits, settings=config.current(),
-                     skip_data=False, encoding="ASCII")
-    return CheckpointReader(source, obj, fmt=fmt, meta={"format": fmt.value})
+def _open_other(source: Source, detected: Detected, limits: Limits) -> CheckpointReader:
+    obj = read_detected(source, detected, ReadOptions(limits=limits))
+    return CheckpointReader(source, obj, fmt=detected.format,
+                            meta={"format": detected.format.value})
 
 
 def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None) -> CheckpointReader:
@@ -579,10 +574,10 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None) -> Che
     source = open_source(f, mmap=mmap and is_path(f), access="r", lazy=True)
     try:
         with damage_as_format_error():
-            head = source.pread(0, min(source.size, 512), "file signature")
-            fmt = detect(head)
-            opened = _open_zip(source, limits) if fmt is Format.ZIP else None
-            return opened if opened is not None else _open_other(source, fmt, limits)
+            detected = detect_source(source, limits)
+            if detected.format is Format.ZIP:
+                return _open_zip(source, detected.zip_reader(), limits)
+            return _open_other(source, detected, limits)
     except BaseException:
         source.close()
         raise

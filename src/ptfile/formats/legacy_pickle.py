@@ -52,15 +52,16 @@ from typing import Any, Final
 
 from .. import dtypes
 from .._io import FileSource, Source
-from ..config import Settings
 from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError
 from ..limits import Limits
 from ..location import MapLocation, restore_location
 from ..picklevm import check_stream, unpickle
 from ..picklevm.pickler import Pickler
 from ..rebuild import StorageType
+from ..reduction import Reducer, ordered_bytes
 from ..tensor import Storage
-from .zipped import _ordered_bytes, _Reducer, find_safe_class
+from .detection import Detected
+from .options import ReadOptions
 
 __all__ = ["LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION", "LegacyInfo", "read_legacy",
            "write_legacy"]
@@ -297,9 +298,7 @@ class LegacyStorages:
         return end
 
 
-def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
-                settings: Settings, find_class: Callable[[str, str], Any] = find_safe_class,
-                skip_data: bool = False, encoding: str = "utf-8") -> Any:
+def read_legacy(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """Unpickle a legacy-stream checkpoint; storages are views of ``source``.
 
     Raises
@@ -312,19 +311,21 @@ def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
     UnsafeGlobalError
         ``find_class`` refused a global.
     """
+    limits, encoding = options.limits, options.encoding
     info = read_header(source, limits)
-    storages = LegacyStorages(map_location)
+    storages = LegacyStorages(options.map_location)
     obj, pos = unpickle_at(source, info.object_offset, source.size, limits,
-                           find_class=find_class, persistent_load=storages, encoding=encoding)
+                           find_class=options.find_class, persistent_load=storages,
+                           encoding=encoding)
     keys, pos = unpickle_at(source, pos, source.size, limits, find_class=_plain,
                             persistent_load=None, encoding=encoding)
-    storages.fill(source, keys, pos, skip_data)
+    storages.fill(source, keys, pos, options.skip_data)
     return obj
 
 
 # --------------------------------------------------------------------------- writing
 
-class _LegacyReducer(_Reducer):
+class _LegacyReducer(Reducer):
     """The ZIP writer's reducer, with torch's 6-tuple legacy persistent ids."""
 
     def storage_pid(self, obj: Storage) -> tuple[object, ...]:
@@ -354,4 +355,4 @@ def write_legacy(obj: object, write: Callable[[Any], Any], *, pickle_protocol: i
         storage = reducer.storages[int(key)]
         untyped = storage.untyped or storage.dtype.is_v3  # saved as UntypedStorage: bytes
         write(_COUNT.pack(storage.nbytes if untyped else storage.numel()))
-        write(_ordered_bytes(storage, reducer.swap_dtype(storage), "little"))
+        write(ordered_bytes(storage, reducer.swap_dtype(storage), "little"))

@@ -32,14 +32,14 @@ from typing import Any, Final
 
 from .. import dtypes
 from .._io import Source
-from ..config import Settings
 from ..errors import FormatError, LimitExceededError, StorageError
 from ..limits import Limits
 from ..location import MapLocation, restore_location
 from ..rebuild import StorageType
 from ..tensor import MAX_NDIM, Storage, Tensor
+from .detection import Detected
 from .legacy_pickle import unpickle_at
-from .zipped import find_safe_class
+from .options import ReadOptions
 
 __all__ = ["TarMember", "list_members", "read_tar"]
 
@@ -297,9 +297,7 @@ def _member(members: dict[str, TarMember], name: str) -> TarMember:
     return found
 
 
-def read_tar(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,
-             find_class: Callable[[str, str], Any] = find_safe_class, skip_data: bool = False,
-             encoding: str = "utf-8") -> Any:
+def read_tar(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """Unpickle a pre-0.4 tar checkpoint; storages are views of ``source``.
 
     Raises
@@ -311,8 +309,9 @@ def read_tar(source: Source, *, map_location: MapLocation, limits: Limits, setti
     UnsafeGlobalError
         ``find_class`` refused a global.
     """
+    limits, find_class, encoding = options.limits, options.find_class, options.encoding
     members = list_members(source, limits)
-    objects = _TarObjects(map_location, skip_data)
+    objects = _TarObjects(options.map_location, options.skip_data)
     for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
         read(_Member(source, _member(members, name), limits, find_class, encoding))
     data = _Member(source, _member(members, "pickle"), limits, find_class, encoding)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -52,37 +52,39 @@ from ..location import MapLocation, has_packages, restore_location
 from ..policy import CallOnly, find_strict_class
 from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
 from ..tensor import MAX_NDIM, Storage, Tensor, view_extent
-
-if TYPE_CHECKING:
-    from .zipped import ZipInfo
+from .zipinfo import ZipInfo
 
 __all__ = ["FastStorages", "StorageLoader", "find_class_fast"]
 
 
 class StorageLoader:
-    """``persistent_load`` for ZIP checkpoints: one Storage per key, checked against its record."""
+    """``persistent_load`` for the pickles of every torch ZIP kind: one Storage per key,
+    checked against its ``<folder>/<key>`` record (``data/`` for ``data.pkl``;
+    TorchScript's ``constants.pkl`` keeps its storages under ``constants/``)."""
 
     def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
                  map_location: MapLocation, skip_data: bool = False,
-                 calculate_offsets: bool = False) -> None:
+                 calculate_offsets: bool = False, folder: str = "data") -> None:
         self._reader, self._source, self._info = reader, source, info
         self._map_location = map_location
         self._skip_data = skip_data
         # torch's calculate_storage_offsets: only for archives that promise torch's layout.
         self._calculate = calculate_offsets and (info.format_version or 0) >= 1
         self.storages: dict[str, Storage] = {}
-        self._data_prefix = f"{info.prefix}/data/"
+        self._data_prefix = f"{info.prefix}/{folder}/"
+        self._pickle = f"{folder}.pkl"
         self._locator = MappedLocator(reader, source, self._data_prefix) \
             if isinstance(source, MmapSource) and not skip_data and not self._calculate else None
 
     def __call__(self, pid: object) -> Storage:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
-                              f"got {pid!r:.100}", member="data.pkl")
+                              f"got {pid!r:.100}", member=self._pickle)
         _, storage_type, key, location, numel = pid
         if type(key) is not str or type(storage_type) is not StorageType \
                 or type(location) is not str or type(numel) is not int or numel < 0:
-            raise FormatError(f"malformed storage persistent id {pid!r:.100}", member="data.pkl")
+            raise FormatError(f"malformed storage persistent id {pid!r:.100}",
+                              member=self._pickle)
         storage = self.storages.get(key)
         if storage is None:
             storage = self.storages[key] = self._load(storage_type, key, location, numel)

@@ -45,16 +45,16 @@ from typing import Any, ClassVar, Final, cast
 from .. import dtypes
 from .._io import Source
 from ..archive import ZipReader
-from ..config import Settings
-from ..errors import FormatError, StorageError
-from ..limits import Limits
-from ..location import MapLocation, restore_location
+from ..errors import FormatError
 from ..picklevm import unpickle
 from ..rebuild import StorageType
-from ..tensor import Storage, Tensor
-from .zipped import ZipInfo, find_safe_class, read_info
+from ..tensor import Tensor
+from .detection import Detected
+from .options import FindClass, ReadOptions
+from .storages import StorageLoader
+from .zipinfo import read_info
 
-__all__ = ["ScriptObject", "TorchScriptArchive", "read_torchscript"]
+__all__ = ["ScriptObject", "TorchScriptArchive", "read_script_state_dict", "read_torchscript"]
 
 _CLASS_LINE: Final = re.compile(r"^class (\w+)\((\w*)\):\s*$", re.MULTILINE)
 _LIST_LINE: Final = re.compile(r"^  (__parameters__|__buffers__) = \[(.*)\]\s*$", re.MULTILINE)
@@ -273,47 +273,6 @@ def script_find_class(base: Callable[[str, str], Any]) -> Callable[[str, str], A
 
 # --------------------------------------------------------------------------- reading
 
-class ScriptStorages:
-    """``persistent_load`` of one TorchScript pickle: storages under ``<prefix>/<folder>/``."""
-
-    def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, folder: str, *,
-                 map_location: MapLocation, skip_data: bool) -> None:
-        self._reader, self._source, self._info = reader, source, info
-        self._folder = folder
-        self._map_location = map_location
-        self._skip_data = skip_data
-        self.storages: dict[str, Storage] = {}
-
-    def __call__(self, pid: object) -> Storage:
-        if not isinstance(pid, tuple) or len(pid) != 5 or pid[0] != "storage" \
-                or not isinstance(pid[1], StorageType) or not isinstance(pid[2], str) \
-                or not isinstance(pid[3], str) or type(pid[4]) is not int or pid[4] < 0:
-            raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
-                              f"got {pid!r:.100}", member=self._folder)
-        _, storage_type, key, location, numel = pid
-        found = self.storages.get(key)
-        if found is None:
-            found = self._load(storage_type, key, location, numel)
-            self.storages[key] = found
-        return found
-
-    def _load(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
-        dtype = storage_type.dtype or dtypes.UINT8
-        name = f"{self._info.prefix}/{self._folder}/{key}"
-        record = self._reader.get(name)
-        nbytes = numel * dtype.itemsize
-        if record is None or record.size != nbytes:
-            raise StorageError(f"storage {key!r} needs a record of {numel} x {dtype!r} = "
-                               f"{nbytes} bytes, found {record.size if record else 'none'}",
-                               member=name)
-        data = None if self._skip_data else self._source.view(
-            self._reader.data_offset(record), nbytes, f"storage {name}")
-        storage = Storage(data, dtype, location=location, key=key,
-                          untyped=storage_type.dtype is None,
-                          byteorder=self._info.byteorder, nbytes=nbytes)
-        return restore_location(storage, location, self._map_location)
-
-
 def _texts(reader: ZipReader, folder: str, suffix: str) -> dict[str, bytes]:
     start = f"{reader.prefix}/{folder}/"
     return {r.name[len(start):]: reader.read(r) for r in reader.records
@@ -327,23 +286,25 @@ def _decode(code: dict[str, bytes]) -> dict[str, str]:
         raise FormatError(f"TorchScript source is not UTF-8: {exc}") from None
 
 
-def _unpickle_record(reader: ZipReader, name: str, storages: ScriptStorages,
-                     find_class: Callable[[str, str], Any], limits: Limits,
-                     encoding: str) -> Any:
+def _unpickle_record(reader: ZipReader, name: str, storages: StorageLoader,
+                     find_class: FindClass, options: ReadOptions) -> Any:
     full = f"{reader.prefix}/{name}"
     if reader.get(full) is None:
         raise FormatError(f"the TorchScript archive has no {name} record", member=full)
     obj, _ = unpickle(reader.read(full), find_class=find_class, persistent_load=storages,
-                      limits=limits, encoding=encoding)
+                      limits=options.limits, encoding=options.encoding)
     return obj
 
 
-def read_torchscript(source: Source, *, reader: ZipReader | None = None,
-                     info: ZipInfo | None = None, map_location: MapLocation = None,
-                     limits: Limits, settings: Settings | None = None,
-                     find_class: Callable[[str, str], Any] = find_safe_class,
-                     skip_data: bool = False, encoding: str = "utf-8") -> TorchScriptArchive:
+def read_torchscript(source: Source, detected: Detected,
+                     options: ReadOptions) -> TorchScriptArchive:
     """Read a TorchScript archive: module tree, constants, code and extra files.
+
+    The storages of ``data.pkl`` (``data/``) and ``constants.pkl``
+    (``constants/``) are loaded by the one ZIP storage loader
+    (:class:`~ptfile.formats.storages.StorageLoader`): compressed records are
+    inflated, a mapped source is sliced on first use, and
+    ``calculate_storage_offsets`` applies, as for ``torch.save`` archives.
 
     Raises
     ------
@@ -352,17 +313,17 @@ def read_torchscript(source: Source, *, reader: ZipReader | None = None,
     StorageError
         A storage record disagrees with its persistent id.
     UnsafeGlobalError
-        A global is neither TorchScript's nor allowed by ``find_class``.
+        A global is neither TorchScript's nor allowed by ``options.find_class``.
     """
-    reader = reader or ZipReader(source, limits=limits)
-    if info is None:
-        info = read_info(reader, settings or Settings())
-    policy = script_find_class(find_class)
+    reader = detected.zip_reader()
+    info = read_info(reader, options.settings)
+    policy = script_find_class(options.find_class)
     pickles = {}
     for name, folder in (("data.pkl", "data"), ("constants.pkl", "constants")):
-        storages = ScriptStorages(reader, source, info, folder, map_location=map_location,
-                                  skip_data=skip_data)
-        pickles[name] = _unpickle_record(reader, name, storages, policy, limits, encoding)
+        storages = StorageLoader(reader, source, info, map_location=options.map_location,
+                                 skip_data=options.skip_data, folder=folder,
+                                 calculate_offsets=options.settings.calculate_storage_offsets)
+        pickles[name] = _unpickle_record(reader, name, storages, policy, options)
     module, constants = pickles["data.pkl"], pickles["constants.pkl"]
     if not isinstance(module, ScriptObject) or not isinstance(constants, tuple):
         raise FormatError(f"data.pkl must hold a TorchScript object and constants.pkl a tuple, "
@@ -371,3 +332,8 @@ def read_torchscript(source: Source, *, reader: ZipReader | None = None,
     return TorchScriptArchive(module=module, constants=constants, code=code,
                               extra=_texts(reader, "extra", ""), classes=parse_classes(code),
                               version=info.version, byteorder=info.byteorder)
+
+
+def read_script_state_dict(source: Source, detected: Detected, options: ReadOptions) -> Any:
+    """What :func:`ptfile.load` returns for a TorchScript archive: its state dict."""
+    return read_torchscript(source, detected, options).state_dict()

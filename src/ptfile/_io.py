@@ -56,10 +56,19 @@ MMAP_ACCESS: Final = {
 
 @runtime_checkable
 class Source(Protocol):
-    """Random access to the bytes of one input."""
+    """Random access to the bytes of one input.
+
+    Capabilities are attributes, so the layers above never test a source's class:
+    ``map_access`` is the access of a memory-mapped source (``"r"``,
+    ``"private"``, ``"shared"``; None when it is not mapped) and
+    ``reads_on_demand`` is true where every read goes to the file (no whole
+    input in memory: read in small windows).
+    """
 
     size: int
     name: str | None
+    map_access: str | None
+    reads_on_demand: bool
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         """Return exactly ``n`` bytes at ``offset`` or raise FormatError naming ``what``."""
@@ -71,6 +80,10 @@ class Source(Protocol):
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         """Return a new writable copy of ``n`` bytes at ``offset`` (one copy, no more)."""
+        ...
+
+    def detached(self) -> Source:
+        """A source over the same bytes that stays readable after :meth:`close`."""
         ...
 
     def close(self) -> None: ...
@@ -109,6 +122,8 @@ class _ViewSource:
 
     _view: memoryview
     size: int
+    map_access: str | None = None
+    reads_on_demand: bool = False
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         _check_range(self.size, offset, n, what)
@@ -139,12 +154,19 @@ class BytesSource(_ViewSource):
         self.size = len(self._view)
         self.name = name
 
+    def detached(self) -> BytesSource:
+        """This source: it holds no resource that :meth:`close` releases."""
+        return self
+
     def close(self) -> None:
         """Drop the reference to the data (views already handed out stay valid)."""
 
 
 class FileSource:
     """A seekable binary file object; offsets count from its position at open time."""
+
+    map_access: str | None = None
+    reads_on_demand: bool = True
 
     def __init__(self, fp: IO[bytes], name: str | None = None, *, owned: bool = False) -> None:
         self._fp = fp
@@ -189,6 +211,10 @@ class FileSource:
             done += got
         return out
 
+    def detached(self) -> FileSource:
+        """This source (reads after :meth:`close` of a file ptfile opened fail as OSError)."""
+        return self
+
     def close(self) -> None:
         """Close the file if ptfile opened it; a caller's file object stays open."""
         if self._owned:
@@ -204,7 +230,7 @@ class MmapSource(_ViewSource):
 
     def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
         self.name: str | None = os.fspath(path)
-        self.access = access
+        self.access = self.map_access = access
         mode = "r+b" if access == "shared" else "rb"
         with open(path, mode) as fp:
             self.size = os.fstat(fp.fileno()).st_size

@@ -292,10 +292,13 @@ def read_member(source: Source, entry: ZipEntry, limit: int) -> bytes | None:
 class Window:
     """``size`` bytes of a source from ``start``, as a source of their own."""
 
+    map_access: str | None = None  # a window's views are not the map's whole bytes
+
     def __init__(self, source: Source, start: int, size: int) -> None:
         self._source, self._start = source, start
         self.size = max(0, min(size, source.size - start))
         self.name = source.name
+        self.reads_on_demand = source.reads_on_demand
 
     def _check(self, offset: int, n: int, what: str) -> None:
         if offset < 0 or n < 0 or offset + n > self.size:
@@ -311,6 +314,9 @@ class Window:
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         return bytearray(self.pread(offset, n, what))
+
+    def detached(self) -> Window:
+        return self
 
     def close(self) -> None:
         return

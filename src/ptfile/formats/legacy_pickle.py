@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .. import dtypes
-from .._io import FileSource, Source
+from .._io import Source
 from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError
 from ..limits import Limits
 from ..location import MapLocation, restore_location
@@ -102,7 +102,7 @@ def _text(value: object, what: str) -> str:
 def pickle_end(source: Source, start: int, stop: int, limits: Limits) -> int:
     """Where the pickle at ``start`` ends (``stop`` bounds it), reading as little as possible.
 
-    Sources read on demand (:class:`~ptfile._io.FileSource`) are read in growing
+    Sources that read on demand (``source.reads_on_demand``) are read in growing
     windows, so storage bytes after the pickles are never read; in-memory and
     mapped sources are checked in one go.
 
@@ -111,7 +111,7 @@ def pickle_end(source: Source, start: int, stop: int, limits: Limits) -> int:
     PickleStreamError, LimitExceededError
         The stream is malformed or hits a ceiling (offsets are in the input).
     """
-    window = FIRST_WINDOW_BYTES if isinstance(source, FileSource) else stop - start
+    window = FIRST_WINDOW_BYTES if source.reads_on_demand else stop - start
     while start + window < stop:
         try:  # a window that cuts the pickle fails the check; one that holds it passes
             return start + check_stream(source.view(start, window, "pickle"), limits).end
@@ -124,7 +124,7 @@ def pickle_end(source: Source, start: int, stop: int, limits: Limits) -> int:
 
 def _base(source: Source, start: int) -> int:
     """Where to view ``source`` from: 0 keeps error offsets absolute where views are free."""
-    return start if isinstance(source, FileSource) else 0
+    return start if source.reads_on_demand else 0
 
 
 def unpickle_at(source: Source, start: int, stop: int, limits: Limits,

@@ -43,7 +43,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import dtypes
-from .._io import MmapSource, Source, whole_view
+from .._io import Source, whole_view
 from ..archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from ..archive.records import METHOD_STORED
 from ..dtypes import UINT8, DType
@@ -74,7 +74,7 @@ class StorageLoader:
         self._data_prefix = f"{info.prefix}/{folder}/"
         self._pickle = f"{folder}.pkl"
         self._locator = MappedLocator(reader, source, self._data_prefix) \
-            if isinstance(source, MmapSource) and not skip_data and not self._calculate else None
+            if source.map_access is not None and not skip_data and not self._calculate else None
 
     def __call__(self, pid: object) -> Storage:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
@@ -107,8 +107,8 @@ class StorageLoader:
             storage = Storage._located_later(self._locator, dtype, location, key, untyped, order,
                                              nbytes)
         else:
-            access = self._source.access if isinstance(self._source, MmapSource) else None
-            data = record_bytes(self._reader, self._source, record, self.data_offset, access)
+            data = record_bytes(self._reader, self._source, record, self.data_offset,
+                                self._source.map_access)
             storage = Storage._from_record(data, dtype, location, key, untyped, order, nbytes)
         if self._map_location is None and not has_packages():
             return storage  # the recorded tag stands; nothing to remap
@@ -165,15 +165,15 @@ class MappedLocator:
     300 tensors has its headers on 300 pages far apart: reading them cost
     0.5 ms of a 4 ms load on a quiet machine, and ~10 ms where pages not
     touched for a while are slow to touch again.  The locator reads through
-    :meth:`ptfile._io.MmapSource.detached`, so it works after the load closed
+    :meth:`ptfile._io.Source.detached`, so it works after the load closed
     its source, and holds the map open meanwhile (not the source's descriptor
     for positioned reads).
     """
 
-    def __init__(self, reader: ZipReader, source: MmapSource, prefix: str) -> None:
+    def __init__(self, reader: ZipReader, source: Source, prefix: str) -> None:
         self._source = source.detached()
         self._reader = reader.rebound(self._source)
-        self._access = source.access
+        self._access = source.map_access
         self._prefix = prefix
         self._lock = threading.Lock()  # the reader caches offsets: one thread at a time
 

@@ -15,14 +15,12 @@ from . import config
 from ._io import FileLike, damage_as_format_error, is_path, open_source
 from .archive.sink import DirectSink
 from .errors import FormatError, SaveError, UnsupportedFeatureError
-from .formats import Format, ReadOptions, detect_source, read
+from .formats import Format, ReadOptions, detect_source, policies, read
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import write_zip
 from .limits import DEFAULT_LIMITS, Limits
 from .location import MapLocation
-from .policy import find_strict_class
-from .structural import StructuralFindClass
 
 __all__ = ["detect_format", "load", "load_torchscript", "save"]
 
@@ -140,7 +138,7 @@ def load(
             return read(source, ReadOptions(
                 map_location=map_location, limits=limits, skip_data=skip_data,
                 encoding=pickle_load_args.get("encoding", "utf-8"),
-                find_class=StructuralFindClass() if structural else find_strict_class))
+                find_class=policies.structural() if structural else policies.strict()))
     finally:
         source.close()
 

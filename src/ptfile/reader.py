@@ -35,7 +35,8 @@ from .archive import Record, ZipReader, computed_data_offset, computed_data_offs
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Detected, Format, ReadOptions, detect_source, read_detected
-from .formats.storages import FastStorages, find_class_fast
+from .formats.policies import fast
+from .formats.storages import FastStorages
 from .formats.zipinfo import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
@@ -522,7 +523,7 @@ def _open_zip(source: Source, reader: ZipReader, limits: Limits) -> CheckpointRe
         if reader.get(data_name) is None:
             raise FormatError("the archive has no data.pkl record", member=data_name)
         loader = FastStorages(reader, source, info, skip_data=True)
-        obj, _ = unpickle(reader.read(data_name), find_class=find_class_fast(),
+        obj, _ = unpickle(reader.read(data_name), find_class=fast(),
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
                               zip_reader=reader, zip_info=info)

@@ -62,6 +62,7 @@ from ..reduction import Reducer, ordered_bytes
 from ..tensor import Storage
 from .detection import Detected
 from .options import ReadOptions
+from .policies import plain
 
 __all__ = ["LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION", "LegacyInfo", "read_legacy",
            "write_legacy"]
@@ -143,10 +144,6 @@ def unpickle_at(source: Source, start: int, stop: int, limits: Limits,
     return obj, base + stream_end
 
 
-def _plain(module: str, name: str) -> Any:
-    raise FormatError(f"the legacy header pickles hold only plain values, not {module}.{name}")
-
-
 def _check_sys_info(sys_info: object, offset: int) -> LegacyInfo:
     if not isinstance(sys_info, dict) or not isinstance(sys_info.get("type_sizes"), dict):
         raise FormatError(f"sys_info must be a dict with type_sizes, got {sys_info!r:.100}",
@@ -172,7 +169,7 @@ def read_header(source: Source, limits: Limits) -> LegacyInfo:
         The magic number or protocol version is wrong, or ``sys_info`` is malformed.
     """
     def plain(start: int) -> tuple[Any, int]:
-        return unpickle_at(source, start, source.size, limits, find_class=_plain,
+        return unpickle_at(source, start, source.size, limits, find_class=plain,
                            persistent_load=None)
 
     magic, pos = plain(0)
@@ -317,7 +314,7 @@ def read_legacy(source: Source, detected: Detected, options: ReadOptions) -> Any
     obj, pos = unpickle_at(source, info.object_offset, source.size, limits,
                            find_class=options.find_class, persistent_load=storages,
                            encoding=encoding)
-    keys, pos = unpickle_at(source, pos, source.size, limits, find_class=_plain,
+    keys, pos = unpickle_at(source, pos, source.size, limits, find_class=plain,
                             persistent_load=None, encoding=encoding)
     storages.fill(source, keys, pos, options.skip_data)
     return obj

@@ -9,7 +9,7 @@ implementations give the same objects and the same errors:
     One :class:`~ptfile.Storage` per key, looked up and checked against its
     ``data/<key>`` record as its id comes, then handed to ``map_location``
     and the :func:`ptfile.register_package` handlers.
-:class:`FastStorages` with :func:`find_class_fast` (no ``map_location``, no packages)
+:class:`FastStorages` with :func:`fast_tensor_builders` (no ``map_location``, no packages)
     A state dict of 10^5 tiny tensors spends most of its load in these two
     callbacks, so this path does the per-record work in bulk before the
     pickle runs: each record's size and data offset come from the central
@@ -49,12 +49,12 @@ from ..archive.records import METHOD_STORED
 from ..dtypes import UINT8, DType
 from ..errors import ArchiveError, FormatError, StorageError, UnsupportedFeatureError
 from ..location import MapLocation, has_packages, restore_location
-from ..policy import CallOnly, find_strict_class
 from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
 from ..tensor import MAX_NDIM, Storage, Tensor, view_extent
 from .zipinfo import ZipInfo
 
-__all__ = ["FastStorages", "StorageLoader", "find_class_fast"]
+__all__ = ["FastStorages", "MappedLocator", "StorageLoader", "fast_tensor_builders",
+           "record_bytes"]
 
 
 class StorageLoader:
@@ -336,9 +336,9 @@ def _fast_tensor(geometry: _Geometry, storage: object, offset: object, size: obj
     return t
 
 
-def find_class_fast() -> Callable[[str, str], Any]:
-    """The weights-only allowlist (:func:`ptfile.policy.find_strict_class`) with per-load
-    fast constructors for ``_rebuild_tensor_v2``/``_v3``."""
+def fast_tensor_builders() -> dict[tuple[str, str], Callable[..., Tensor]]:
+    """Per-load fast ``_rebuild_tensor_v2``/``_v3`` (the :func:`ptfile.formats.policies.fast`
+    policy puts them over the allowlist); odd arguments go to the reference functions."""
     geometry = _Geometry()
 
     # The parameters are named as the reference functions' are: a stream that calls one
@@ -360,14 +360,7 @@ def find_class_fast() -> Callable[[str, str], Any]:
             storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype,
             metadata)
 
-    # Named and wrapped as the allowlist's own: BUILD on them raises on both paths, alike.
+    # Named as the allowlist's own, so errors and reprs read the same on both paths.
     for fast_fn, reference in ((v2, rebuild_tensor_v2), (v3, rebuild_tensor_v3)):
         fast_fn.__name__ = fast_fn.__qualname__ = reference.__name__
-    fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): CallOnly(v2),
-                                        ("torch._utils", "_rebuild_tensor_v3"): CallOnly(v3)}
-
-    def find_class(module: str, name: str) -> Any:
-        found = fast.get((module, name))
-        return found if found is not None else find_strict_class(module, name)
-
-    return find_class
+    return {("torch._utils", "_rebuild_tensor_v2"): v2, ("torch._utils", "_rebuild_tensor_v3"): v3}

@@ -40,7 +40,8 @@ from ..reduction import PERSISTENT_TYPES, Reducer, ordered_bytes
 from ..tensor import Storage
 from .detection import Detected
 from .options import ReadOptions
-from .storages import FastStorages, StorageLoader, find_class_fast
+from .policies import fast
+from .storages import FastStorages, StorageLoader
 from .zipinfo import read_info
 
 __all__ = ["read_zip", "write_zip"]
@@ -70,7 +71,7 @@ def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
         if options.is_plain:
             loader = FastStorages(reader, source, info, skip_data=options.skip_data,
                                   calculate_offsets=calculate)
-            find_class = find_class_fast()
+            find_class = fast()
         else:
             loader = StorageLoader(reader, source, info, map_location=options.map_location,
                                    skip_data=options.skip_data, calculate_offsets=calculate)

@@ -227,7 +227,7 @@ def save(
         Storages need no data then (``Storage(None, dtype, nbytes=n)``).
 
     torch tensors (when torch is already imported) are converted through
-    :mod:`ptfile.bridge`, sharing kept.
+    :mod:`ptfile.export.torch`, sharing kept.
 
     Raises
     ------
@@ -247,7 +247,7 @@ def save(
     if byteorder not in (None, "little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
     if "torch" in sys.modules:  # never import torch ourselves: only convert what is there
-        from .bridge import from_torch  # the bridge imports torch: only here
+        from .export.torch import from_torch  # the bridge imports torch: only here
 
         obj = from_torch(obj)
     emit: Callable[[Callable[[Any], Any]], None]

@@ -246,7 +246,9 @@ def save(
         raise TypeError("ptfile.save does not take a pickle_module")
     if byteorder not in (None, "little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
-    if "torch" in sys.modules:  # never import torch ourselves: only convert what is there
+    # Never import torch ourselves: only convert what is there (a None entry is an import
+    # blocked on purpose, which must not be retried).
+    if sys.modules.get("torch") is not None:
         from .export.torch import from_torch  # the bridge imports torch: only here
 
         obj = from_torch(obj)

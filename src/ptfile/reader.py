@@ -32,11 +32,12 @@ from . import config
 from ._gc import paused_gc
 from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
+from .archive.records import METHOD_STORED
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Detected, Format, ReadOptions, detect_source, read_detected
 from .formats.policies import fast
-from .formats.storages import FastStorages
+from .formats.storages import FastStorages, record_bytes
 from .formats.zipinfo import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
@@ -462,9 +463,9 @@ class CheckpointReader(Mapping[str, Tensor]):
         record = self._record(storage)
         if record is None or self._zip is None:
             raise StorageError(f"tensor {name!r}: storage {storage.key!r} has no record")
-        if record.method != 0:
-            raise UnsupportedFeatureError(f"record {record.name!r} is compressed; ptfile.load "
-                                          "reads compressed checkpoints")
+        if record.method != METHOD_STORED:  # inflated whole, as every loader inflates it
+            inflated = record_bytes(self._zip, self._source, record, self._zip.data_offset, None)
+            return inflated[start:start + n]
         base = self._zip.data_offset(record)
         return self._source.view(base + start, n, f"tensor {name!r}")
 

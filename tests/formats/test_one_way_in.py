@@ -130,3 +130,16 @@ def test_issue_11_every_readable_format_has_one_reader() -> None:
     assert set(READERS) == {Format.ZIP, Format.TORCHSCRIPT, Format.LEGACY, Format.TAR}
     with pytest.raises(ptfile.UnknownFormatError):
         ptfile.load(io.BytesIO(b"not a checkpoint at all" * 30))
+
+
+def test_issue_11_open_inflates_compressed_records_like_load(tmp_path: Path) -> None:
+    path = tmp_path / "t.pt"
+    ref = {"x": torch.arange(12.0).reshape(3, 4), "b": torch.zeros(100, dtype=torch.bfloat16)}
+    torch.save(ref, path)
+    packed = tmp_path / "z.pt"
+    packed.write_bytes(_deflated(path.read_bytes(), "/data/"))
+    for mmap in (False, True):
+        with ptfile.open(packed, mmap=mmap) as ck:  # it refused them: "compressed"
+            np.testing.assert_array_equal(ck.get_tensor("x"), ref["x"].numpy())
+            np.testing.assert_array_equal(ck.get_slice("x")[1:, ::2], ref["x"].numpy()[1:, ::2])
+            assert ck.get_tensor("b").tobytes() == ref["b"].view(torch.int16).numpy().tobytes()

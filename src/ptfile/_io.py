@@ -25,6 +25,7 @@ import contextlib
 import io
 import mmap as _mmap
 import os
+import re
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,10 @@ class Source(Protocol):
         """Return a new writable copy of ``n`` bytes at ``offset`` (one copy, no more)."""
         ...
 
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        """:meth:`pread` of each ``(offset, n)``; a remote source fetches them together."""
+        ...
+
     def detached(self) -> Source:
         """A source over the same bytes that stays readable after :meth:`close`."""
         ...
@@ -108,7 +113,7 @@ def damage_as_format_error() -> Iterator[None]:
         raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
 
 
-def _check_range(size: int, offset: int, n: int, what: str) -> None:
+def check_range(size: int, offset: int, n: int, what: str) -> None:
     if offset < 0 or n < 0 or offset + n > size:
         raise FormatError(
             f"truncated input reading {what}: needs bytes {offset:#x}..{offset + n:#x}, "
@@ -126,15 +131,18 @@ class _ViewSource:
     reads_on_demand: bool = False
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         return bytes(self._view[offset : offset + n])
 
     def view(self, offset: int, n: int, what: str) -> memoryview:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         return self._view[offset : offset + n]
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         return bytearray(self.view(offset, n, what))
+
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        return [self.pread(offset, n, what) for offset, n in ranges]
 
     def whole(self) -> memoryview:
         """The whole input as one flat byte view (callers check their ranges in bulk)."""
@@ -177,7 +185,7 @@ class FileSource:
         self.name = name
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         self._fp.seek(self._base + offset)
         parts = []
         remaining = n
@@ -193,7 +201,7 @@ class FileSource:
         return memoryview(self.pread(offset, n, what))
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         out = bytearray(n)
         self._fp.seek(self._base + offset)
         view = memoryview(out)
@@ -210,6 +218,9 @@ class FileSource:
                 raise FormatError(f"file ended early reading {what}", offset=offset + done)
             done += got
         return out
+
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        return [self.pread(offset, n, what) for offset, n in ranges]
 
     def detached(self) -> FileSource:
         """This source (reads after :meth:`close` of a file ptfile opened fail as OSError)."""
@@ -269,9 +280,34 @@ class MmapSource(_ViewSource):
         self._close_fd()
 
 
+#: A URL: a scheme (RFC 3986 letters) and ``://``.
+_URL: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def url_scheme(f: object) -> str | None:
+    """The scheme of a URL string (``"s3"`` for ``"s3://b/k"``), else None.
+
+    Examples
+    --------
+    >>> url_scheme("hf://user/repo/model.bin"), url_scheme("/tmp/model.pt")
+    ('hf', None)
+    """
+    if not isinstance(f, str):
+        return None
+    match = _URL.match(f)
+    return match.group(1).lower() if match else None
+
+
+def is_url(f: object) -> bool:
+    """True for a URL that fsspec must read (:mod:`ptfile._remote`): any scheme but
+    ``file``, whose URLs name local paths."""
+    scheme = url_scheme(f)
+    return scheme is not None and scheme != "file"
+
+
 def is_path(f: object) -> bool:
-    """True for ``str`` and ``os.PathLike`` arguments."""
-    return isinstance(f, (str, os.PathLike))
+    """True for local paths: ``os.PathLike`` and ``str`` arguments that are not URLs."""
+    return isinstance(f, os.PathLike) or (isinstance(f, str) and not is_url(f))
 
 
 #: Files at least this big are read by several threads at once, in chunks: the page

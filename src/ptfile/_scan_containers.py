@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -314,6 +315,9 @@ class Window:
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         return bytearray(self.pread(offset, n, what))
+
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        return [self.pread(offset, n, what) for offset, n in ranges]
 
     def detached(self) -> Window:
         return self

@@ -12,7 +12,8 @@ from typing import IO, Any, Final
 import numpy as np
 
 from . import config
-from ._io import FileLike, damage_as_format_error, is_path, open_source
+from ._io import FileLike, damage_as_format_error, is_path, is_url
+from ._remote import StorageOptions, local_path, open_any, open_target
 from .archive.sink import DirectSink
 from .errors import FormatError, SaveError, UnsupportedFeatureError
 from .formats import Format, ReadOptions, detect_source, policies, read
@@ -31,9 +32,9 @@ def _mapped_access(f: FileLike, mmap: bool | str | None) -> str | None:
     """The map access for ``mmap``, refusing what cannot be mapped, as torch.load does."""
     access = _mmap_access(mmap)
     if access is not None and not is_path(f):
-        raise ValueError("mmap needs a path (str or os.PathLike): a file object or bytes cannot "
-                         "be mapped (torch.load refuses them too); pass the file's path, or "
-                         "leave mmap off to read it")
+        raise ValueError("mmap needs a local path (str or os.PathLike): a URL, a file object or "
+                         "bytes cannot be mapped (torch.load refuses them too); pass the file's "
+                         "path, or leave mmap off to read it")
     return access
 
 
@@ -58,6 +59,7 @@ def load(
     limits: Limits | None = None,
     skip_data: bool = False,
     structural: bool = False,
+    storage_options: StorageOptions = None,
     **pickle_load_args: Any,
 ) -> Any:
     """Load an object saved by ``torch.save`` (or :func:`save`) without torch.
@@ -65,8 +67,10 @@ def load(
     Parameters
     ----------
     f
-        A path, ``os.PathLike``, bytes, or a binary file object (read from its
-        current position; non-seekable streams are read whole).
+        A path, ``os.PathLike``, bytes, a binary file object (read from its
+        current position; non-seekable streams are read whole), or a URL fsspec
+        knows (``https://``, ``s3://``, ``hf://``…; ``pip install
+        'ptfile[remote]'``), whose file is fetched with concurrent range requests.
     map_location
         As torch takes it: a tag string, a dict from recorded tags to new ones,
         or a callable ``(storage, location)``.  Data always lives in host memory;
@@ -98,6 +102,8 @@ def load(
         arguments and state (:mod:`ptfile.structural`); nothing from the file is
         imported or called.  ``ptfile.state_dict(obj)`` extracts the state dict
         of a whole ``torch.save(model)`` file.
+    storage_options
+        For a URL: fsspec's options for its backend (credentials, endpoints).
     pickle_load_args
         ``encoding=``/``errors=`` for Python 2 pickles.
 
@@ -128,11 +134,12 @@ def load(
     unknown = set(pickle_load_args) - {"encoding", "errors"}
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    f = local_path(f)  # type: ignore[assignment]
     access = _mapped_access(f, mmap)
     limits = limits or DEFAULT_LIMITS
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
-    source = open_source(f, mmap=access is not None, access=access or "private",
-                         lazy=skip_data)
+    source = open_any(f, storage_options=storage_options, mmap=access is not None,
+                      access=access or "private", lazy=skip_data, limits=limits)
     try:
         with damage_as_format_error():
             return read(source, ReadOptions(
@@ -144,10 +151,11 @@ def load(
 
 
 def archive_prefix(f: object) -> str:
-    """torch's archive folder name: the file's stem for ASCII paths, else ``archive``."""
-    if not is_path(f):
+    """torch's archive folder name: the file's stem for ASCII paths (and URLs), else
+    ``archive``."""
+    if not is_path(f) and not is_url(f):
         return "archive"
-    name: str = os.path.basename(os.fspath(f))  # type: ignore[call-overload]
+    name: str = os.path.basename(os.fspath(f).split("?")[0])  # type: ignore[call-overload]
     if not name.isascii():
         return "archive"
     stem = name[: name.rfind(".")] if "." in name else name
@@ -191,6 +199,7 @@ def save(
     archive_name: str | None = None,
     byteorder: str | None = None,
     skip_data: bool = False,
+    storage_options: StorageOptions = None,
 ) -> None:
     """Save ``obj`` as ``torch.save`` does, byte for byte, without torch.
 
@@ -207,7 +216,8 @@ def save(
     obj
         The object to save.
     f
-        A path or a writable binary file object.
+        A path, a writable binary file object, or a URL whose fsspec backend
+        writes (``s3://``, ``gs://``, ``memory://``…), with ``storage_options``.
     pickle_protocol
         torch's default 2.
     _use_new_zipfile_serialization, _disable_byteorder_record
@@ -269,6 +279,11 @@ def save(
 
         def emit(write: Callable[[Any], Any]) -> None:
             write_legacy(obj, write, pickle_protocol=pickle_protocol)
+    if is_url(f):
+        with open_target(str(f), storage_options) as fp:
+            emit(fp.write)
+        return
+    f = local_path(f)  # type: ignore[assignment]
     if is_path(f):
         with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
             (_emit_sparse if skip_data else _emit_direct)(emit, fp)
@@ -316,15 +331,19 @@ def _fields(settings: config.Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in settings.__slots__}
 
 
-def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
+def detect_format(f: FileLike, *, limits: Limits | None = None,
+                  storage_options: StorageOptions = None) -> Format:
     """The checkpoint format of ``f``, from its bytes (never from its name).
 
     Parameters
     ----------
     f
-        A path, bytes, or a binary file object (read from its current position).
+        A path, bytes, a binary file object (read from its current position), or
+        a URL (only the head, and a ZIP's tail, are fetched).
     limits
         Ceilings for untrusted input.
+    storage_options
+        For a URL: fsspec's options for its backend.
 
     Returns
     -------
@@ -345,9 +364,10 @@ def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
     >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
     <Format.LEGACY: 'legacy'>
     """
-    position = None if is_path(f) or isinstance(f, (bytes, bytearray, memoryview)) \
-        else f.tell()  # type: ignore[union-attr]
-    source = open_source(f, lazy=True)
+    position = None if isinstance(f, (str, os.PathLike, bytes, bytearray, memoryview)) \
+        else f.tell()
+    source = open_any(f, storage_options=storage_options, lazy=True,
+                      limits=limits or DEFAULT_LIMITS)
     try:
         with damage_as_format_error():
             return detect_source(source, limits or DEFAULT_LIMITS).format
@@ -364,6 +384,7 @@ def load_torchscript(
     mmap: bool | str | None = None,
     limits: Limits | None = None,
     skip_data: bool = False,
+    storage_options: StorageOptions = None,
 ) -> TorchScriptArchive:
     """Read a ``torch.jit.save`` archive as data, without running any TorchScript.
 
@@ -375,7 +396,7 @@ def load_torchscript(
 
     Parameters
     ----------
-    f, map_location, mmap, limits, skip_data
+    f, map_location, mmap, limits, skip_data, storage_options
         As for :func:`load`.
 
     Returns
@@ -398,9 +419,11 @@ def load_torchscript(
     >>> ptfile.load_torchscript("model.pt").module.training  # doctest: +SKIP
     True
     """
+    f = local_path(f)  # type: ignore[assignment]
     access = _mapped_access(f, mmap)
     limits = limits or DEFAULT_LIMITS
-    source = open_source(f, mmap=access is not None, access=access or "private")
+    source = open_any(f, storage_options=storage_options, mmap=access is not None,
+                      access=access or "private", limits=limits)
     try:
         with damage_as_format_error():
             detected = detect_source(source, limits)

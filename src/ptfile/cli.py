@@ -16,14 +16,14 @@ but the bar.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
 
+from ._progress import progress_bar as _progress
 from .errors import PtfileError
 from .inspection import Inspection, diff, inspect, verify
 from .reader import TensorInfo
@@ -70,23 +70,6 @@ def _size(n: float) -> str:
 def _print_json(doc: Any, out: TextIO) -> None:
     json.dump(doc, out, indent=2, default=str)
     out.write("\n")
-
-
-@contextlib.contextmanager
-def _progress(total: int, desc: str, enabled: bool, unit: str = "B") -> Iterator[
-        Callable[[int], None]]:
-    """A tqdm bar on stderr when it is a terminal (and tqdm is installed), else a no-op."""
-    bar = None
-    if enabled and sys.stderr.isatty():
-        with contextlib.suppress(ImportError):
-            tqdm = importlib.import_module("tqdm").tqdm
-            bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
-                       file=sys.stderr)
-    try:
-        yield (bar.update if bar is not None else (lambda _n: None))
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:

@@ -47,5 +47,8 @@ class Limits:
     #: shrinks real weights less than 2x, and only long runs of one byte value (zero
     #: buffers) shrink by more.  A zip bomb inflates ~1000x.
     max_inflate_ratio: int = 64
+    #: Bytes ptfile downloads whole from a server that cannot serve byte ranges (it
+    #: then needs the whole file even for metadata); 0 refuses such servers.
+    max_whole_download_bytes: int = 2**36
 
 DEFAULT_LIMITS: Final = Limits()

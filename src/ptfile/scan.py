@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from ._io import BytesSource, FileLike, Source, is_path, open_source
+from ._io import BytesSource, FileLike, Source, is_path
+from ._remote import StorageOptions, local_path, open_any
 from ._scan_containers import Anomaly, Window, read_member, walk_tar, walk_zip
 from ._scan_fast import fast_names
 from .errors import PtfileError
@@ -444,7 +445,8 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     return "unknown"
 
 
-def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
+def scan(f: FileLike | bytes, *, limits: Limits | None = None,
+         storage_options: StorageOptions = None) -> ScanResult:
     """Statically scan a checkpoint: every global, call target and anomaly, with verdicts.
 
     Nothing is imported, called or unpickled.  The scan reads records and
@@ -452,11 +454,14 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
 
     Parameters
     ----------
-    f : path, file object or bytes
-        The checkpoint.
+    f : path, file object, bytes or URL
+        The checkpoint.  A URL's file is read by range requests: its pickles
+        and records' headers, never the storages.
     limits : Limits, optional
         Ceilings (pickle size, opcodes, names; ``max_hash_collisions`` and
         ``max_depth`` decide the hazard findings).
+    storage_options : dict, optional
+        For a URL: fsspec's options for its backend.
 
     Returns
     -------
@@ -478,7 +483,8 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
     """
     limits = limits or DEFAULT_LIMITS
     source = _bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \
-        else open_source(f, mmap=is_path(f), access="r")
+        else open_any(f, storage_options=storage_options, mmap=is_path(local_path(f)),
+                      access="r", lazy=True, limits=limits)
     try:
         state = _Scan(limits)
         if source.size == 0:
@@ -486,7 +492,7 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
             fmt = "unknown"
         else:
             fmt = _scan_source(state, source, "", 0)
-        name = os.fspath(f) if is_path(f) else None  # type: ignore[arg-type]
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
         return ScanResult(str(name) if name is not None else None, fmt, tuple(state.findings))
     finally:
         source.close()

@@ -32,7 +32,7 @@ def _mapped_access(f: FileLike, mmap: bool | str | None) -> str | None:
     """The map access for ``mmap``, refusing what cannot be mapped, as torch.load does."""
     access = _mmap_access(mmap)
     if access is not None and not is_path(f):
-        raise ValueError("mmap needs a local path (str or os.PathLike): a URL, a file object or "
+        raise ValueError("mmap needs a path (a local str or os.PathLike): a URL, a file object or "
                          "bytes cannot be mapped (torch.load refuses them too); pass the file's "
                          "path, or leave mmap off to read it")
     return access

@@ -56,8 +56,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.scan": 4,
     "ptfile._scan_containers": 4,
     "ptfile._scan_fast": 4,
-    "ptfile.export": 4,
-    "ptfile.bridge": 4,  # to and from torch, beside export
+    "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
     "ptfile": 4,  # the package's public surface re-exports the front doors
     # 5: the command line.
     "ptfile.cli": 5,

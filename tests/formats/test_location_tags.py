@@ -4,7 +4,7 @@ torch writes each storage's persistent id with ``location_tag(storage)``.  Its
 ``cpu`` tag is one constant object, so the pickler memoises it (``BINPUT`` once,
 ``BINGET`` after); an indexed tag such as ``cuda:0`` is built afresh for every
 persistent id, so it is written out in full each time.  A checkpoint whose tag
-function returned one object for ``cuda:0`` (issue 11: older files) memoises it.
+function returned one object for ``cuda:0`` (issue 11: a file in the wild) memoises it.
 ``ptfile.save(ptfile.load(f))`` must give back the file's bytes in both cases;
 a tag the load remapped, or that the caller set, follows torch's rule.
 

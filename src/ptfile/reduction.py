@@ -27,7 +27,6 @@ field) both pickle through :class:`Reducer`.
 
 from __future__ import annotations
 
-import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
@@ -37,6 +36,7 @@ import numpy as np
 from . import dtypes
 from .dtypes import DType
 from .errors import SaveError
+from .location import pid_location
 from .picklevm.pickler import Global, PersistentId, Reduce, ViewReduce, global_
 from .rebuild import Layout, QScheme, StorageType, TensorType
 from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
@@ -56,16 +56,9 @@ _SIZE: Final = global_("torch", "Size")
 _DEVICE: Final = global_("torch", "device")
 _LAYOUT: Final = global_("torch.serialization", "_get_layout")
 _UNTYPED: Final = global_("torch.storage", "UntypedStorage")
-#: torch's location tags for CPU-like devices are string constants (memoised once);
-#: indexed tags such as ``cuda:0`` are built afresh for every persistent id.
 _STORAGE_LITERAL: Final = "storage"
+#: torch's CPU location tag: one constant object, memoised once (location.pid_location).
 _CPU: Final = "cpu"
-
-
-def _location(tag: str) -> str:
-    if ":" not in tag:
-        return sys.intern(tag)
-    return "".join(list(tag))  # a new str object each time, as torch's _cuda_tag builds it
 
 
 class _ArrayStorages:
@@ -155,7 +148,7 @@ class Reducer:
             self.storages.append(obj)
             self._dtypes.append(self._early_dtypes.pop(id(obj), None) if self._early_dtypes
                                 else None)
-        location = _CPU if obj.location == _CPU else _location(obj.location)
+        location = _CPU if obj.location == _CPU else pid_location(obj)
         dtype = obj.dtype
         if obj.untyped or dtype.storage is None:  # v3 dtypes (e.g. from TorchScript) save untyped
             return (_STORAGE_LITERAL, _UNTYPED, key, location, obj.nbytes)

@@ -90,11 +90,14 @@ class Storage:
     ``untyped`` storages (torch's ``UntypedStorage``, used for the "v3" dtypes)
     have dtype uint8 and count bytes.  ``data`` is a memoryview of the bytes:
     a slice of the file's map when loaded with ``mmap=True``, made on first
-    use (:meth:`_located_later`).
+    use (:meth:`_located_later`).  ``_pickled_location`` is the very str object the
+    loaded checkpoint's pickle gave as this storage's location (None for a storage
+    made otherwise): while ``location`` is that object, a re-save memoises it where
+    the file did (:func:`ptfile.location.pid_location`).
     """
 
-    __slots__ = ("__weakref__", "_locate", "_nbytes", "byteorder", "data", "dtype", "key",
-                 "location", "untyped")
+    __slots__ = ("__weakref__", "_locate", "_nbytes", "_pickled_location", "byteorder", "data",
+                 "dtype", "key", "location", "untyped")
     _locate: Callable[[Storage], memoryview]  # set by _located_later only
 
     def __init__(
@@ -112,6 +115,7 @@ class Storage:
         self.dtype = UINT8 if untyped else dtype
         self.untyped = untyped
         self.location = location
+        self._pickled_location: str | None = None
         self.key = key
         self.byteorder = byteorder
         self._nbytes = self.data.nbytes if self.data is not None else (nbytes or 0)
@@ -123,6 +127,7 @@ class Storage:
         self = cls.__new__(cls)
         self.data, self.dtype, self.untyped = data, (UINT8 if untyped else dtype), untyped
         self.location, self.key, self.byteorder, self._nbytes = location, key, byteorder, nbytes
+        self._pickled_location = None
         return self
 
     @classmethod
@@ -138,6 +143,7 @@ class Storage:
         self = cls.__new__(cls)
         self._locate, self.dtype, self.untyped = locate, (UINT8 if untyped else dtype), untyped
         self.location, self.key, self.byteorder, self._nbytes = location, key, byteorder, nbytes
+        self._pickled_location = None
         return self
 
     if not TYPE_CHECKING:  # (a __getattr__ would make mypy accept any attribute name)

@@ -64,8 +64,12 @@ class StorageLoader:
 
     def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
                  map_location: MapLocation, skip_data: bool = False,
-                 calculate_offsets: bool = False, folder: str = "data") -> None:
+                 calculate_offsets: bool = False, folder: str = "data",
+                 pickled_locations: bool = True) -> None:
         self._reader, self._source, self._info = reader, source, info
+        # Keep the pickle's location str objects on the storages (location.pid_location):
+        # the memo pattern of torch.save's pickler, not of TorchScript's (memoised by value).
+        self._pickled_locations = pickled_locations
         self._map_location = map_location
         self._skip_data = skip_data
         # torch's calculate_storage_offsets: only for archives that promise torch's layout.
@@ -88,6 +92,8 @@ class StorageLoader:
         storage = self.storages.get(key)
         if storage is None:
             storage = self.storages[key] = self._load(storage_type, key, location, numel)
+        elif location is not storage.location:  # a fresh tag: the file did not memoise it
+            storage._pickled_location = None
         return storage
 
     def _load(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
@@ -110,6 +116,8 @@ class StorageLoader:
             data = record_bytes(self._reader, self._source, record, self.data_offset,
                                 self._source.map_access)
             storage = Storage._from_record(data, dtype, location, key, untyped, order, nbytes)
+        if self._pickled_locations:
+            storage._pickled_location = location
         if self._map_location is None and not has_packages():
             return storage  # the recorded tag stands; nothing to remap
         return restore_location(storage, location, self._map_location)
@@ -232,6 +240,8 @@ class FastStorages:
             return self._slow(pid)  # no such record: it raises
         storage = self._made[row]
         if storage is not None:
+            if location is not storage.location:  # a fresh tag: the file did not memoise it
+                storage._pickled_location = None
             return storage
         size = self._sizes[row]
         dtype = storage_type.dtype or UINT8
@@ -248,7 +258,8 @@ class FastStorages:
             storage.data = whole[offset:offset + size] if whole is not None else \
                 None if self._view is None else self._view(offset, size, "storage record")
         storage.dtype, storage.untyped = dtype, storage_type.dtype is None
-        storage.location, storage.key, storage.byteorder = location, key, self._byteorder
+        storage.location = storage._pickled_location = location
+        storage.key, storage.byteorder = key, self._byteorder
         storage._nbytes = size
         self._made[row] = storage
         return storage

@@ -104,6 +104,7 @@ def read_torchscript(source: Source, detected: Detected,
     for name, folder in (("data.pkl", "data"), ("constants.pkl", "constants")):
         storages = StorageLoader(reader, source, info, map_location=options.map_location,
                                  skip_data=options.skip_data, folder=folder,
+                                 pickled_locations=False,
                                  calculate_offsets=options.settings.calculate_storage_offsets)
         pickles[name] = _unpickle_record(reader, name, storages, policy, options)
     module, constants = pickles["data.pkl"], pickles["constants.pkl"]

@@ -68,8 +68,9 @@ from typing import Any, Final
 
 from ..errors import PickleStreamError, PtfileError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
+from ._walk import Buffer
 from .hazards import run_unpickler
-from .lexer import Buffer, StreamInfo, check_stream
+from .lexer import StreamInfo, check_stream
 
 __all__ = ["unpickle"]
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from .dtypes import UINT8, DType
 from .errors import LimitExceededError, StorageError, UnsupportedFeatureError
+from .limits import active as _active_limits
 
 __all__ = [
     "Device",
@@ -36,6 +37,8 @@ __all__ = [
     "Tensor",
 ]
 
+#: torch's own ceiling on a tensor's rank; loads check :attr:`Limits.max_ndim`
+#: (:func:`ptfile.limits.active`), whose default it is.
 MAX_NDIM: Final = 64
 
 
@@ -181,8 +184,9 @@ def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int]
     """Raise StorageError unless the view fits inside ``storage`` (all in ``dtype`` elements)."""
     if len(shape) != len(stride):
         raise StorageError(f"size {tuple(shape)} and stride {tuple(stride)} differ in length")
-    if len(shape) > MAX_NDIM:
-        raise LimitExceededError("max_ndim", MAX_NDIM, len(shape), "tensor rank")
+    max_ndim = _active_limits().max_ndim
+    if len(shape) > max_ndim:
+        raise LimitExceededError("max_ndim", max_ndim, len(shape), "tensor rank")
     if offset < 0 or min(shape, default=0) < 0 or min(stride, default=0) < 0:
         raise StorageError(
             f"negative storage_offset/size/stride: offset {offset}, size {tuple(shape)}, "

@@ -17,6 +17,7 @@ storage before it is made: a view reading outside its storage is a
 from __future__ import annotations
 
 import operator
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -93,7 +94,9 @@ class Storage:
     ``untyped`` storages (torch's ``UntypedStorage``, used for the "v3" dtypes)
     have dtype uint8 and count bytes.  ``data`` is a memoryview of the bytes:
     a slice of the file's map when loaded with ``mmap=True``, made on first
-    use (:meth:`_located_later`).
+    use (:meth:`_located_later`).  ``byteorder`` is the order of those bytes:
+    the file's, except that a big-endian bfloat16 storage is replaced by one
+    little-endian copy on the first use of its values (:meth:`Tensor.numpy`).
     """
 
     __slots__ = ("__weakref__", "_locate", "_nbytes", "byteorder", "data", "dtype", "key",
@@ -203,11 +206,41 @@ def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int]
         )
 
 
+_SWAP_LOCK: Final = threading.Lock()
+
+
+def _to_little_endian(storage: Storage, dtype: DType) -> None:
+    """Swap a big-endian storage of a dtype numpy has no big-endian view of (bfloat16)
+    into one little-endian copy, once: every tensor on the storage then views that copy.
+
+    Runs on the first use of the data (never during a load).  The copy is as
+    writable as the bytes it came from (read-only for ``mmap="r"``); writes reach
+    it, not the file, and a save writes it (swapped back if saved big-endian).
+    Storages viewed with another dtype's unit (untyped ones) are left alone: their
+    views keep swapping per view, in :func:`_swapped`.
+    """
+    if storage.dtype is not dtype or dtype.swap == 1 \
+            or dtype.numpy_dtype().kind in _VIEWABLE_KINDS:
+        return
+    with _SWAP_LOCK:  # another thread may be swapping it now: swap once
+        data = storage.data
+        if storage.byteorder != "big" or data is None or data.nbytes % dtype.swap:
+            return
+        swapped = np.frombuffer(data, f"u{dtype.swap}").byteswap()
+        swapped.flags.writeable = not data.readonly
+        storage.data = memoryview(swapped).cast("B")
+        storage.byteorder = "little"
+
+
+#: numpy kinds whose dtypes have a big-endian form (a zero-copy view swaps them).
+_VIEWABLE_KINDS: Final = "biufc"
+
+
 def _swapped(array: np.ndarray, dtype: DType) -> np.ndarray:
     """Values of a big-endian view: zero-copy for numpy's own kinds, else a swapped copy."""
     if dtype.swap == 1:
         return array
-    if array.dtype.kind in "biufc":
+    if array.dtype.kind in _VIEWABLE_KINDS:
         return array.view(array.dtype.newbyteorder(">"))
     raw = array.view(f"<u{dtype.swap}")
     swapped: np.ndarray = raw.byteswap().view(array.dtype)
@@ -349,8 +382,13 @@ class Tensor:
         """The values as a numpy array: a zero-copy view of the storage where possible.
 
         Copies only where the values differ from the stored bytes: conj/neg
-        bits, and byte-swapped dtypes numpy cannot express (bfloat16).
+        bits, and big-endian dtypes numpy cannot express (bfloat16), whose
+        storage is swapped once into a little-endian copy that all its tensors
+        share (so a write through one is seen through the others, as in torch).
         """
+        storage = self.storage
+        if storage is not None and storage.byteorder == "big":
+            _to_little_endian(storage, self.dtype)
         return self.values_of(self._raw_view(self.dtype.numpy_dtype()))
 
     def values_of(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

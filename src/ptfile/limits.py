@@ -44,7 +44,8 @@ class Limits:
     max_records: int = 10_000_000
     #: Length of one record name or pickle GLOBAL line.
     max_name_length: int = 65_535
-    #: Rank of a tensor; torch's own limit is 64 dimensions.
+    #: Rank of a tensor.  numpy arrays have at most 64 dimensions, so ranks above
+    #: 64 are refused whatever this says (torch 2.13 loads them).
     max_ndim: int = 64
     #: Distinct dict/set keys of one pickle that may share one hash value.
     #: Colliding keys make each insertion probe all earlier ones (quadratic

@@ -38,8 +38,9 @@ __all__ = [
     "Tensor",
 ]
 
-#: torch's own ceiling on a tensor's rank; loads check :attr:`Limits.max_ndim`
-#: (:func:`ptfile.limits.active`), whose default it is.
+#: numpy's ceiling on an array's rank (torch 2.13 loads tensors of more), which no
+#: ``Limits`` can raise: a view numpy cannot make is refused.  Loads also check
+#: :attr:`Limits.max_ndim` (:func:`ptfile.limits.active`), whose default it is.
 MAX_NDIM: Final = 64
 
 
@@ -182,14 +183,31 @@ def view_extent(shape: Sequence[int], stride: Sequence[int]) -> int:
     return extent
 
 
+def check_rank(ndim: int, what: str = "tensor rank") -> None:
+    """Raise unless ``ndim`` is within the active ``Limits.max_ndim`` and numpy's 64.
+
+    Raises
+    ------
+    LimitExceededError
+        Over ``max_ndim`` (:func:`ptfile.limits.active`).
+    StorageError
+        Within a raised ``max_ndim`` but over :data:`MAX_NDIM`.
+    """
+    max_ndim = _active_limits().max_ndim
+    if ndim > max_ndim:
+        raise LimitExceededError("max_ndim", max_ndim, ndim, what)
+    if ndim > MAX_NDIM:
+        raise StorageError(f"{what} {ndim} exceeds the {MAX_NDIM} dimensions numpy arrays "
+                           "can have")
+
+
 def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int],
                stride: Sequence[int]) -> None:
     """Raise StorageError unless the view fits inside ``storage`` (all in ``dtype`` elements)."""
     if len(shape) != len(stride):
         raise StorageError(f"size {tuple(shape)} and stride {tuple(stride)} differ in length")
-    max_ndim = _active_limits().max_ndim
-    if len(shape) > max_ndim:
-        raise LimitExceededError("max_ndim", max_ndim, len(shape), "tensor rank")
+    if len(shape) > MAX_NDIM or len(shape) > _active_limits().max_ndim:
+        check_rank(len(shape))
     if offset < 0 or min(shape, default=0) < 0 or min(stride, default=0) < 0:
         raise StorageError(
             f"negative storage_offset/size/stride: offset {offset}, size {tuple(shape)}, "

@@ -7,7 +7,10 @@ does, and ``Limits(max_ndim=2)`` refuses it (before the fix every path loaded it
 
 from __future__ import annotations
 
+import collections
 import io
+import pickle
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,3 +105,49 @@ def test_max_ndim_applies_only_inside_the_load(zip_path: Path) -> None:
     storage = ptfile.Storage(memoryview(bytearray(8 * 4)), ptfile.DTYPES["float32"])
     assert ptfile.Tensor(storage, 0, (2, 2, 2), (4, 2, 1)).ndim == 3
     assert ptfile.load(zip_path)["cube"].ndim == 3
+
+
+class _StorageRef:
+    """Pickles as the persistent id of storage ``0`` (one float32)."""
+
+
+class _RankedTensor:
+    def __init__(self, ndim: int) -> None:
+        self.ndim = ndim
+
+    def __reduce__(self) -> Any:
+        ones = (1,) * self.ndim
+        return (torch._utils._rebuild_tensor_v2,
+                (_StorageRef(), 0, ones, ones, False, collections.OrderedDict()))
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, _StorageRef):
+            return ("storage", torch.FloatStorage, "0", "cpu", 1)
+        return None
+
+
+def _ranked_file(tmp_path: Path, ndim: int) -> Path:
+    """torch.save of one float32, its data.pkl replaced by a tensor of rank ``ndim``."""
+    plain = tmp_path / "plain.pt"
+    torch.save({"t": torch.ones(1)}, plain)
+    pkl = io.BytesIO()
+    _Pickler(pkl, protocol=2).dump({"t": _RankedTensor(ndim)})
+    out = tmp_path / f"rank{ndim}.pt"
+    with zipfile.ZipFile(plain) as zin, zipfile.ZipFile(out, "w") as zout:
+        for info in zin.infolist():
+            data = pkl.getvalue() if info.filename.endswith("/data.pkl") else zin.read(info)
+            zout.writestr(info.filename, data)
+    return out
+
+
+def test_ranks_over_numpys_64_stay_refused_whatever_the_limit(tmp_path: Path) -> None:
+    assert ptfile.load(_ranked_file(tmp_path, 64))["t"].numpy().shape == (1,) * 64
+    path = _ranked_file(tmp_path, 65)
+    assert torch.load(path)["t"].dim() == 65  # torch loads it; numpy arrays cannot have 65
+    with pytest.raises(ptfile.LimitExceededError, match="max_ndim"):
+        ptfile.load(path)
+    for how in ("path", "mapped", "open", "skip_data"):  # a raised limit: still no such view
+        with pytest.raises(ptfile.StorageError, match="64 dimensions"):
+            ZIP_LOADS[how](path, ptfile.Limits(max_ndim=100))

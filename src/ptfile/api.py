@@ -15,7 +15,7 @@ from . import config
 from ._io import FileLike, damage_as_format_error, is_path, is_url
 from ._remote import StorageOptions, local_path, open_any, open_target
 from .archive.sink import DirectSink
-from .errors import FormatError, SaveError, UnsupportedFeatureError
+from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_source, policies, read
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript

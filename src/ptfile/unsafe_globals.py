@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ._io import FileLike
+from ._remote import StorageOptions
 from .errors import FormatError
 from .limits import Limits
 from .policy import find_allowed
@@ -78,7 +79,8 @@ def _unsafe(finding: Finding) -> bool:
     return find_allowed(finding.module, finding.name) is None
 
 
-def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = None) -> list[str]:
+def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = None,
+                                     storage_options: StorageOptions = None) -> list[str]:
     """The globals of a checkpoint that :func:`ptfile.load` would refuse, as torch's function.
 
     Reads the pickles statically (:func:`ptfile.scan`): nothing is imported or
@@ -88,9 +90,12 @@ def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = Non
     Parameters
     ----------
     f
-        A path, bytes, or a binary file object.
+        A path, bytes, a binary file object, or a URL (read by range requests:
+        its pickles, never the storages).
     limits
         Ceilings for untrusted input.
+    storage_options
+        For a URL: fsspec's options for its backend.
 
     Returns
     -------
@@ -112,7 +117,7 @@ def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = Non
     >>> ptfile.get_unsafe_globals_in_checkpoint(buf.getvalue())
     []
     """
-    result = scan(f, limits=limits)
+    result = scan(f, limits=limits, storage_options=storage_options)
     loaded = _LOADED.get(result.format)
     if loaded is None:
         kind = "a TorchScript archive (torch.jit.save)" if result.format == "torchscript" \

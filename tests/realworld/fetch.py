@@ -117,11 +117,11 @@ CORPUS: tuple[Package, ...] = (
     Package("silero-vad", "5.1", "wheel", (
         _m("silero_vad/data/silero_vad.jit", "torchscript",
            "85c48e1f0ecb604e5d2a268f3ccfb912d4f7e935acdc86af5a3fc5b0aea7b29a",
-           "TorchScript archive (2024)"),)),
+           "TorchScript archive, the v5 model"),)),
     Package("silero-vad", "6.2.3", "wheel", (
         _m("silero_vad/data/silero_vad.jit", "torchscript",
            "e1122837f4154c511485fe0b9c64455f7b929c96fbb8d79fbdb336383ebd3720",
-           "TorchScript archive (2025)"),)),
+           "TorchScript archive, the v6 model"),)),
     Package("pesto-pitch", "0.1.0", "sdist", (
         _m("pesto-pitch-0.1.0/pesto/weights/mir-1k.pth", "zip",
            "8eb387648a1ca0c752c96eab5d8a36a8eb50132b4c3eba33e519ab631642a8b4",
@@ -193,12 +193,12 @@ def _present(root: Path, pkg: Package) -> bool:
 def _download(pkg: Package, into: Path) -> Path:
     only = ("--only-binary", ":all:") if pkg.kind == "wheel" else ("--no-binary", ":all:")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", *only, *pkg.pip_args, "-d", str(into), f"{pkg.name}=={pkg.version}"]
+           "-q", "--retries", "1", "--timeout", "20", *only, *pkg.pip_args, "-d", str(into), f"{pkg.name}=={pkg.version}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     suffix = ".whl" if pkg.kind == "wheel" else ".tar.gz"
     found = sorted(p for p in into.iterdir() if p.name.endswith(suffix)) if into.is_dir() else []
     if done.returncode or not found:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        tail = [line[:160] for line in (done.stderr or done.stdout).strip().splitlines()[-2:]]
         raise FetchError(f"pip download {pkg.name}=={pkg.version}: {' / '.join(tail)}")
     return found[0]
 
@@ -234,6 +234,7 @@ def fetch(pkg: Package, root: Path) -> None:
         tmp = target.with_name(target.name + ".part")
         tmp.write_bytes(data)
         tmp.replace(target)
+    archive.unlink()  # the members are what the cache keeps
 
 
 def fill(root: Path | None = None, workers: int = 4) -> Path:
@@ -263,7 +264,8 @@ def main() -> int:
         return 1
     for pkg, m in members():
         print(f"{pkg.name:16} {pkg.version:7} {pkg.kind:6} {m.format:12} {m.path}  ({m.era})")
-    print(f"{len(members())} files from {len({p.name for p in CORPUS})} packages in {root}")
+    files = [e for e in members() if e[1].format != "source"]
+    print(f"{len(files)} checkpoints from {len({p.name for p, _ in files})} packages in {root}")
     return 0
 
 

@@ -81,6 +81,8 @@ def _m(path: str, fmt: str, sha: str, era: str) -> Member:
 
 
 _LEGACY_CUDA = "legacy pickle stream, cuda:0 tags"
+_ZIP_OLD = "ZIP, archive/ prefix, no byteorder record"
+_ZIP_NEW = "ZIP with byteorder and serialization_id records"
 _LPIPS = (
     ("v0.0", "18720f55913d0af89042f13faa7e536a6ce1444a0914e6db9461355ece1e8cd5",
      "c27abd3a0145541baa50990817df58d3759c3f8154949f42af3b59b4e042d0bf",
@@ -117,42 +119,43 @@ CORPUS: tuple[Package, ...] = (
     Package("silero-vad", "5.1", "wheel", (
         _m("silero_vad/data/silero_vad.jit", "torchscript",
            "85c48e1f0ecb604e5d2a268f3ccfb912d4f7e935acdc86af5a3fc5b0aea7b29a",
-           "TorchScript archive, the v5 model"),)),
+           "TorchScript, byteorder + serialization_id records, v5 model"),)),
     Package("silero-vad", "6.2.3", "wheel", (
         _m("silero_vad/data/silero_vad.jit", "torchscript",
            "e1122837f4154c511485fe0b9c64455f7b929c96fbb8d79fbdb336383ebd3720",
-           "TorchScript archive, the v6 model"),)),
+           "TorchScript, byteorder + serialization_id records, v6 model"),)),
     Package("pesto-pitch", "0.1.0", "sdist", (
         _m("pesto-pitch-0.1.0/pesto/weights/mir-1k.pth", "zip",
            "8eb387648a1ca0c752c96eab5d8a36a8eb50132b4c3eba33e519ab631642a8b4",
-           "ZIP checkpoint, cpu"),)),
+           _ZIP_OLD + ", cpu"),)),
     Package("pesto-pitch", "2.0.1", "wheel", (
         _m("pesto/weights/mir-1k.ckpt", "zip",
            "f48c355153fc2fce13393a216ff1629cdfe776b527ce11c8e879df9165e1fb3d",
-           "ZIP checkpoint, cpu"),
+           _ZIP_NEW + ", cpu"),
         _m("pesto/weights/mir-1k_g7.ckpt", "module",
            "16c32e06ddd950e3e4866dfa3c7f8a87c4988f8adf43e57977b189f031f26f3e",
-           "ZIP checkpoint with omegaconf objects (hyperparameters)"))),
+           _ZIP_NEW + ", omegaconf objects (hyperparameters)"))),
     Package("chgnet", "0.4.2", "wheel", (
         _m("chgnet/pretrained/0.2.0/chgnet_0.2.0_e30f77s348m32.pth.tar", "zip",
            "ef624f78b6db9d315b4ef256f1bb3207449924191b91720dc17d3f60c5df980e",
-           "ZIP checkpoint, cpu, optimizer state"),
+           _ZIP_OLD + ", cpu, optimizer state"),
         _m("chgnet/pretrained/0.3.0/chgnet_0.3.0_e29f68s314m37.pth.tar", "zip",
            "d14ab7c0f093efe64b60a7bcd540bca10e74fb7f46c86108a079af60524659d1",
-           "ZIP checkpoint, cpu and cuda:7 tags"),
+           "ZIP, prefix named after a file, no byteorder record, cuda:7 tags"),
         _m("chgnet/pretrained/r2scan/chgnet_r2scan_transfer_learning_e15f36s161m23.pth.tar",
            "zip", "8eba3db0f35a2788bb3ae22885ad340591e27996f213c6643af522a633b50dad",
-           "ZIP checkpoint, cpu and bare cuda tags")),
+           "ZIP with byteorder, serialization_id, .format_version and "
+           ".storage_alignment records, bare cuda tags")),
         pip_args=("--platform", "manylinux2014_x86_64", "--python-version", "3.11",
                   "--implementation", "cp", "--abi", "cp311")),
     Package("BeatNet", "1.1.3", "wheel", (
         *(_m(f"BeatNet/models/model-{i}.pt", "module", sha,
-             "ZIP checkpoint, a whole pickled nn.Module (torch.save(model)), cuda tags")
+             _ZIP_OLD + ", a whole pickled nn.Module (torch.save(model)), cuda tags")
           for i, sha in (
               (1, "80e320ba1efaeae36a7f8b684cada1b3a7d8c645add26d3ed1bb870f92ba11ed"),
               (2, "caeb8ac03dbee656fef0fd8c06c599de3e697d97ede48cd773f0b5642af04369"),
               (3, "be8455d28c604bd5050d1344250ab1f5bd45e2afd264431f2e37893555794959"))),
-        *(_m(f"BeatNet/models/model_{i}_weights.pt", "zip", sha, "ZIP checkpoint, cpu")
+        *(_m(f"BeatNet/models/model_{i}_weights.pt", "zip", sha, _ZIP_OLD + ", cpu")
           for i, sha in (
               (1, "619091bc317ca3e83b45591d46f6de3d5a41588bcb39fe9fe7be30cffa6aca84"),
               (2, "5878a18c079fa0b0139879b14ed2b5b7595faef8c3d16210aed141fd00fa2d58"),
@@ -163,7 +166,7 @@ CORPUS: tuple[Package, ...] = (
     Package("fpvad", "0.0.17", "sdist", (
         _m("fpvad-0.0.17/fpvad/ERI_VAD.pth", "zip",
            "0374d6c4f3ee6fcd1879fe6e87fd30055dfb89738aaac617b1ad97c7e82766ba",
-           "ZIP checkpoint, cuda:0 tags"),)),
+           "ZIP, prefix Pyannote-v2, no byteorder record, cuda:0 tags"),)),
 )
 
 

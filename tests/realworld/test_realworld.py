@@ -1,7 +1,8 @@
 """Every checkpoint of the real-world corpus (fetch.py) against torch 2.13.
 
 Plain files (``legacy``, ``zip``): ``load`` in both mmap modes equals
-``torch.load(map_location="cpu")`` (values, dtypes, shapes, strides, sharing);
+``torch.load(map_location="cpu")`` (values, dtypes, shapes, strides, sharing),
+``open`` gives the same tensors by name, ``detect_format`` names the format;
 ``save(load(f))`` is byte-identical to ``torch.save(torch.load(f))``; ``scan``
 is clean; ``inspect``, ``inspect --json``, ``verify`` and ``convert`` to
 safetensors work, the safetensors tensors equal torch's.  TorchScript: the
@@ -181,6 +182,19 @@ def test_inspect_verify_and_convert(corpus: Path, entry: Entry, tmp_path: Path,
     _assert_safetensors(out, {k: t.contiguous() for k, t in theirs.items()})
 
 
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+@pytest.mark.parametrize("entry", PLAIN + SCRIPTS, ids=_id)
+def test_open_and_detect_format(corpus: Path, entry: Entry, mmap: bool) -> None:
+    path = _path(corpus, entry)
+    theirs = dict(_flat(_reference(path, corpus, entry)))
+    assert ptfile.detect_format(path).value == entry[1].format
+    with ptfile.open(path, mmap=mmap) as ck:
+        assert sorted(ck) == sorted(theirs)
+        for name, t in theirs.items():
+            assert tuple(ck.info(name).shape) == tuple(t.shape)
+            _assert_values(ck[name], t)
+
+
 @pytest.mark.parametrize("entry", PLAIN, ids=_id)
 def test_scan_is_clean(corpus: Path, entry: Entry) -> None:
     result = ptfile.scan(_path(corpus, entry))
@@ -234,6 +248,7 @@ def test_structural_load_equals_torch(corpus: Path, entry: Entry, tmp_path: Path
 @pytest.mark.parametrize("entry", MODULES, ids=_id)
 def test_scan_names_what_weights_only_refuses(corpus: Path, entry: Entry) -> None:
     path = _path(corpus, entry)
+    assert ptfile.detect_format(path) is ptfile.Format.ZIP
     result = ptfile.scan(path)
     assert not result.is_dangerous and result.unsafe_globals
     with pytest.raises(pickle.UnpicklingError):

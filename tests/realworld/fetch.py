@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -196,8 +197,12 @@ def _present(root: Path, pkg: Package) -> bool:
 def _download(pkg: Package, into: Path) -> Path:
     only = ("--only-binary", ":all:") if pkg.kind == "wheel" else ("--no-binary", ":all:")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", "--retries", "1", "--timeout", "20", *only, *pkg.pip_args, "-d", str(into), f"{pkg.name}=={pkg.version}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+           "-q", "--retries", "1", "--timeout", "20", *only, *pkg.pip_args,
+           "-d", str(into), f"{pkg.name}=={pkg.version}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise FetchError(f"pip download {pkg.name}=={pkg.version}: no answer in 600 s") from exc
     suffix = ".whl" if pkg.kind == "wheel" else ".tar.gz"
     found = sorted(p for p in into.iterdir() if p.name.endswith(suffix)) if into.is_dir() else []
     if done.returncode or not found:
@@ -237,7 +242,7 @@ def fetch(pkg: Package, root: Path) -> None:
         tmp = target.with_name(target.name + ".part")
         tmp.write_bytes(data)
         tmp.replace(target)
-    archive.unlink()  # the members are what the cache keeps
+    shutil.rmtree(archive.parent, ignore_errors=True)  # the members are what the cache keeps
 
 
 def fill(root: Path | None = None, workers: int = 4) -> Path:

@@ -5,8 +5,10 @@ Plain files (``legacy``, ``zip``): ``load`` in both mmap modes equals
 ``open`` gives the same tensors by name, ``detect_format`` names the format;
 ``save(load(f))`` is byte-identical to ``torch.save(torch.load(f))``; ``scan``
 is clean; ``inspect``, ``inspect --json``, ``verify`` and ``convert`` to
-safetensors work, the safetensors tensors equal torch's.  TorchScript: the
-reference is ``torch.jit.load(f).state_dict()``.  Whole pickled modules:
+safetensors work, the safetensors tensors equal torch's.  TorchScript: the same
+against ``torch.jit.load(f).state_dict()``, but ``scan`` only finds nothing
+dangerous (the code and ``__torch__`` classes torch.jit.load would compile are
+``unknown``).  Whole pickled modules:
 ``load(structural=True)`` gives the tensors torch's ``weights_only=False`` load
 gives, and ``scan`` names what torch's weights-only load refuses.
 """
@@ -156,11 +158,12 @@ def test_load_equals_torch(corpus: Path, entry: Entry, mmap: bool) -> None:
     assert_sharing(ours, theirs)
 
 
-@pytest.mark.parametrize("entry", PLAIN, ids=_id)
+@pytest.mark.parametrize("entry", PLAIN + SCRIPTS, ids=_id)
 def test_resave_is_byte_identical_to_torch(corpus: Path, entry: Entry) -> None:
+    """TorchScript: ``save(load(f))`` against ``torch.save(torch.jit.load(f).state_dict())``."""
     path = _path(corpus, entry)
     theirs, ours = io.BytesIO(), io.BytesIO()
-    torch.save(torch.load(path, map_location="cpu", weights_only=True), theirs)
+    torch.save(_reference(path, corpus, entry), theirs)
     ptfile.save(ptfile.load(path, map_location="cpu"), ours)
     assert ours.getvalue() == theirs.getvalue()
 

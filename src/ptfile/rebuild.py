@@ -109,6 +109,10 @@ def _storage(value: object) -> Storage:
 
 
 def _hooks(value: object) -> OrderedDict[Any, Any]:
+    # Some torch 0.4-era files (lpips' v0.1 weights) record ``None``: torch keeps it and
+    # writes an empty OrderedDict on re-save, which is what an empty one here saves as.
+    if value is None:
+        return OrderedDict()
     if not isinstance(value, OrderedDict):
         raise _fail("backward_hooks", value)
     return value

@@ -167,7 +167,7 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    ins = inspect(args.file, storage_options=_options(args))
+    ins = inspect(args.file, storage_options=_options(args), structural=args.structural)
     if args.json:
         _print_json(ins.to_dict(), out)
     else:
@@ -232,7 +232,8 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     to = args.to or convert.target_kind(args.output, args.input)
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
         summary = convert.convert(args.input, args.output, to=to, shared=args.shared,
-                                  on_step=step, storage_options=_options(args))
+                                  on_step=step, storage_options=_options(args),
+                                  structural=args.structural)
     if args.json:
         _print_json(summary, out)
     else:
@@ -333,11 +334,17 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | None:
     return dict(args.storage_options) or None
 
 
+_STRUCTURAL_HELP: Final = ("read a pickle that names globals outside torch's weights-only "
+                            "allowlist (a whole torch.save(model)) with inert stand-ins; "
+                            "nothing runs. Tensors are named as the module's state_dict()")
+
+
 def _args_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="checkpoint to describe")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--limit", type=int, default=40, metavar="N",
                    help="rows per table and items per container (0: all; default 40)")
+    p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)
 
 
 def _args_scan(p: argparse.ArgumentParser) -> None:
@@ -356,6 +363,7 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
                         "each, or refuse")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)
 
 
 def _args_verify(p: argparse.ArgumentParser) -> None:

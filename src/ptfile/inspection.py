@@ -9,8 +9,9 @@ bounded chunks.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -19,7 +20,7 @@ import numpy as np
 from ._io import FileLike
 from ._remote import StorageOptions
 from .archive import ZipReader
-from .errors import PtfileError
+from .errors import PtfileError, UnsafeGlobalError
 from .limits import Limits
 from .reader import CheckpointReader, TensorInfo
 from .reader import open as open_checkpoint
@@ -125,7 +126,7 @@ def _inspection(ck: CheckpointReader, path: str | None, size: int) -> Inspection
 
 
 def inspect(f: FileLike, *, limits: Limits | None = None,
-            storage_options: StorageOptions = None) -> Inspection:
+            storage_options: StorageOptions = None, structural: bool = False) -> Inspection:
     """Describe a checkpoint without reading any tensor data.
 
     Parameters
@@ -136,6 +137,10 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
         Ceilings for untrusted input.
     storage_options
         For a URL: fsspec's options for its backend.
+    structural
+        Open a file whose pickle names globals outside the weights-only
+        allowlist (a whole pickled module) with inert stand-ins, as
+        :func:`ptfile.open` does.
 
     Returns
     -------
@@ -156,7 +161,8 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
     6
     """
     path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
-    with open_checkpoint(f, limits=limits, storage_options=storage_options) as ck:
+    with open_checkpoint(f, limits=limits, storage_options=storage_options,
+                         structural=structural) as ck:
         size = ck.source_size
         return _inspection(ck, path if isinstance(path, str) else None, size)
 
@@ -279,7 +285,7 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
     path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
     report = VerifyReport(path)
     try:
-        with open_checkpoint(f, limits=limits, storage_options=storage_options) as ck:
+        with _open_for_verify(f, limits, storage_options, report) as ck:
             report.format = ck.format.value
             if ck.zip_reader is not None:
                 _check_records(ck.zip_reader, report, progress)
@@ -291,6 +297,27 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
         where = getattr(exc, "member", None) or "checkpoint"
         report.problems.append(Problem("error", str(where), f"{type(exc).__name__}: {exc}"))
     return report
+
+
+@contextlib.contextmanager
+def _open_for_verify(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
+                     report: VerifyReport) -> Iterator[CheckpointReader]:
+    """:func:`ptfile.open` for checking: a pickle naming globals outside the weights-only
+    allowlist is not damage; it is opened structurally (nothing runs) and reported as a
+    warning that says torch's weights-only load refuses it."""
+    position = None if isinstance(f, (str, os.PathLike)) else getattr(f, "tell", lambda: None)()
+    try:
+        ck = open_checkpoint(f, limits=limits, storage_options=storage_options)
+    except UnsafeGlobalError as exc:
+        report.problems.append(Problem(
+            "warning", "pickle", f"not loadable with weights_only=True (it names "
+            f"{exc.module}.{exc.name}, and maybe more: ptfile scan lists them); checked "
+            "structurally, nothing was run"))
+        if position is not None:
+            f.seek(position)  # type: ignore[union-attr]
+        ck = open_checkpoint(f, limits=limits, storage_options=storage_options, structural=True)
+    with ck:
+        yield ck
 
 
 # --------------------------------------------------------------------------- diff

@@ -36,13 +36,13 @@ from .archive import Record, ZipReader, computed_data_offset, computed_data_offs
 from .archive.records import METHOD_STORED
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
-from .formats import Detected, Format, ReadOptions, detect_source, read_detected
-from .formats.policies import fast
+from .formats import Detected, Format, ReadOptions, detect_source, policies, read_detected
 from .formats.storages import FastStorages, record_bytes
 from .formats.zipinfo import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
 from .selection import runs, select, span
+from .structural import is_module, state_dict
 from .tensor import Parameter, Storage, Tensor
 
 if TYPE_CHECKING:
@@ -220,7 +220,8 @@ class CheckpointReader(Mapping[str, Tensor]):
         self.format = fmt
         self._meta = meta
         self._object = obj
-        self._tensors = flatten(obj)
+        # A whole pickled module (opened structurally) is named as its state_dict().
+        self._tensors = state_dict(obj) if is_module(obj) else flatten(obj)
         # The storage loaded from each central directory row (None for the others).
         self._by_row: Callable[[], Sequence[Storage | None]] = tuple
         self._computed_ok: bool | None = None
@@ -506,14 +507,16 @@ def _zip_meta(info: ZipInfo) -> dict[str, str]:
     return meta
 
 
-def _open_zip(source: Source, reader: ZipReader, limits: Limits) -> CheckpointReader:
+def _open_zip(source: Source, reader: ZipReader, limits: Limits,
+              structural: bool) -> CheckpointReader:
     with paused_gc():  # the records' table and the objects: no garbage
         info = read_info(reader, config.current())
         data_name = f"{info.prefix}/data.pkl"
         if reader.get(data_name) is None:
             raise FormatError("the archive has no data.pkl record", member=data_name)
         loader = FastStorages(reader, source, info, skip_data=True)
-        obj, _ = unpickle(reader.read(data_name), find_class=fast(),
+        obj, _ = unpickle(reader.read(data_name),
+                          find_class=policies.structural() if structural else policies.fast(),
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
                               zip_reader=reader, zip_info=info)
@@ -521,14 +524,16 @@ def _open_zip(source: Source, reader: ZipReader, limits: Limits) -> CheckpointRe
         return ck
 
 
-def _open_other(source: Source, detected: Detected, limits: Limits) -> CheckpointReader:
-    obj = read_detected(source, detected, ReadOptions(limits=limits))
+def _open_other(source: Source, detected: Detected, limits: Limits,
+                structural: bool) -> CheckpointReader:
+    policy = policies.structural() if structural else policies.strict()
+    obj = read_detected(source, detected, ReadOptions(limits=limits, find_class=policy))
     return CheckpointReader(source, obj, fmt=detected.format,
                             meta={"format": detected.format.value})
 
 
 def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
-         storage_options: StorageOptions = None) -> CheckpointReader:
+         storage_options: StorageOptions = None, structural: bool = False) -> CheckpointReader:
     """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
 
     Parameters
@@ -546,6 +551,10 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
         Ceilings for untrusted input.
     storage_options
         For a URL: fsspec's options for its backend (credentials, endpoints).
+    structural
+        Resolve globals outside the weights-only allowlist as inert stand-ins
+        (:func:`ptfile.load`'s ``structural``; nothing runs): a whole pickled
+        ``nn.Module`` then opens, its tensors named as its ``state_dict()``.
 
     Returns
     -------
@@ -576,8 +585,8 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
         with damage_as_format_error():
             detected = detect_source(source, limits)
             if detected.format is Format.ZIP:
-                return _open_zip(source, detected.zip_reader(), limits)
-            return _open_other(source, detected, limits)
+                return _open_zip(source, detected.zip_reader(), limits, structural)
+            return _open_other(source, detected, limits, structural)
     except BaseException:
         source.close()
         raise

@@ -63,15 +63,17 @@ def _from_safetensors(src: str) -> dict[str, Tensor]:
 
 
 def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
-                 counted: list[int] | None = None,
-                 storage_options: StorageOptions = None) -> dict[str, str]:
+                 counted: list[int] | None = None, storage_options: StorageOptions = None,
+                 structural: bool = False) -> dict[str, str]:
     """Convert one file; return the aliases dropped (safetensors output only).
 
     ``src`` and ``dst`` may be URLs (``storage_options`` for both): a URL source
     is fetched with range requests, a URL target is written through its fsspec
     backend (a ``.safetensors``/``.npz`` one is written locally first, then
     uploaded; nothing partial is left on failure).  The number of tensors
-    converted is appended to ``counted`` when given.
+    converted is appended to ``counted`` when given.  ``structural`` reads a pickle
+    that names globals outside the weights-only allowlist (a whole pickled
+    module: its state dict is converted) with inert stand-ins.
 
     Raises
     ------
@@ -83,14 +85,14 @@ def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
     if src.endswith(".safetensors"):
         with _local(src, storage_options) as path:
             tensors = _from_safetensors(path)
-    elif to == "pt":
+    elif to == "pt" and not structural:
         obj = api.load(src, mmap=is_path(src), storage_options=storage_options)
         api.save(obj, dst, storage_options=storage_options)
         if counted is not None:
             counted.append(len(flatten(obj)))
         return {}
     else:
-        with open_checkpoint(src, storage_options=storage_options) as ck:
+        with open_checkpoint(src, storage_options=storage_options, structural=structural) as ck:
             tensors = ck.load_tensors()
     if counted is not None:
         counted.append(len(tensors))
@@ -138,7 +140,7 @@ _UPLOAD_CHUNK_BYTES = 8 << 20
 
 def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
             on_step: Callable[[int], None] | None = None,
-            storage_options: StorageOptions = None) -> dict[str, Any]:
+            storage_options: StorageOptions = None, structural: bool = False) -> dict[str, Any]:
     """Convert ``src`` to ``dst`` as ``to``; a ``*.index.json`` source converts every shard.
 
     Returns
@@ -163,7 +165,7 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
         return {"output": index, "kind": f"sharded {to}", "tensors": len(weight_map),
                 "shards": len(set(weight_map.values())), "aliases": {}}
     counted: list[int] = []
-    aliases = convert_file(src, dst, to, shared, counted, storage_options)
+    aliases = convert_file(src, dst, to, shared, counted, storage_options, structural)
     if on_step is not None:
         on_step(1)
     return {"output": dst, "kind": to, "tensors": sum(counted), "shards": 0, "aliases": aliases}

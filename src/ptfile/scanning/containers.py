@@ -1,4 +1,4 @@
-"""Tolerant walks over ZIP and tar containers for :mod:`ptfile.scan`: members and anomalies.
+"""Tolerant walks over ZIP and tar containers for :func:`ptfile.scan`: members and anomalies.
 
 :class:`~ptfile.archive.ZipReader` refuses an ambiguous archive; a scanner must
 instead say *what* is ambiguous and look at every reading of it, because a
@@ -34,8 +34,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-from ._io import Source
-from .errors import PtfileError
+from .._io import Source
+from ..errors import PtfileError
 
 __all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "walk_tar", "walk_zip"]
 

@@ -22,8 +22,8 @@ backwards; Python's ``zipfile`` too).  Anomalies reported:
   directory names (a record only a forward-scanning reader sees);
 * ``outside-prefix``: a record not under the first record's folder.
 
-tar (POSIX.1-1988 ustar, 512-byte blocks): members are listed up to the end
-marker or the first bad header.
+tar: :func:`walk_tar` is the tolerant mode of the loader's tar reader,
+:mod:`ptfile.archive.tar` (whose docstring lists its anomaly codes).
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._io import Source
+from ..archive.anomalies import Anomaly
+from ..archive.tar import TarMember, read_members
 from ..errors import PtfileError
+from ..limits import Limits
 
 __all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "walk_tar", "walk_zip"]
 
@@ -52,20 +55,6 @@ MAX_GAP_BYTES: Final = 1 << 26
 
 
 @dataclass(frozen=True, slots=True)
-class Anomaly:
-    """Something about a container that two readers could read two ways."""
-
-    code: str
-    message: str
-    offset: int | None = None
-    member: str | None = None
-    #: ``(start, size)`` of another archive the anomaly points at, to be scanned too.
-    region: tuple[int, int] | None = None
-    #: Offset of another end record, whose archive is to be scanned too.
-    eocd: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ZipEntry:
     """A member, from its central directory entry (or a shadow local header)."""
 
@@ -76,15 +65,6 @@ class ZipEntry:
     compressed_size: int
     method: int
     shadow: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TarMember:
-    """A tar member: name, data offset and size."""
-
-    name: str
-    offset: int
-    size: int
 
 
 def _pread(source: Source, offset: int, n: int) -> bytes | None:
@@ -316,22 +296,11 @@ class Window:
         return
 
 
-def walk_tar(source: Source, limit: int = 1 << 16) -> tuple[list[TarMember], list[Anomaly]]:
-    """The members of a ustar archive, at most ``limit`` of them."""
-    members: list[TarMember] = []
-    out: list[Anomaly] = []
-    at = 0
-    while at + 512 <= source.size and len(members) < limit:
-        header = _pread(source, at, 512) or b""
-        if header.count(0) == 512:
-            break
-        try:
-            size = int(header[124:136].rstrip(b"\0 ").decode("ascii") or "0", 8)
-        except ValueError:
-            out.append(Anomaly("bad-tar-header", "a tar header with a bad size field", at))
-            break
-        name = header[:100].rstrip(b"\0").decode("utf-8", "surrogateescape")
-        if header[156:157] in (b"0", b"\0", b""):
-            members.append(TarMember(name, at + 512, min(size, source.size - at - 512)))
-        at += 512 + (size + 511) // 512 * 512
-    return members, out
+def walk_tar(source: Source, limits: Limits) -> tuple[list[TarMember], list[Anomaly]]:
+    """The members of a tar archive, as the loader reads them, and its anomalies.
+
+    The tolerant mode of :func:`ptfile.archive.tar.read_members` (the loader's
+    reader): the same headers, member types and PAX/GNU extensions.
+    """
+    anomalies: list[Anomaly] = []
+    return read_members(source, limits, anomalies), anomalies

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._io import BytesSource, FileLike, Source, is_path, open_source
+from ..archive import tar
 from ..errors import PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
@@ -222,9 +223,10 @@ def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
 
 
 def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
-    members, anomalies = walk_tar(source)
+    members, anomalies = walk_tar(source, s.limits)
     for anomaly in anomalies:
         _anomaly(s, anomaly, "tar")
+    _scan_tar_head(s, source, depth)
     for member in members:
         data = source.pread(member.offset, member.size, f"tar member {member.name}")
         label = f"tar:{member.name}"
@@ -238,11 +240,34 @@ def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
                 pos = data.find(b"\x80", pos + 1)
 
 
+def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
+    """A pickle at byte 0 of a tar: torch unpickles the file from there when ``tarfile``
+    cannot read it (any ``TarError``: a bad first header, a truncated member...).
+
+    The first header is read, and more (eight times as much each time, up to
+    ``Limits.max_pickle_bytes``) while the pickle there runs past what was read.
+    """
+    window, most = tar.BLOCK, min(source.size, s.limits.max_pickle_bytes)
+    while True:
+        probe = _Scan(s.limits)
+        _scan_pickle(probe, source.pread(0, min(window, most), "tar head"), "tar(byte 0)", 0,
+                     depth)
+        if window >= most or not any(f.kind == "stream" and "truncated" in f.message
+                                     for f in probe.findings):
+            break
+        window *= 8
+    if any(f.kind != "stream" for f in probe.findings):  # it read as a pickle, not as a name
+        s.add("archive", Verdict.UNKNOWN, "tar", 0, "", "pickle-in-tar-header",
+              message="the first tar header starts with a pickle: torch unpickles it when "
+              "tarfile cannot read the archive")
+        s.findings.extend(probe.findings)
+
+
 def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     head = source.pread(0, min(source.size, 512), "file signature")
     if head[:4] == b"PK\x03\x04":
         return _scan_zip(s, source, where, depth)
-    if len(head) >= 262 and head[257:262] == b"ustar":
+    if tar.is_tar(head):
         _scan_tar(s, source, depth)
         return "tar"
     data = source.pread(0, min(source.size, s.limits.max_pickle_bytes), "pickle stream")

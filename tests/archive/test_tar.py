@@ -1,0 +1,112 @@
+"""ptfile.archive.tar: one tar reader, strict (loader) and tolerant (scanner), against tarfile."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ptfile
+from ptfile._io import BytesSource
+from ptfile.archive.anomalies import Anomaly
+from ptfile.archive.tar import read_members
+from ptfile.limits import DEFAULT_LIMITS, Limits
+
+FORMATS = [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]
+KINDS = [tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE]
+
+
+def tar_of(members: list[tuple[str, bytes, bytes]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.size = len(data) if kind in tarfile.REGULAR_TYPES else 0
+            tar.addfile(info, io.BytesIO(data) if info.size else None)
+    return out.getvalue()
+
+
+def _tarfile_members(data: bytes) -> list[tuple[str, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [(m.name, tar.extractfile(m).read())  # type: ignore[union-attr]
+                for m in tar.getmembers() if m.isreg()]
+
+
+def _ours(data: bytes, anomalies: list[Anomaly] | None = None) -> list[tuple[str, bytes]]:
+    return [(m.name, data[m.offset:m.offset + m.size])
+            for m in read_members(BytesSource(data), DEFAULT_LIMITS, anomalies)]
+
+
+NAMES = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="/"),
+                min_size=1, max_size=150)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(NAMES, st.sampled_from(KINDS), st.binary(max_size=1500)),
+                max_size=6), st.sampled_from(FORMATS))
+def test_tar_strict_and_tolerant_read_what_tarfile_reads(
+        members: list[tuple[str, bytes, bytes]], fmt: int) -> None:
+    try:
+        data = tar_of(members, fmt)
+    except ValueError:  # a name too long for ustar
+        return
+    anomalies: list[Anomaly] = []
+    assert _ours(data) == _ours(data, anomalies) == _tarfile_members(data)
+    assert anomalies == []
+
+
+def _header_fix(header: bytearray) -> bytearray:
+    header[148:156] = b" " * 8
+    header[148:156] = f"{sum(header):06o}\0 ".encode()
+    return header
+
+
+def _tolerant(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[list[str], list[str]]:
+    anomalies: list[Anomaly] = []
+    members = read_members(BytesSource(data), limits, anomalies)
+    return [m.name for m in members], [a.code for a in anomalies]
+
+
+def test_tar_bad_header_strict_raises_tolerant_reports_and_stops() -> None:
+    data = bytearray(tar_of([("a", tarfile.REGTYPE, b"1"), ("b", tarfile.REGTYPE, b"2")]))
+    data[512 * 2] ^= 1  # the second header's checksum no longer matches
+    with pytest.raises(ptfile.FormatError, match="checksum"):
+        read_members(BytesSource(bytes(data)), DEFAULT_LIMITS)
+    assert _tolerant(bytes(data)) == (["a"], ["bad-tar-header"])
+
+
+def test_tar_truncated_member_strict_raises_tolerant_lists_what_is_there() -> None:
+    data = tar_of([("a", tarfile.REGTYPE, b"x" * 2000)])[:1024]
+    with pytest.raises(ptfile.FormatError, match="beyond the end"):
+        read_members(BytesSource(data), DEFAULT_LIMITS)
+    anomalies: list[Anomaly] = []
+    assert read_members(BytesSource(data), DEFAULT_LIMITS, anomalies)[0].size == 512
+    assert [a.code for a in anomalies] == ["truncated-tar-member"]
+
+
+def test_tar_too_many_members() -> None:
+    data = tar_of([(str(i), tarfile.REGTYPE, b"") for i in range(4)])
+    with pytest.raises(ptfile.LimitExceededError):
+        read_members(BytesSource(data), Limits(max_records=2))
+    assert _tolerant(data, Limits(max_records=2)) == (["0", "1", "2"], ["too-many-members"])
+
+
+def test_tar_sparse_member_tolerant_only_and_its_extension_blocks_skipped() -> None:
+    # An old-GNU sparse header with one extension block, then a regular member:
+    # tarfile reads both; the loader skips the sparse one, the scanner is told of it.
+    data = bytearray(tar_of([("s", tarfile.REGTYPE, b"abc"), ("b", tarfile.REGTYPE, b"2")],
+                            tarfile.GNU_FORMAT))
+    header = bytearray(data[:512])
+    header[156:157], header[482] = b"S", 1
+    header[483:495] = b"00000000003\0"  # realsize
+    header[386:398], header[398:410] = b"00000000000\0", b"00000000003\0"  # one sparse entry
+    extension = bytearray(512)  # no entries, no further block
+    crafted = bytes(_header_fix(header)) + bytes(extension) + bytes(data[512:])
+    with tarfile.open(fileobj=io.BytesIO(crafted)) as tar:
+        assert [m.name for m in tar.getmembers()] == ["s", "b"]
+    assert [m.name for m in read_members(BytesSource(crafted), DEFAULT_LIMITS)] == ["b"]
+    assert _tolerant(crafted) == (["s", "b"], ["sparse-tar-member"])

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ptfile._io import BytesSource
-from ptfile.archive import ZipReader, computed_data_offset, computed_next_header_offset
+from ptfile.archive import ZipReader, computed_data_offset, computed_next_header_offset, layout
 from ptfile.archive import records as r
 from ptfile.errors import ArchiveError
 
@@ -96,8 +96,8 @@ def test_records_extra_fields() -> None:
         if cut not in (6, len(block)):
             with pytest.raises(ArchiveError, match="truncated"):
                 r.parse_extra_fields(block[:cut])
-    assert r.padding_extra(0) == b"FB\x00\x00"
-    assert r.padding_extra(2) == b"FB\x02\x00ZZ"
+    assert layout.padding_extra(0) == b"FB\x00\x00"
+    assert layout.padding_extra(2) == b"FB\x02\x00ZZ"
 
 
 @pytest.mark.parametrize(
@@ -107,12 +107,12 @@ def test_records_extra_fields() -> None:
      (2**33, 2**33, b"\x01\x00\x18\x00" + (2**33).to_bytes(8, "little") * 3)],
 )  # fmt: skip
 def test_records_zip64_extra_layout(offset: int, size: int, expected: bytes) -> None:
-    assert r.zip64_extra(offset, size) == expected
-    local = r.zip64_extra(offset, size, local=True)  # compressed size 0 in the local header
+    assert layout.zip64_extra(offset, size) == expected
+    local = layout.zip64_extra(offset, size, local=True)  # compressed size 0 in the local header
     assert local == (expected[:12] + bytes(8) + expected[20:] if size >= 2**32 - 1 else expected)
-    assert r.needs_zip64(offset, size) is bool(expected)
-    assert r.descriptor_size(offset, size) == (24 if expected else 16)
-    assert r.descriptor_size(offset, 0) == 0
+    assert layout.needs_zip64(offset, size) is bool(expected)
+    assert layout.descriptor_size(offset, size) == (24 if expected else 16)
+    assert layout.descriptor_size(offset, 0) == 0
 
 
 def test_records_storage_offsets_of_the_worked_example() -> None:
@@ -121,7 +121,7 @@ def test_records_storage_offsets_of_the_worked_example() -> None:
              (0x1D2, 21, 6, 0x240), (0x256, 18, 8, 0x2C0), (0x2D8, 19, 2, 0x340),
              (0x352, 34, 40, 0x3C0)]  # fmt: skip
     for header, name_length, size, data in cases:
-        assert r.storage_data_offset(header, name_length, size, 64) == data
+        assert layout.storage_data_offset(header, name_length, size, 64) == data
     assert computed_data_offset(0x256, "tiny_tensor/data/0", 8, 64) == 0x2C0
     assert computed_next_header_offset(0x256, 0x2C0, 8) == 0x2D8
     assert computed_next_header_offset(0x256, 0x2C0, 0) == 0x2C0

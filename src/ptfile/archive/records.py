@@ -43,31 +43,9 @@ Readers
   equal the central one.  Local CRC and size fields are ignored (torch writes
   zeros there and sets bit 3, 4.4.4).
 
-Writers (byte-identical to torch)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-* Local file header: version needed 0, flags 0x0808 (bit 3 data descriptor,
-  bit 11 UTF-8) or 0x0800 for an empty member, method 0, time and date 0,
-  CRC and sizes 0.  Then the name, then a ZIP64 extra when needed, then the
-  "FB" padding extra (id 0x4246, ``pad`` bytes of ``'Z'``, present even when
-  ``pad`` is 0) that puts the data at a multiple of the storage alignment.
-* ZIP64 extra (4.5.3) when the size or the local header offset is at least
-  0xFFFFFFFF: ``[uncompressed u64, compressed u64]`` if the size is, then
-  ``[local header offset u64]`` if the offset is, in local and central headers
-  alike (in the local header the offset goes beyond APPNOTE, which only allows
-  sizes; miniz writes it).  In the local header the compressed size is 0:
-  miniz writes the header before it has "compressed" anything.
-* Data descriptor (4.3.9) with its optional signature ``PK\\x07\\x08``, only
-  after non-empty members: 16 bytes, or 24 (u64 sizes) when the member has a
-  ZIP64 extra.
-* Central directory header: version made by and needed 0, same flags as the
-  local header, real CRC (0 when CRC computation is disabled), sizes and
-  offset capped at 0xFFFFFFFF with the real values in the ZIP64 extra, no
-  padding extra, no comment, internal attributes 0, external attributes 0
-  except 0x10 (MS-DOS directory, 4.4.15) for a name ending in ``/``, which
-  MUST then be empty.
-* Always ZIP64 end records: ZIP64 EOCD (record size 44, made by 0x031E,
-  needed 0x002D), locator (1 disk), then the EOCD with counts capped at
-  0xFFFF and size/offset capped at 0xFFFFFFFF, no comment.
+Writers
+~~~~~~~
+What torch writes, byte for byte, is specified in :mod:`ptfile.archive.layout`.
 """
 
 from __future__ import annotations
@@ -94,12 +72,7 @@ __all__ = [
     "LocalFileHeader",
     "Zip64EndOfCentralDirectory",
     "Zip64Locator",
-    "descriptor_size",
-    "needs_zip64",
-    "padding_extra",
     "parse_extra_fields",
-    "storage_data_offset",
-    "zip64_extra",
     "zip64_values",
 ]
 
@@ -152,7 +125,6 @@ ZIP64_LOCATOR_STRUCT: Final = struct.Struct("<4sLQL")
 DESCRIPTOR_STRUCT: Final = struct.Struct("<4s3L")
 DESCRIPTOR64_STRUCT: Final = struct.Struct("<4sL2Q")
 EXTRA_HEADER_STRUCT: Final = struct.Struct("<2H")
-_U64 = struct.Struct("<Q")
 
 Buffer = bytes | bytearray | memoryview
 
@@ -532,74 +504,3 @@ class DataDescriptor:
         return layout.pack(
             DATA_DESCRIPTOR_SIGNATURE, self.crc32, self.compressed_size, self.uncompressed_size
         )
-
-
-# ---------------------------------------------------------------------------
-# torch's layout rules (PyTorchStreamWriter::writeRecord / getPadding, miniz)
-# ---------------------------------------------------------------------------
-
-
-def needs_zip64(header_offset: int, size: int) -> bool:
-    """True when a member gets a ZIP64 extra and a 24-byte descriptor."""
-    return size >= U32_MAX or header_offset >= U32_MAX
-
-
-def zip64_extra(header_offset: int, size: int, *, local: bool = False) -> bytes:
-    """The ZIP64 extra torch writes for a member; empty when it needs none.
-
-    ``local`` selects the local header's version, whose compressed size is 0.
-
-    Examples
-    --------
-    >>> zip64_extra(0, 10)
-    b''
-    >>> zip64_extra(2**32, 10).hex()
-    '010008000000000001000000'
-    >>> zip64_extra(0, 2**32, local=True).hex()
-    '0100100000000000010000000000000000000000'
-    """
-    values = []
-    if size >= U32_MAX:
-        values += [size, 0 if local else size]
-    if header_offset >= U32_MAX:
-        values.append(header_offset)
-    if not values:
-        return b""
-    return EXTRA_HEADER_STRUCT.pack(ZIP64_EXTRA_ID, 8 * len(values)) + b"".join(
-        _U64.pack(v) for v in values
-    )
-
-
-def padding_extra(pad: int) -> bytes:
-    """torch's alignment extra: ``"FB"``, u16 ``pad``, then ``pad`` bytes of ``'Z'``.
-
-    Examples
-    --------
-    >>> padding_extra(3)
-    b'FB\\x03\\x00ZZZ'
-    """
-    return EXTRA_HEADER_STRUCT.pack(PADDING_EXTRA_ID, pad) + PADDING_FILL * pad
-
-
-def storage_data_offset(header_offset: int, name_length: int, size: int, alignment: int) -> int:
-    """Where torch puts the data of a member whose local header starts at ``header_offset``.
-
-    ``name_length`` is the byte length of the full name (prefix included).  The
-    result is the first multiple of ``alignment`` at or after the end of the
-    local header, its name, its ZIP64 extra and an empty padding extra.
-
-    Examples
-    --------
-    >>> storage_data_offset(0, 20, 150, 64)
-    64
-    """
-    start = header_offset + LocalFileHeader.SIZE + name_length + EXTRA_HEADER_STRUCT.size
-    start += len(zip64_extra(header_offset, size, local=True))
-    return start + (-start) % alignment
-
-
-def descriptor_size(header_offset: int, size: int) -> int:
-    """Bytes of data descriptor torch writes after a member: 0, 16 or 24."""
-    if size == 0:
-        return 0
-    return DESCRIPTOR64_STRUCT.size if needs_zip64(header_offset, size) else DESCRIPTOR_STRUCT.size

@@ -56,10 +56,11 @@ from .records import (
     LOCAL_FILE_HEADER_STRUCT,
     METHOD_DEFLATED,
     METHOD_STORED,
+    LocalFileHeader,
 )
 
 __all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_data_offsets",
-           "computed_next_header_offset", "read_local_header"]
+           "computed_next_header_offset", "local_header_at", "read_local_header"]
 
 #: A deflated member may inflate to Limits.max_inflate_ratio times its size plus this.
 INFLATE_ALLOWANCE: Final = 1 << 20
@@ -441,6 +442,20 @@ def _inflate(raw: bytes, record: Record) -> bytes:
             member=record.name,
         )
     return out
+
+
+def local_header_at(source: Source, at: int) -> LocalFileHeader:
+    """The local file header at ``at``, name and extra field included (two reads).
+
+    Raises
+    ------
+    ArchiveError, FormatError
+        No local header there, or one that runs past the end of the file.
+    """
+    fixed = source.pread(at, _LOCAL_FIXED, "local file header")
+    nlen, elen = LocalFileHeader.variable_lengths(fixed, base=at)
+    rest = source.pread(at + _LOCAL_FIXED, nlen + elen, "local file name and extra field")
+    return LocalFileHeader.from_bytes(fixed + rest, base=at)
 
 
 def read_local_header(source: Source, name: str, header_offset: int, compressed_size: int,

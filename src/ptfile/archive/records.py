@@ -247,6 +247,21 @@ class LocalFileHeader:
         extra = _tail(data, pos + cls.SIZE + nlen, elen, base, "local extra field")
         return cls(needed, flags, method, mtime, mdate, crc, csize, usize, name, extra)
 
+    @classmethod
+    def variable_lengths(cls, data: Buffer, pos: int = 0, *, base: int = 0) -> tuple[int, int]:
+        """Name and extra field lengths of the header at ``pos``, from its 30 fixed bytes
+        (to read a header whose lengths are not known yet in two reads).
+
+        Raises
+        ------
+        ArchiveError
+            Truncated fixed part or wrong signature.
+        """
+        sig, *_, nlen, elen = _unpack(LOCAL_FILE_HEADER_STRUCT, data, pos, base,
+                                      "local file header")
+        _check_signature(sig, LOCAL_FILE_HEADER_SIGNATURE, "local file header", base + pos)
+        return nlen, elen
+
     def to_bytes(self) -> bytes:
         """Serialize header, name and extra field."""
         return (

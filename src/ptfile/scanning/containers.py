@@ -1,57 +1,64 @@
-"""Tolerant walks over ZIP and tar containers for :func:`ptfile.scan`: members and anomalies.
+"""The scanner's walks over ZIP and tar containers: members and anomalies, never an error.
 
 :class:`~ptfile.archive.ZipReader` refuses an ambiguous archive; a scanner must
 instead say *what* is ambiguous and look at every reading of it, because a
 scanner that sees other bytes than the loader is how scanners are bypassed.
-This module never raises on damage: it lists what it can and describes the rest
-as :class:`Anomaly` records.
+So both walks are the loader's own parsers in their tolerant mode
+(:mod:`ptfile.archive.anomalies`): the same records, fields and choices, with
+what the loader would raise reported as :class:`Anomaly` records.
 
-ZIP (APPNOTE 4.3): the end of central directory record is the *last*
-``PK\\x05\\x06`` within the final 65,557 bytes (miniz and ptfile search
-backwards; Python's ``zipfile`` too).  Anomalies reported:
+ZIP (:func:`walk_zip`): the end records (:func:`ptfile.archive.directory.locate_directory`),
+the central directory (:func:`ptfile.archive._entries.parse_entries`) and each
+local header (:func:`ptfile.archive.reader.read_local_header`), whose
+docstrings list their anomaly codes: among them ``data-after-archive``,
+``archive-in-comment``, ``several-end-records``, ``duplicate-name``,
+``name-mismatch``, ``bad-local-header``, ``data-outside-archive``,
+``overlapping-records`` and ``bad-central-directory``.  On top of them, what
+only a scanner asks:
 
 * ``bytes-before-first-record``: the first local header is not at offset 0
   (a prepended file: a polyglot, e.g. a pickle or an image before the ZIP);
-* ``data-after-archive``: bytes after the end record's comment;
-* ``archive-in-comment`` / ``several-end-records``: another end record or local
-  header inside the comment or before the chosen end record;
-* ``duplicate-name`` and ``case-colliding-names``;
-* ``name-mismatch``: local header name differs from the central one;
-* ``bad-local-header``, ``data-outside-archive``, ``overlapping-records``;
+* ``case-colliding-names``: names that differ only in case;
+* ``overlapping-records``, also with each record's extent taken from its local
+  header (name and extra field as the local header gives them);
 * ``shadow-record``: a local header in the gaps between the records the
   directory names (a record only a forward-scanning reader sees);
 * ``outside-prefix``: a record not under the first record's folder.
 
-tar: :func:`walk_tar` is the tolerant mode of the loader's tar reader,
-:mod:`ptfile.archive.tar` (whose docstring lists its anomaly codes).
+tar (:func:`walk_tar`): :func:`ptfile.archive.tar.read_members`, the loader's
+tar reader, whose docstring lists its anomaly codes.
 """
 
 from __future__ import annotations
 
 import itertools
-import struct
 import zlib
 from dataclasses import dataclass
 from typing import Final
 
 from .._io import Source
+from ..archive._entries import parse_entries
 from ..archive.anomalies import Anomaly
+from ..archive.directory import check_counts, locate_directory
+from ..archive.reader import local_header_at, read_local_header
+from ..archive.records import (
+    LOCAL_FILE_HEADER_SIGNATURE,
+    METHOD_DEFLATED,
+    METHOD_STORED,
+    CentralDirectoryHeader,
+)
 from ..archive.tar import TarMember, read_members
 from ..errors import PtfileError
-from ..limits import Limits
+from ..limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "walk_tar", "walk_zip"]
+__all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "read_member", "walk_tar", "walk_zip"]
 
-_EOCD: Final = struct.Struct("<4s4H2LH")
-_CD: Final = struct.Struct("<4s6H3L5H2L")
-_LOCAL: Final = struct.Struct("<4s5H3L2H")
-_LOC64: Final = struct.Struct("<4sLQL")
-_EOCD64: Final = struct.Struct("<4sQ2H2L4Q")
-_SEARCH: Final = _EOCD.size + 0xFFFF
 #: Local header signatures looked for in gaps, at most (a hostile file may have millions).
 MAX_SHADOWS: Final = 64
 #: Gap bytes searched for shadow records, at most.
 MAX_GAP_BYTES: Final = 1 << 26
+#: Gaps shorter than this hold no shadow record: data descriptors are 16 or 24 bytes.
+_DESCRIPTOR_GAP: Final = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,131 +81,29 @@ def _pread(source: Source, offset: int, n: int) -> bytes | None:
         return None
 
 
-def _find_end(source: Source, out: list[Anomaly],
-              forced: int | None) -> tuple[int, tuple[int, ...]] | None:
-    window = min(source.size, _SEARCH)
-    tail = _pread(source, source.size - window, window) or b""
-    base = source.size - window
-    pos = tail.rfind(b"PK\x05\x06") if forced is None else forced - base
-    while pos >= 0 and pos + _EOCD.size > len(tail):
-        pos = tail.rfind(b"PK\x05\x06", 0, pos)
-    if pos < 0:
-        return None
-    fields = _EOCD.unpack_from(tail, pos)
-    comment_end = pos + _EOCD.size + fields[7]
-    if comment_end < len(tail):
-        out.append(Anomaly("data-after-archive", f"{len(tail) - comment_end} bytes after the "
-                           "end of the archive", base + comment_end))
-    comment = tail[pos + _EOCD.size:comment_end]
-    if b"PK\x03\x04" in comment or b"PK\x01\x02" in comment:
-        out.append(Anomaly("archive-in-comment", "the archive comment holds ZIP records (a "
-                           "second archive)", base + pos,
-                           region=(base + pos + _EOCD.size, len(comment))))
-    earlier = tail.rfind(b"PK\x05\x06", 0, pos)
-    if earlier >= 0 and earlier + _EOCD.size <= len(tail):
-        out.append(Anomaly("several-end-records", "more than one end of central directory "
-                           "record near the end of the file: readers that stop at another one "
-                           "see another archive", base + earlier, eocd=base + earlier))
-    return base + pos, fields
-
-
-def _directory(source: Source, eocd_at: int, fields: tuple[int, ...]) -> tuple[int, int, int]:
-    """(offset, size, entries) of the central directory, ZIP64 values preferred."""
-    entries, size, offset = fields[4], fields[5], fields[6]
-    raw = _pread(source, eocd_at - _LOC64.size, _LOC64.size) if eocd_at >= _LOC64.size else None
-    if raw and raw.startswith(b"PK\x06\x07"):
-        at = _LOC64.unpack(raw)[2]
-        rec = _pread(source, at, _EOCD64.size)
-        if rec and rec.startswith(b"PK\x06\x06"):
-            values = _EOCD64.unpack(rec)
-            entries, size, offset = values[7], values[8], values[9]
-    return offset, size, entries
-
-
-def _zip64(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
-    pos = 0
-    while pos + 4 <= len(extra):
-        tag, length = struct.unpack_from("<2H", extra, pos)
-        if tag == 1:
-            values = list(struct.unpack_from(f"<{min(length, len(extra) - pos - 4) // 8}Q",
-                                             extra, pos + 4))
-            if usize == 0xFFFFFFFF and values:
-                usize = values.pop(0)
-            if csize == 0xFFFFFFFF and values:
-                csize = values.pop(0)
-            if offset == 0xFFFFFFFF and values:
-                offset = values.pop(0)
-            break
-        pos += 4 + length
-    return usize, csize, offset
-
-
-def _local(source: Source, name: str, at: int, out: list[Anomaly]) -> int | None:
-    """The data offset from the local header at ``at``; anomalies for a bad or renamed one."""
-    raw = _pread(source, at, _LOCAL.size)
-    if raw is None or not raw.startswith(b"PK\x03\x04"):
-        out.append(Anomaly("bad-local-header", "no local header where the directory says",
-                           at, name))
-        return None
-    nlen, elen = (int(v) for v in _LOCAL.unpack(raw)[9:11])
-    local = _pread(source, at + _LOCAL.size, nlen) or b""
-    if local != name.encode("utf-8", "surrogateescape"):
-        out.append(Anomaly("name-mismatch", f"the local header names {local[:80]!r}; readers "
-                           "that trust local headers see another record", at, name))
-    return at + _LOCAL.size + nlen + elen
-
-
-def _entries(source: Source, cd: bytes, count: int, out: list[Anomaly]) -> list[ZipEntry]:
-    found: list[ZipEntry] = []
-    pos = 0
-    for _ in range(count):
-        if pos + _CD.size > len(cd) or cd[pos:pos + 4] != b"PK\x01\x02":
-            out.append(Anomaly("bad-central-directory", "central directory ends early or is "
-                               f"damaged after {len(found)} entries"))
-            break
-        f = _CD.unpack_from(cd, pos)
-        nlen, elen, clen = f[10], f[11], f[12]
-        name = cd[pos + _CD.size:pos + _CD.size + nlen].decode("utf-8", "surrogateescape")
-        extra = cd[pos + _CD.size + nlen:pos + _CD.size + nlen + elen]
-        usize, csize, offset = _zip64(extra, f[9], f[8], f[16])
-        pos += _CD.size + nlen + elen + clen
-        data = _local(source, name, offset, out)
-        if data is not None:
-            found.append(ZipEntry(name, offset, data, usize, csize, f[4]))
-    return found
-
-
 def _check_names(entries: list[ZipEntry], out: list[Anomaly]) -> None:
-    seen: dict[str, str] = {}
+    """Names equal but for case, and names outside the first one's folder (exact
+    duplicates are the central directory parser's ``duplicate-name``)."""
     folded: dict[str, str] = {}
     for e in entries:
-        if e.name in seen:
-            out.append(Anomaly("duplicate-name", "two central directory entries share this "
-                               "name: readers disagree on which one it means", e.header_offset,
-                               e.name))
-        elif e.name.casefold() in folded:
-            out.append(Anomaly("case-colliding-names", f"differs from "
-                               f"{folded[e.name.casefold()]!r} only in case", e.header_offset,
-                               e.name))
-        seen[e.name] = e.name
-        folded.setdefault(e.name.casefold(), e.name)
+        first = folded.setdefault(e.name.casefold(), e.name)
+        if first != e.name:
+            out.append(Anomaly("case-colliding-names", f"differs from {first!r} only in case",
+                               e.header_offset, e.name))
     prefix = entries[0].name.split("/", 1)[0] + "/" if entries else ""
     out.extend(Anomaly("outside-prefix", f"not under the archive folder {prefix!r}",
                        e.header_offset, e.name) for e in entries if not e.name.startswith(prefix))
 
 
-def _check_layout(source: Source, entries: list[ZipEntry], cd_offset: int,
-                  out: list[Anomaly]) -> list[tuple[int, int]]:
-    """Bounds and overlaps; returns the occupied ranges, sorted."""
+def _check_layout(entries: list[ZipEntry], out: list[Anomaly]) -> list[tuple[int, int]]:
+    """Overlaps (extents from the local headers) and a prefix; returns the occupied ranges,
+    sorted."""
     ranges = sorted((e.header_offset, e.data_offset + e.compressed_size, e.name)
                     for e in entries)
-    for start, end, name in ranges:
-        if end > min(cd_offset, source.size):
-            out.append(Anomaly("data-outside-archive", f"record data runs to {end:#x}, past the "
-                               f"central directory at {cd_offset:#x}", start, name))
-    for (_, end, name), (start, _, other) in itertools.pairwise(ranges):
-        if end > start:
-            out.append(Anomaly("overlapping-records", f"overlaps record {other!r}", start, name))
+    out.extend(Anomaly("overlapping-records", f"overlaps record {other!r} at {start:#x}",
+                       first, name)
+               for (first, end, name), (start, _, other) in itertools.pairwise(ranges)
+               if end > start)
     if ranges and ranges[0][0] > 0:
         out.append(Anomaly("bytes-before-first-record", f"{ranges[0][0]} bytes precede the "
                            "first record (a prepended file or polyglot)", 0))
@@ -207,58 +112,77 @@ def _check_layout(source: Source, entries: list[ZipEntry], cd_offset: int,
 
 def _shadows(source: Source, ranges: list[tuple[int, int]], cd_offset: int,
              out: list[Anomaly]) -> list[ZipEntry]:
-    """Local headers in the gaps between named records (descriptors are 16/24 bytes)."""
+    """Local headers in the gaps between named records."""
     found: list[ZipEntry] = []
     cursor, budget = 0, MAX_GAP_BYTES
     for start, end in [*ranges, (cd_offset, cd_offset)]:
         gap = min(start - cursor, budget)
-        if gap > 24:
+        if gap > _DESCRIPTOR_GAP:
             data = _pread(source, cursor, gap) or b""
             budget -= gap
-            at = data.find(b"PK\x03\x04")
+            at = data.find(LOCAL_FILE_HEADER_SIGNATURE)
             while at >= 0 and len(found) < MAX_SHADOWS:
                 found.extend(_shadow(source, cursor + at, out))
-                at = data.find(b"PK\x03\x04", at + 4)
+                at = data.find(LOCAL_FILE_HEADER_SIGNATURE, at + 4)
         cursor = max(cursor, end)
     return found
 
 
 def _shadow(source: Source, at: int, out: list[Anomaly]) -> list[ZipEntry]:
-    raw = _pread(source, at, _LOCAL.size)
-    if raw is None:
+    try:
+        header = local_header_at(source, at)
+    except PtfileError:
         return []
-    f = _LOCAL.unpack(raw)
-    name = (_pread(source, at + _LOCAL.size, f[9]) or b"").decode("utf-8", "surrogateescape")
+    name = header.name.decode("utf-8", "surrogateescape")
     out.append(Anomaly("shadow-record", "a local header the central directory never names "
                        "(readers that scan forward see it)", at, name))
-    data = at + _LOCAL.size + f[9] + f[10]
-    return [ZipEntry(name, at, data, f[8], f[7], f[3], shadow=True)]
+    data = at + header.SIZE + len(header.name) + len(header.extra)
+    return [ZipEntry(name, at, data, header.uncompressed_size, header.compressed_size,
+                     header.method, shadow=True)]
 
 
-def walk_zip(source: Source, eocd: int | None = None,
+def _deduplicated(anomalies: list[Anomaly]) -> list[Anomaly]:
+    """The first of the anomalies two checks found alike (same code, offset and member)."""
+    seen: set[tuple[str, int | None, str | None]] = set()
+    kept = []
+    for a in anomalies:
+        if (a.code, a.offset, a.member) not in seen:
+            seen.add((a.code, a.offset, a.member))
+            kept.append(a)
+    return kept
+
+
+def walk_zip(source: Source, limits: Limits = DEFAULT_LIMITS, eocd: int | None = None,
              ) -> tuple[list[ZipEntry], list[Anomaly]] | None:
     """Every member of the ZIP in ``source`` (shadow records included) and its anomalies.
 
-    ``eocd`` forces the end record at that offset (by default the last one).
-    Returns None when ``source`` has no end of central directory record.
+    ``eocd`` forces the end record at that offset (by default the one the
+    loader reads).  Returns None when ``source`` has no end of central directory record.
     """
     out: list[Anomaly] = []
-    end = _find_end(source, out, eocd)
-    if end is None:
+    directory = locate_directory(source, out, at=eocd)
+    if directory is None:
         return None
-    cd_offset, cd_size, count = _directory(source, *end)
-    cd = _pread(source, cd_offset, min(cd_size, max(0, source.size - cd_offset))) or b""
-    entries = _entries(source, cd, min(count, len(cd) // _CD.size + 1), out)
+    directory = check_counts(directory, limits, out)
+    cd = _pread(source, directory.offset, directory.size) or b""
+    parsed = parse_entries(cd, min(directory.entries, len(cd) // CentralDirectoryHeader.SIZE), directory.offset,
+                           limits.max_name_length, out)
+    entries = []
+    for row, name in enumerate(parsed.names):
+        offset, size, csize, method, _, _ = parsed.row(row)
+        data = read_local_header(source, name, offset, csize, directory.offset, out)
+        if data is not None:
+            entries.append(ZipEntry(name, offset, data, size, csize, method))
     _check_names(entries, out)
-    ranges = _check_layout(source, entries, cd_offset, out)
-    return entries + _shadows(source, ranges, cd_offset, out), out
+    ranges = _check_layout(entries, out)
+    return entries + _shadows(source, ranges, directory.offset, out), _deduplicated(out)
 
 
 def read_member(source: Source, entry: ZipEntry, limit: int) -> bytes | None:
     """A member's bytes (stored or deflated, at most ``limit``), or None when unreadable."""
-    if entry.method == 0:
+    if entry.method == METHOD_STORED:
         return _pread(source, entry.data_offset, min(entry.size, limit))
-    if entry.method != 8:
+    if entry.method != METHOD_DEFLATED:
         return None
     raw = _pread(source, entry.data_offset, min(entry.compressed_size, source.size))
     if raw is None:

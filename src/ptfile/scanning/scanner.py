@@ -182,7 +182,7 @@ def _is_pickle_record(name: str) -> bool:
 
 
 def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
-    walked = walk_zip(source, eocd)
+    walked = walk_zip(source, s.limits, eocd)
     if walked is None:
         s.add("format", Verdict.UNKNOWN, where, None, message="no ZIP end record")
         return "unknown"
@@ -272,7 +272,7 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
         return "tar"
     data = source.pread(0, min(source.size, s.limits.max_pickle_bytes), "pickle stream")
     legacy = b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19" in head[:32]
-    if walk_zip(source) is not None:
+    if walk_zip(source, s.limits) is not None:
         s.add("archive", Verdict.UNKNOWN, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch reads "
               "the leading bytes, ZIP tools the archive")

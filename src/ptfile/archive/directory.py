@@ -2,7 +2,7 @@
 
 What is read and checked is specified in :mod:`ptfile.archive.records`
 ("Readers"): a bounded backwards search for the end of central directory
-record (the last signature whose record *and comment* fit in the file), ZIP64
+record (the last signature whose 22 fixed bytes fit in the file), ZIP64
 values through the locator right before it, a single-disk archive, and a
 central directory that lies before the end records and can hold its entries.
 
@@ -11,10 +11,10 @@ Strict mode raises what the loader raises.  Tolerant mode
 
 * ``data-after-archive``: bytes after the end record's comment;
 * ``archive-in-comment``: ZIP records inside the comment (``region``: the comment);
-* ``several-end-records``: another end record in the search window (``eocd``:
-  the nearest before the one chosen, and the nearest after it whose comment
-  runs past the end of the file: miniz, torch's reader, takes the last record
-  whose fixed 22 bytes fit, comment or not);
+* ``several-end-records``: another end record before the one chosen, in the
+  search window (``eocd``: the nearest);
+* ``comment-past-end``: the chosen record's comment runs past the end of the
+  file (it is read as far as the file goes, as miniz and ``zipfile`` read it);
 * ``bad-zip64-end``: a ZIP64 locator or record that cannot be read (the
   classic values are used);
 * ``spanned-archive``: disk numbers of a multi-disk archive;
@@ -28,6 +28,7 @@ mode returns None.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Final
 
@@ -74,21 +75,8 @@ class Directory:
     end: int  # the central directory must end at or before this offset
 
 
-def _other_ends(tail: bytes, pos: int, base: int, forced: bool,
-                anomalies: list[Anomaly]) -> None:
-    """The nearest other end record before the chosen one at ``pos`` and, unless it was
-    forced, the nearest after it (whose comment runs past the end of the file)."""
-    earlier = tail.rfind(EOCD_SIGNATURE, 0, pos)
-    later = -1 if forced else tail.find(EOCD_SIGNATURE, pos + 1)
-    fits = later + EndOfCentralDirectory.SIZE <= len(tail)
-    anomalies.extend(Anomaly(
-        "several-end-records", "more than one end of central directory record near the end of "
-        "the file: readers that stop at another one see another archive", base + at,
-        eocd=base + at) for at in (earlier, later if fits else -1) if at >= 0)
-
-
 def _tolerant_checks(eocd: EndOfCentralDirectory, tail: bytes, pos: int, base: int,
-                     forced: bool, anomalies: list[Anomaly]) -> None:
+                     anomalies: list[Anomaly]) -> None:
     comment_end = pos + EndOfCentralDirectory.SIZE + len(eocd.comment)
     if comment_end < len(tail):
         anomalies.append(Anomaly("data-after-archive", f"{len(tail) - comment_end} bytes after "
@@ -97,31 +85,40 @@ def _tolerant_checks(eocd: EndOfCentralDirectory, tail: bytes, pos: int, base: i
         anomalies.append(Anomaly(
             "archive-in-comment", "the archive comment holds ZIP records (a second archive)",
             base + pos, region=(base + pos + EndOfCentralDirectory.SIZE, len(eocd.comment))))
-    _other_ends(tail, pos, base, forced, anomalies)
+    earlier = tail.rfind(EOCD_SIGNATURE, 0, pos)
+    if earlier >= 0:
+        anomalies.append(Anomaly(
+            "several-end-records", "more than one end of central directory record near the end "
+            "of the file: readers that stop at another one see another archive", base + earlier,
+            eocd=base + earlier))
 
 
-def _parse_end(tail: bytes, pos: int, base: int, forced: bool) -> EndOfCentralDirectory | None:
-    """The end record at ``pos``, or None when its comment runs past the end of the file.
+def _parse_end(tail: bytes, pos: int, base: int,
+               anomalies: list[Anomaly] | None) -> EndOfCentralDirectory | None:
+    """The end record at ``pos`` (None if there is none), its comment cut at the end of the file.
 
-    A forced record is read as miniz reads it, whatever its comment length (the
-    comment is then what the file holds, padded with zeros).
+    miniz (torch's reader) and Python's ``zipfile`` read a comment that runs
+    past the end of the file as far as the file goes; so does ptfile.
     """
-    if pos + EndOfCentralDirectory.SIZE > len(tail):
-        return None
     try:
         return EndOfCentralDirectory.from_bytes(tail, pos, base=base)
     except ArchiveError:
-        if not forced:
-            return None
-    try:
-        return EndOfCentralDirectory.from_bytes(tail[pos:] + bytes(U16_MAX), base=base + pos)
-    except ArchiveError:  # not an end record at all
+        pass
+    try:  # the comment runs past the end (or there is no record here at all)
+        padded = EndOfCentralDirectory.from_bytes(tail[pos:] + bytes(U16_MAX), base=base + pos)
+    except ArchiveError:
         return None
+    present = len(tail) - pos - EndOfCentralDirectory.SIZE
+    if anomalies is not None:
+        anomalies.append(Anomaly("comment-past-end", f"the archive comment of "
+                                 f"{len(padded.comment)} bytes runs past the end of the file "
+                                 f"({present} present)", base + pos))
+    return dataclasses.replace(padded, comment=padded.comment[:present])
 
 
 def find_end(source: Source, anomalies: list[Anomaly] | None = None, *,
              at: int | None = None) -> EndRecord | None:
-    """The last end record whose fixed part and comment fit in the file (or the one ``at``).
+    """The last end record whose fixed 22 bytes fit in the file (or the one ``at``).
 
     Raises
     ------
@@ -133,15 +130,14 @@ def find_end(source: Source, anomalies: list[Anomaly] | None = None, *,
     if at is not None and not base <= at:
         base, window = at, source.size - at  # an end record before the usual window
     tail = source.pread(base, window, "end of central directory search window")
-    forced = at is not None
     pos = tail.rfind(EOCD_SIGNATURE) if at is None else at - base
-    while pos >= 0:
-        eocd = _parse_end(tail, pos, base, forced)
-        if eocd is not None:
-            if anomalies is not None:
-                _tolerant_checks(eocd, tail, pos, base, forced, anomalies)
-            return EndRecord(eocd, base + pos)
-        pos = -1 if forced else tail.rfind(EOCD_SIGNATURE, 0, pos)
+    while at is None and pos >= 0 and pos + EndOfCentralDirectory.SIZE > window:
+        pos = tail.rfind(EOCD_SIGNATURE, 0, pos)
+    eocd = _parse_end(tail, pos, base, anomalies) if pos >= 0 else None
+    if eocd is not None:
+        if anomalies is not None:
+            _tolerant_checks(eocd, tail, pos, base, anomalies)
+        return EndRecord(eocd, base + pos)
     if anomalies is None:
         raise ArchiveError("no end of central directory record: not a ZIP archive, or truncated",
                            offset=source.size)

@@ -14,8 +14,11 @@ Readers
 ~~~~~~~
 * MUST find the end of central directory record (4.3.16, 22 bytes plus a
   comment of at most 65,535 bytes) by searching backwards from the end of the
-  file, at most ``22 + 65535`` bytes; the last signature whose record and
-  comment fit inside the file wins.
+  file, at most ``22 + 65535`` bytes; the last signature whose 22 fixed bytes
+  fit inside the file wins, and a comment running past the end of the file is
+  read as far as the file goes (miniz, torch's reader, and Python's
+  ``zipfile`` choose so too; a reader that skips such a record reads another
+  archive than torch).
 * MUST use the ZIP64 end of central directory record (4.3.14) found through the
   locator (4.3.15) that immediately precedes the EOCD, when one is present.  A
   locator pointing at something that is not a ZIP64 record is tolerated only

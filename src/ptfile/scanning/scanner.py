@@ -32,6 +32,7 @@ from typing import Any, Final
 from .._io import BytesSource, FileLike, Source, is_path, open_source
 from ..archive import tar
 from ..errors import PtfileError
+from ..formats import Format, detect
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
@@ -264,19 +265,23 @@ def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
 
 
 def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
+    """Scan ``source`` as the loader detects it (:func:`ptfile.formats.detect`), and as a
+    tar too when it has a tar header (torch tries ``tarfile`` first on every non-ZIP file)."""
     head = source.pread(0, min(source.size, 512), "file signature")
-    if head[:4] == b"PK\x03\x04":
+    fmt = detect(head)
+    if fmt is Format.ZIP:
         return _scan_zip(s, source, where, depth)
     if tar.is_tar(head):
         _scan_tar(s, source, depth)
-        return "tar"
+        if fmt is Format.TAR:
+            return "tar"
     data = source.pread(0, min(source.size, s.limits.max_pickle_bytes), "pickle stream")
-    legacy = b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19" in head[:32]
     if walk_zip(source, s.limits) is not None:
         s.add("archive", Verdict.UNKNOWN, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch reads "
               "the leading bytes, ZIP tools the archive")
         _scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
+    legacy = fmt is Format.LEGACY
     if _looks_like_pickle(head) or legacy:
         _scan_stream(s, data, where or "stream", depth, MAX_STREAM_PICKLES if legacy else 1)
         return "legacy" if legacy else "pickle"

@@ -129,3 +129,22 @@ def test_tar_pickle_at_byte_0_longer_than_a_header_is_read_whole() -> None:
     result = ptfile.scan(data + bytes(1024))
     assert result.format == "tar"
     assert "posix.system" in result.unsafe_globals
+
+
+def test_issue_11_tar_pickles_after_storage_bytes_are_scanned_where_the_loader_reads() -> None:
+    # The views list follows the storage bytes; the loader finds it by the counts,
+    # a scanner searching for PROTO opcodes misses a protocol 0 pickle there.
+    views = b"cposix\nsystem\n(S'id'\ntR."
+    storages = (pickle.dumps(1, protocol=2)
+                + pickle.dumps((1, "cpu", torch.FloatStorage), protocol=2)
+                + (2).to_bytes(8, "little") + bytes(8) + views)
+    data = tar_of([("sys_info", tarfile.REGTYPE, pickle.dumps({}, protocol=2)),
+                   ("pickle", tarfile.REGTYPE, GOOD),
+                   ("tensors", tarfile.REGTYPE, pickle.dumps(0, 2)),
+                   ("storages", tarfile.REGTYPE, storages)])
+    with pytest.raises(ptfile.UnsafeGlobalError, match="posix"):  # the loader unpickles it
+        ptfile.load(io.BytesIO(data))
+    result = ptfile.scan(data)
+    assert result.is_dangerous
+    assert {f.location for f in result.findings if f.qualname == "posix.system"} == \
+        {"tar:storages"}

@@ -33,6 +33,7 @@ from .._io import BytesSource, FileLike, Source, is_path, open_source
 from ..archive import tar
 from ..errors import PtfileError
 from ..formats import Format, detect
+from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
@@ -228,17 +229,29 @@ def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
     for anomaly in anomalies:
         _anomaly(s, anomaly, "tar")
     _scan_tar_head(s, source, depth)
+    loader = pickle_offsets(source, s.limits)
     for member in members:
         data = source.pread(member.offset, member.size, f"tar member {member.name}")
-        label = f"tar:{member.name}"
-        pos, found = 0, 0
-        while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
-            end = _scan_pickle(_probe := _Scan(s.limits), data, label, pos, depth)
-            if end > pos:
-                s.findings.extend(_probe.findings)
-                found, pos = found + 1, end
-            else:
-                pos = data.find(b"\x80", pos + 1)
+        starts = [at - member.offset for at in loader.get(member.name, ())
+                  if member.offset <= at < member.offset + member.size]
+        _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
+
+
+def _scan_tar_member(s: _Scan, data: bytes, label: str, starts: list[int], depth: int) -> None:
+    """Every pickle of a member: those the loader reads (at ``starts``), and consecutive
+    pickles from the start and from every PROTO opcode after bytes that are none."""
+    pos, found, done = 0, 0, set[int]()
+    while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
+        done.add(pos)
+        end = _scan_pickle(_probe := _Scan(s.limits), data, label, pos, depth)
+        if end > pos:
+            s.findings.extend(_probe.findings)
+            found, pos = found + 1, end
+        else:
+            pos = data.find(b"\x80", pos + 1)
+    for start in starts:
+        if start not in done:
+            _scan_pickle(s, data, label, start, depth)
 
 
 def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:

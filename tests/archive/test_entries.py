@@ -33,10 +33,10 @@ from ptfile.archive._entries import (
     parse_vectorised,
 )
 from ptfile.archive.directory import check_counts, locate_directory
+from ptfile.archive.extra import ExtraField
 from ptfile.archive.records import (
     CentralDirectoryHeader,
     EndOfCentralDirectory,
-    ExtraField,
     LocalFileHeader,
 )
 from ptfile.errors import ArchiveError, PtfileError

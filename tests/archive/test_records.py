@@ -13,7 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ptfile._io import BytesSource
-from ptfile.archive import ZipReader, computed_data_offset, computed_next_header_offset, layout
+from ptfile.archive import (
+    ZipReader,
+    computed_data_offset,
+    computed_next_header_offset,
+    extra,
+    layout,
+)
 from ptfile.archive import records as r
 from ptfile.errors import ArchiveError
 
@@ -85,17 +91,17 @@ def test_records_round_trip(record: Any, junk: bytes) -> None:
 
 
 def test_records_extra_fields() -> None:
-    block = r.ExtraField(0x4246, b"ZZ").to_bytes() + r.ExtraField(1, bytes(16)).to_bytes()
-    assert r.parse_extra_fields(block) == (r.ExtraField(0x4246, b"ZZ"), r.ExtraField(1, bytes(16)))
-    assert r.zip64_values(block, 2) == (0, 0)
+    block = extra.ExtraField(0x4246, b"ZZ").to_bytes() + extra.ExtraField(1, bytes(16)).to_bytes()
+    assert extra.parse_extra_fields(block) == (extra.ExtraField(0x4246, b"ZZ"), extra.ExtraField(1, bytes(16)))
+    assert extra.zip64_values(block, 2) == (0, 0)
     with pytest.raises(ArchiveError, match="needs 24"):
-        r.zip64_values(block, 3)
+        extra.zip64_values(block, 3)
     with pytest.raises(ArchiveError, match="no ZIP64"):
-        r.zip64_values(block[:6], 1)
+        extra.zip64_values(block[:6], 1)
     for cut in range(1, len(block)):
         if cut not in (6, len(block)):
             with pytest.raises(ArchiveError, match="truncated"):
-                r.parse_extra_fields(block[:cut])
+                extra.parse_extra_fields(block[:cut])
     assert layout.padding_extra(0) == b"FB\x00\x00"
     assert layout.padding_extra(2) == b"FB\x02\x00ZZ"
 
@@ -139,7 +145,7 @@ def test_records_torch_files_parse_field_by_field(name: str) -> None:
         assert local.to_bytes() == data[record.header_offset : reader.data_offset(record)]
         assert (local.crc32, local.compressed_size, local.uncompressed_size) == (0, 0, 0)
         assert local.flags == (0x0808 if record.size else 0x0800)
-        fields = r.parse_extra_fields(local.extra)
+        fields = extra.parse_extra_fields(local.extra)
         assert [f.header_id for f in fields] == [r.PADDING_EXTRA_ID]
         assert set(fields[0].data) <= {ord("Z")}
         end = reader.data_offset(record) + record.size

@@ -51,6 +51,7 @@ import numpy as np
 
 from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
 from .anomalies import Anomaly, report
+from .extra import zip64_values
 from .records import (
     CENTRAL_DIRECTORY_SIGNATURE,
     CENTRAL_DIRECTORY_STRUCT,
@@ -59,7 +60,6 @@ from .records import (
     METHOD_STORED,
     U16_MAX,
     U32_MAX,
-    zip64_values,
 )
 
 __all__ = ["SMALL_ENTRIES", "Entries", "check_overlaps", "parse_entries", "parse_sequential",

@@ -110,3 +110,27 @@ def test_tar_sparse_member_tolerant_only_and_its_extension_blocks_skipped() -> N
         assert [m.name for m in tar.getmembers()] == ["s", "b"]
     assert [m.name for m in read_members(BytesSource(crafted), DEFAULT_LIMITS)] == ["b"]
     assert _tolerant(crafted) == (["s", "b"], ["sparse-tar-member"])
+
+
+def _reheader(block: bytes, **fields: bytes) -> bytes:
+    """A header block with some fields replaced (offsets of the ustar layout), re-checksummed."""
+    at = {"name": (0, 100), "kind": (156, 157), "magic": (257, 265), "prefix": (345, 500)}
+    header = bytearray(block)
+    for key, value in fields.items():
+        start, end = at[key]
+        header[start:end] = value.ljust(end - start, b"\0")
+    return bytes(_header_fix(header))
+
+
+def test_issue_11_tar_names_are_tarfiles_prefix_without_magic_and_v7_directories() -> None:
+    # A header without the ustar magic still has its prefix prepended by tarfile,
+    # and a NUL-type member whose name ends in '/' is a directory: the loader took
+    # the second member below for "pickle" and the third for a regular file.
+    data = bytearray(tar_of([("pickle", tarfile.REGTYPE, b"first"),
+                             ("other", tarfile.REGTYPE, b"second"),
+                             ("third", tarfile.REGTYPE, b"")], tarfile.USTAR_FORMAT))
+    data[1024:1536] = _reheader(data[1024:1536], name=b"pickle", magic=b"", prefix=b"x")
+    data[2048:2560] = _reheader(data[2048:2560], name=b"dir/", kind=b"\0")
+    crafted = bytes(data)
+    assert _ours(crafted) == _tarfile_members(crafted) == [("pickle", b"first"),
+                                                           ("x/pickle", b"second")]

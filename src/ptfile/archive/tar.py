@@ -42,6 +42,7 @@ Tolerant mode (:mod:`ptfile.archive.anomalies`) reports these codes:
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Final
 
@@ -50,7 +51,7 @@ from ..errors import FormatError, LimitExceededError, PtfileError
 from ..limits import Limits
 from .anomalies import Anomaly, report
 
-__all__ = ["BLOCK", "REGULAR_TYPES", "TarMember", "is_tar", "read_members"]
+__all__ = ["BLOCK", "REGULAR_TYPES", "TarHeader", "TarMember", "is_tar", "read_members"]
 
 BLOCK: Final = 512
 #: Header types that carry a member's data as it is (``tarfile.REGULAR_TYPES`` but sparse).
@@ -61,9 +62,19 @@ PAX_TYPES: Final = frozenset({b"x", b"g"})
 #: Where the ustar magic is, and its first five bytes.
 USTAR_MAGIC_AT: Final = 257
 USTAR_MAGIC: Final = b"ustar"
-#: GNU sparse headers: "another extension block follows" flags.
-_SPARSE_EXTENDED_AT: Final = 482
-_EXTENSION_EXTENDED_AT: Final = 504
+DIRECTORY_TYPE: Final = b"5"
+#: Types whose header bytes 345-499 are not a name prefix (``tarfile.GNU_TYPES``).
+GNU_TYPES: Final = frozenset({b"L", b"K", b"S"})
+#: The ustar header (POSIX.1-1988): name, mode, uid, gid, size, mtime, chksum,
+#: typeflag, linkname, magic, version, uname, gname, devmajor, devminor, prefix, pad.
+_USTAR: Final = struct.Struct("100s8s8s8s12s12s8s1s100s6s2s32s32s8s8s155s12s")
+_CHKSUM_AT: Final = struct.calcsize("100s8s8s8s12s12s")  # the fields before chksum
+#: The old GNU header after devminor: atime, ctime, offset, longnames, unused,
+#: 4 sparse entries (offset, size), isextended, realsize, pad.
+_GNU_TAIL: Final = struct.Struct("12s12s12s4s1s96s1s12s17s")
+_GNU_TAIL_AT: Final = _USTAR.size - struct.calcsize("155s12s")  # where prefix starts
+#: An old GNU sparse extension block: 21 sparse entries, isextended, pad.
+_SPARSE_EXTENSION: Final = struct.Struct("504s1s7s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,19 +106,49 @@ def _octal(field: bytes, what: str, offset: int) -> int:
     return int(text, 8) if text else 0
 
 
-def _check_header(header: bytes, offset: int) -> None:
-    stored = _octal(header[148:156], "chksum", offset)
-    body = header[:148] + b" " * 8 + header[156:]
-    signed = sum(b - 256 if b > 127 else b for b in body)
-    if stored not in (sum(body), signed):
-        raise FormatError(f"tar header checksum {stored:#o} does not match its bytes",
-                          offset=offset)
+@dataclass(frozen=True, slots=True)
+class TarHeader:
+    """A 512-byte tar header block: the fields a reader uses.
 
+    ``name`` is the name as ``tarfile`` makes it: the ``prefix`` field, a
+    ``/`` and the ``name`` field, unless the prefix is empty or the type is a
+    GNU one (``L``, ``K``, ``S``); ``kind`` is the type flag, with a NUL-type
+    name ending in ``/`` read as a directory (``5``), as V7 archives mean it.
+    ``size`` is the header's own size field (a PAX ``size`` overrides it);
+    ``sparse_extended`` says an extension block follows a GNU sparse header.
+    """
 
-def _header_name(header: bytes) -> bytes:
-    name = header[:100].split(b"\0", 1)[0]
-    prefix = header[345:500].split(b"\0", 1)[0] if is_tar(header) else b""
-    return prefix + b"/" + name if prefix else name
+    name: bytes
+    size: int
+    kind: bytes
+    sparse_extended: bool
+
+    @classmethod
+    def from_bytes(cls, block: bytes, offset: int) -> TarHeader:
+        """Parse and check the header ``block`` found at file ``offset``.
+
+        Raises
+        ------
+        FormatError
+            Its checksum or a numeric field is wrong.
+        """
+        (name, _, _, _, size, _, chksum, kind, _, _, _, _, _, _, _, prefix,
+         _) = _USTAR.unpack(block)  # fmt: skip
+        stored = _octal(chksum, "chksum", offset)
+        body = block[:_CHKSUM_AT] + b" " * len(chksum) + block[_CHKSUM_AT + len(chksum):]
+        if stored not in (sum(body), sum(b - 256 if b > 127 else b for b in body)):
+            raise FormatError(f"tar header checksum {stored:#o} does not match its bytes",
+                              offset=offset)
+        name, prefix = name.split(b"\0", 1)[0], prefix.split(b"\0", 1)[0]
+        if kind == b"\0" and name.endswith(b"/"):
+            kind = DIRECTORY_TYPE
+        if prefix and kind not in GNU_TYPES:
+            name = prefix + b"/" + name
+        extended = False
+        if kind == SPARSE_TYPE:
+            *_, is_extended, _, _ = _GNU_TAIL.unpack_from(block, _GNU_TAIL_AT)
+            extended = is_extended != b"\0"
+        return cls(name, _octal(size, "size", offset), kind, extended)
 
 
 def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
@@ -126,11 +167,11 @@ def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
     return fields
 
 
-def _member_size(header: bytes, pending: dict[bytes, bytes], pos: int) -> int:
+def _member_size(header: TarHeader, pending: dict[bytes, bytes], pos: int) -> int:
     """The member's size: a preceding PAX ``size`` field overrides the header's."""
     text = pending.get(b"size")
     if text is None:
-        return _octal(header[124:136], "size", pos)
+        return header.size
     if not text.isdigit() or len(text) > 20:
         raise FormatError(f"PAX size {text!r:.40} is not a decimal number", offset=pos)
     return int(text)
@@ -148,13 +189,14 @@ def _extended(source: Source, pos: int, size: int, kind: bytes,
     return _pax(data, pos + BLOCK) if kind == b"x" else {}
 
 
-def _sparse_blocks(source: Source, header: bytes, pos: int) -> int:
+def _sparse_blocks(source: Source, header: TarHeader, pos: int) -> int:
     """How many extension blocks follow a GNU sparse header (``tarfile`` reads them all)."""
-    blocks, extended = 0, header[_SPARSE_EXTENDED_AT] != 0
+    blocks, extended = 0, header.sparse_extended
     while extended and pos + (blocks + 2) * BLOCK <= source.size:
         blocks += 1
         block = source.pread(pos + blocks * BLOCK, BLOCK, "tar sparse extension")
-        extended = block[_EXTENSION_EXTENDED_AT] != 0
+        _, is_extended, _ = _SPARSE_EXTENSION.unpack(block)
+        extended = is_extended != b"\0"
     return blocks
 
 
@@ -168,11 +210,11 @@ class _Walk:
     def run(self) -> None:
         pos, pending, source = 0, dict[bytes, bytes](), self.source
         while pos + BLOCK <= source.size:
-            header = source.pread(pos, BLOCK, "tar header")
-            if header == bytes(BLOCK):
+            block = source.pread(pos, BLOCK, "tar header")
+            if block == bytes(BLOCK):
                 return
-            _check_header(header, pos)
-            kind = header[156:157]
+            header = TarHeader.from_bytes(block, pos)
+            kind = header.kind
             size = _member_size(header, pending, pos)
             data = pos + BLOCK * (1 + (_sparse_blocks(source, header, pos)
                                        if kind == SPARSE_TYPE else 0))
@@ -188,12 +230,12 @@ class _Walk:
                 pending = {}
             pos = data + -(-size // BLOCK) * BLOCK
 
-    def _add(self, kind: bytes, pending: dict[bytes, bytes], header: bytes, data: int,
+    def _add(self, kind: bytes, pending: dict[bytes, bytes], header: TarHeader, data: int,
              size: int, pos: int) -> None:
         sparse = kind == SPARSE_TYPE or any(k.startswith(b"GNU.sparse.") for k in pending)
         if kind not in REGULAR_TYPES and not sparse:
             return
-        name = (pending.get(b"path") or _header_name(header)).decode("utf-8", "replace")
+        name = (pending.get(b"path") or header.name).decode("utf-8", "replace")
         if sparse:
             if self.anomalies is None:
                 return  # the loader does not read sparse members

@@ -134,3 +134,26 @@ def test_issue_11_tar_names_are_tarfiles_prefix_without_magic_and_v7_directories
     crafted = bytes(data)
     assert _ours(crafted) == _tarfile_members(crafted) == [("pickle", b"first"),
                                                            ("x/pickle", b"second")]
+
+
+def test_issue_11_tar_pax_global_fields_apply_through_later_pax_headers() -> None:
+    # A global header's size reaches the member through a later PAX header, as in
+    # tarfile: the loader and scanner read the payload as the member, not as a header.
+    payload = b"\x80\x02cposix\nsystem\nX\x02\x00\x00\x00id\x85R.".ljust(512, b"\0")
+
+    def record(key: str, value: str) -> bytes:
+        body = f" {key}={value}\n"
+        return f"{len(body) + len(str(len(body) + 2))}{body}".encode()
+
+    def pax(kind: bytes, records: bytes) -> bytes:
+        regular = tar_of([("././@PaxHeader", tarfile.REGTYPE, records)], tarfile.USTAR_FORMAT)
+        return _reheader(regular[:512], kind=kind) + regular[512:1024]
+
+    member = bytearray(tar_of([("zzz", tarfile.REGTYPE, b"")], tarfile.USTAR_FORMAT)[:512])
+    crafted = (pax(tarfile.XGLTYPE, record("size", "512"))
+               + pax(tarfile.XHDTYPE, record("path", "pickle")) + bytes(_header_fix(member))
+               + payload + bytes(1024))
+    with tarfile.open(fileobj=io.BytesIO(crafted)) as tar:
+        assert tar.extractfile("pickle").read() == payload  # type: ignore[union-attr]
+    assert _ours(crafted) == [("pickle", payload)]
+    assert ptfile.scan(crafted).is_dangerous

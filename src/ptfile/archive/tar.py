@@ -19,8 +19,9 @@ and this module could read a header two ways, this module reads it as
   the member's bytes (``tarfile.REGULAR_TYPES``, less GNU sparse).
 * Type ``L`` (GNU long name) gives the next member's name in its data; type
   ``x`` (PAX) gives ``path`` and ``size`` records (``"<len> key=value\\n"``)
-  that override the next header's fields; ``g`` (PAX global) and ``K`` (GNU
-  long link name) carry no member.
+  that override the next header's fields, on top of those of every earlier
+  ``g`` (PAX global) header (``tarfile`` applies global fields only through a
+  later ``x`` header); ``g`` and ``K`` (GNU long link name) carry no member.
 * Type ``S`` (GNU sparse) is a file with holes: ``tarfile`` reads it, and may
   read up to 21 sparse entries per extension block after the header (byte 482,
   then byte 504 of each extension block, says another block follows) before
@@ -58,7 +59,9 @@ BLOCK: Final = 512
 REGULAR_TYPES: Final = frozenset({b"0", b"\0", b"7"})
 SPARSE_TYPE: Final = b"S"
 LONG_NAME_TYPE: Final = b"L"
-PAX_TYPES: Final = frozenset({b"x", b"g"})
+PAX_TYPE: Final = b"x"
+PAX_GLOBAL_TYPE: Final = b"g"
+PAX_TYPES: Final = frozenset({PAX_TYPE, PAX_GLOBAL_TYPE})
 #: Where the ustar magic is, and its first five bytes.
 USTAR_MAGIC_AT: Final = 257
 USTAR_MAGIC: Final = b"ustar"
@@ -186,7 +189,7 @@ def _extended(source: Source, pos: int, size: int, kind: bytes,
     data = source.pread(pos + BLOCK, size, "tar extended header")
     if kind == LONG_NAME_TYPE:
         return {b"path": data.split(b"\0", 1)[0]}
-    return _pax(data, pos + BLOCK) if kind == b"x" else {}
+    return _pax(data, pos + BLOCK)
 
 
 def _sparse_blocks(source: Source, header: TarHeader, pos: int) -> int:
@@ -206,6 +209,8 @@ class _Walk:
     def __init__(self, source: Source, limits: Limits, anomalies: list[Anomaly] | None) -> None:
         self.source, self.limits, self.anomalies = source, limits, anomalies
         self.members: list[TarMember] = []
+        #: Fields of PAX global headers: the base of every later PAX header (as tarfile's).
+        self.globals: dict[bytes, bytes] = {}
 
     def run(self) -> None:
         pos, pending, source = 0, dict[bytes, bytes](), self.source
@@ -224,7 +229,11 @@ class _Walk:
                     f"tar member of {size} bytes reaches beyond the end of the input",
                     offset=pos))
             if kind == LONG_NAME_TYPE or kind in PAX_TYPES:
-                pending = _extended(source, pos, size, kind, self.limits)
+                fields = _extended(source, pos, size, kind, self.limits)
+                if kind == PAX_GLOBAL_TYPE:
+                    self.globals.update(fields)
+                pending = {**self.globals, **fields} if kind == PAX_TYPE else \
+                    {} if kind == PAX_GLOBAL_TYPE else fields
             else:
                 self._add(kind, pending, header, data, size, pos)
                 pending = {}

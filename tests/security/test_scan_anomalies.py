@@ -9,11 +9,13 @@ where the strict reader (the loader's) refuses the file, it raises a
 from __future__ import annotations
 
 import dataclasses
+import io
 import pickle
 import zlib
 from collections.abc import Callable
 
 import pytest
+import torch
 from hostile import checkpoint, raw_zip
 
 import ptfile
@@ -131,3 +133,12 @@ def test_scan_reads_the_end_record_torch_reads_and_the_one_before() -> None:
     result = ptfile.scan(data)
     assert {"several-end-records", "comment-past-end"} <= _codes(result)
     assert "posix.system" in result.unsafe_globals
+
+
+def test_scan_of_tensor_bytes_holding_an_end_signature_is_clean() -> None:
+    # Only an end record with a directory before it is another archive's; before,
+    # any 'PK\x05\x06' in the last 64 KiB (here: tensor data) made the scan unclean.
+    buf = io.BytesIO()
+    torch.save({"t": torch.frombuffer(bytearray(b"PK\x05\x06" * 16), dtype=torch.uint8)}, buf)
+    result = ptfile.scan(buf.getvalue())
+    assert result.is_clean, [f for f in result.findings if f.kind == "archive"]

@@ -12,7 +12,8 @@ Strict mode raises what the loader raises.  Tolerant mode
 * ``data-after-archive``: bytes after the end record's comment;
 * ``archive-in-comment``: ZIP records inside the comment (``region``: the comment);
 * ``several-end-records``: another end record before the one chosen, in the
-  search window (``eocd``: the nearest);
+  search window, whose directory lies before it and starts with a central
+  directory header (``eocd``: the nearest; a signature inside member data is none);
 * ``comment-past-end``: the chosen record's comment runs past the end of the
   file (it is read as far as the file goes, as miniz and ``zipfile`` read it);
 * ``bad-zip64-end``: a ZIP64 locator or record that cannot be read (the
@@ -75,8 +76,8 @@ class Directory:
     end: int  # the central directory must end at or before this offset
 
 
-def _tolerant_checks(eocd: EndOfCentralDirectory, tail: bytes, pos: int, base: int,
-                     anomalies: list[Anomaly]) -> None:
+def _tolerant_checks(source: Source, eocd: EndOfCentralDirectory, tail: bytes, pos: int,
+                     base: int, anomalies: list[Anomaly]) -> None:
     comment_end = pos + EndOfCentralDirectory.SIZE + len(eocd.comment)
     if comment_end < len(tail):
         anomalies.append(Anomaly("data-after-archive", f"{len(tail) - comment_end} bytes after "
@@ -86,11 +87,28 @@ def _tolerant_checks(eocd: EndOfCentralDirectory, tail: bytes, pos: int, base: i
             "archive-in-comment", "the archive comment holds ZIP records (a second archive)",
             base + pos, region=(base + pos + EndOfCentralDirectory.SIZE, len(eocd.comment))))
     earlier = tail.rfind(EOCD_SIGNATURE, 0, pos)
+    while earlier >= 0 and not _is_plausible_end(source, tail, earlier, base):
+        earlier = tail.rfind(EOCD_SIGNATURE, 0, earlier)
     if earlier >= 0:
         anomalies.append(Anomaly(
             "several-end-records", "more than one end of central directory record near the end "
             "of the file: readers that stop at another one see another archive", base + earlier,
             eocd=base + earlier))
+
+
+def _is_plausible_end(source: Source, tail: bytes, pos: int, base: int) -> bool:
+    """Whether the signature at ``pos`` opens an end record of another archive, not bytes
+    of a member that happen to hold it: its directory lies before it and starts with a
+    central directory header (an archive without entries holds nothing to read)."""
+    eocd = _parse_end(tail, pos, base, None)
+    if eocd is None or eocd.total_entries == 0 or eocd.cd_offset + eocd.cd_size > base + pos \
+            or eocd.cd_size < eocd.total_entries * _CD_FIXED:
+        return False
+    try:
+        head = source.pread(eocd.cd_offset, len(CENTRAL_DIRECTORY_SIGNATURE), "central directory")
+    except PtfileError:
+        return False
+    return head == CENTRAL_DIRECTORY_SIGNATURE
 
 
 def _parse_end(tail: bytes, pos: int, base: int,
@@ -136,7 +154,7 @@ def find_end(source: Source, anomalies: list[Anomaly] | None = None, *,
     eocd = _parse_end(tail, pos, base, anomalies) if pos >= 0 else None
     if eocd is not None:
         if anomalies is not None:
-            _tolerant_checks(eocd, tail, pos, base, anomalies)
+            _tolerant_checks(source, eocd, tail, pos, base, anomalies)
         return EndRecord(eocd, base + pos)
     if anomalies is None:
         raise ArchiveError("no end of central directory record: not a ZIP archive, or truncated",

@@ -13,6 +13,7 @@ from .api import detect_format, load, load_torchscript, save
 from .config import (
     MAP_PRIVATE,
     MAP_SHARED,
+    LoadEndianness,
     Settings,
     get_crc32_options,
     get_default_load_endianness,
@@ -21,6 +22,7 @@ from .config import (
     set_default_load_endianness,
     set_default_mmap_options,
     settings,
+    skip_data,
 )
 from .dtypes import DTYPES, DType
 from .errors import (
@@ -30,6 +32,7 @@ from .errors import (
     PickleStreamError,
     PtfileError,
     PtfileWarning,
+    RemoteError,
     SaveError,
     StorageError,
     UnknownFormatError,
@@ -51,6 +54,7 @@ from .reader import (
 from .scanning import Finding, ScanResult, Verdict, scan
 from .structural import StandIn, state_dict
 from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from .unsafe_globals import get_unsafe_globals_in_checkpoint
 
 __version__ = "0.1.0"
 
@@ -69,11 +73,13 @@ __all__ = [
     "Inspection",
     "LimitExceededError",
     "Limits",
+    "LoadEndianness",
     "Parameter",
     "PickleStreamError",
     "PtfileError",
     "PtfileWarning",
     "QuantizedTensor",
+    "RemoteError",
     "SaveError",
     "ScanResult",
     "ScriptObject",
@@ -99,6 +105,7 @@ __all__ = [
     "get_default_load_endianness",
     "get_default_mmap_options",
     "get_safe_globals",
+    "get_unsafe_globals_in_checkpoint",
     "inspect",
     "load",
     "load_torchscript",
@@ -111,6 +118,7 @@ __all__ = [
     "set_default_load_endianness",
     "set_default_mmap_options",
     "settings",
+    "skip_data",
     "state_dict",
 ]
 
@@ -118,7 +126,8 @@ for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict
               "add_safe_globals", "clear_safe_globals", "get_safe_globals", "safe_globals",
               "DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
               "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
-              "TorchScriptArchive",
+              "TorchScriptArchive", "LoadEndianness", "skip_data",
+              "get_unsafe_globals_in_checkpoint",
               "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection"):
     globals()[_name].__module__ = "ptfile"
 del _name

@@ -25,6 +25,7 @@ import contextlib
 import io
 import mmap as _mmap
 import os
+import re
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,10 +57,19 @@ MMAP_ACCESS: Final = {
 
 @runtime_checkable
 class Source(Protocol):
-    """Random access to the bytes of one input."""
+    """Random access to the bytes of one input.
+
+    Capabilities are attributes, so the layers above never test a source's class:
+    ``map_access`` is the access of a memory-mapped source (``"r"``,
+    ``"private"``, ``"shared"``; None when it is not mapped) and
+    ``reads_on_demand`` is true where every read goes to the file (no whole
+    input in memory: read in small windows).
+    """
 
     size: int
     name: str | None
+    map_access: str | None
+    reads_on_demand: bool
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         """Return exactly ``n`` bytes at ``offset`` or raise FormatError naming ``what``."""
@@ -71,6 +81,14 @@ class Source(Protocol):
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         """Return a new writable copy of ``n`` bytes at ``offset`` (one copy, no more)."""
+        ...
+
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        """:meth:`pread` of each ``(offset, n)``; a remote source fetches them together."""
+        ...
+
+    def detached(self) -> Source:
+        """A source over the same bytes that stays readable after :meth:`close`."""
         ...
 
     def close(self) -> None: ...
@@ -95,7 +113,7 @@ def damage_as_format_error() -> Iterator[None]:
         raise FormatError(f"damaged checkpoint: {type(exc).__name__}: {exc}") from exc
 
 
-def _check_range(size: int, offset: int, n: int, what: str) -> None:
+def check_range(size: int, offset: int, n: int, what: str) -> None:
     if offset < 0 or n < 0 or offset + n > size:
         raise FormatError(
             f"truncated input reading {what}: needs bytes {offset:#x}..{offset + n:#x}, "
@@ -109,17 +127,22 @@ class _ViewSource:
 
     _view: memoryview
     size: int
+    map_access: str | None = None
+    reads_on_demand: bool = False
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         return bytes(self._view[offset : offset + n])
 
     def view(self, offset: int, n: int, what: str) -> memoryview:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         return self._view[offset : offset + n]
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         return bytearray(self.view(offset, n, what))
+
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        return [self.pread(offset, n, what) for offset, n in ranges]
 
     def whole(self) -> memoryview:
         """The whole input as one flat byte view (callers check their ranges in bulk)."""
@@ -139,12 +162,19 @@ class BytesSource(_ViewSource):
         self.size = len(self._view)
         self.name = name
 
+    def detached(self) -> BytesSource:
+        """This source: it holds no resource that :meth:`close` releases."""
+        return self
+
     def close(self) -> None:
         """Drop the reference to the data (views already handed out stay valid)."""
 
 
 class FileSource:
     """A seekable binary file object; offsets count from its position at open time."""
+
+    map_access: str | None = None
+    reads_on_demand: bool = True
 
     def __init__(self, fp: IO[bytes], name: str | None = None, *, owned: bool = False) -> None:
         self._fp = fp
@@ -155,7 +185,7 @@ class FileSource:
         self.name = name
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         self._fp.seek(self._base + offset)
         parts = []
         remaining = n
@@ -171,7 +201,7 @@ class FileSource:
         return memoryview(self.pread(offset, n, what))
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
-        _check_range(self.size, offset, n, what)
+        check_range(self.size, offset, n, what)
         out = bytearray(n)
         self._fp.seek(self._base + offset)
         view = memoryview(out)
@@ -189,6 +219,13 @@ class FileSource:
             done += got
         return out
 
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        return [self.pread(offset, n, what) for offset, n in ranges]
+
+    def detached(self) -> FileSource:
+        """This source (reads after :meth:`close` of a file ptfile opened fail as OSError)."""
+        return self
+
     def close(self) -> None:
         """Close the file if ptfile opened it; a caller's file object stays open."""
         if self._owned:
@@ -204,7 +241,7 @@ class MmapSource(_ViewSource):
 
     def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
         self.name: str | None = os.fspath(path)
-        self.access = access
+        self.access = self.map_access = access
         mode = "r+b" if access == "shared" else "rb"
         with open(path, mode) as fp:
             self.size = os.fstat(fp.fileno()).st_size
@@ -243,9 +280,34 @@ class MmapSource(_ViewSource):
         self._close_fd()
 
 
+#: A URL: a scheme (RFC 3986 letters) and ``://``.
+_URL: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def url_scheme(f: object) -> str | None:
+    """The scheme of a URL string (``"s3"`` for ``"s3://b/k"``), else None.
+
+    Examples
+    --------
+    >>> url_scheme("hf://user/repo/model.bin"), url_scheme("/tmp/model.pt")
+    ('hf', None)
+    """
+    if not isinstance(f, str):
+        return None
+    match = _URL.match(f)
+    return match.group(1).lower() if match else None
+
+
+def is_url(f: object) -> bool:
+    """True for a URL that fsspec must read (:mod:`ptfile._remote`): any scheme but
+    ``file``, whose URLs name local paths."""
+    scheme = url_scheme(f)
+    return scheme is not None and scheme != "file"
+
+
 def is_path(f: object) -> bool:
-    """True for ``str`` and ``os.PathLike`` arguments."""
-    return isinstance(f, (str, os.PathLike))
+    """True for local paths: ``os.PathLike`` and ``str`` arguments that are not URLs."""
+    return isinstance(f, os.PathLike) or (isinstance(f, str) and not is_url(f))
 
 
 #: Files at least this big are read by several threads at once, in chunks: the page

@@ -12,18 +12,17 @@ from typing import IO, Any, Final
 import numpy as np
 
 from . import config
-from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
+from ._io import FileLike, damage_as_format_error, is_path, is_url
+from ._remote import StorageOptions, local_path, open_any, open_target
 from .archive.sink import DirectSink
-from .errors import FormatError, SaveError, UnknownFormatError, UnsupportedFeatureError
-from .formats import Format, detect, detect_source
-from .formats.legacy_pickle import read_legacy, write_legacy
-from .formats.legacy_tar import read_tar
+from .errors import FormatError, SaveError
+from .formats import Format, ReadOptions, detect_source, policies, read
+from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
-from .formats.zipped import read_zip, write_zip
+from .formats.zipped import write_zip
 from .limits import DEFAULT_LIMITS, Limits
 from .location import MapLocation
-from .policy import find_strict_class
-from .structural import StructuralFindClass
+from .policy import loads_structurally
 
 __all__ = ["detect_format", "load", "load_torchscript", "save"]
 
@@ -34,9 +33,9 @@ def _mapped_access(f: FileLike, mmap: bool | str | None) -> str | None:
     """The map access for ``mmap``, refusing what cannot be mapped, as torch.load does."""
     access = _mmap_access(mmap)
     if access is not None and not is_path(f):
-        raise ValueError("mmap needs a path (str or os.PathLike): a file object or bytes cannot "
-                         "be mapped (torch.load refuses them too); pass the file's path, or "
-                         "leave mmap off to read it")
+        raise ValueError("mmap needs a path (a local str or os.PathLike): a URL, a file object or "
+                         "bytes cannot be mapped (torch.load refuses them too); pass the file's "
+                         "path, or leave mmap off to read it")
     return access
 
 
@@ -51,39 +50,17 @@ def _mmap_access(mmap: bool | str | None) -> str | None:
     raise ValueError(f"mmap must be a bool or one of {sorted(_MMAP_MODES)}, got {mmap!r}")
 
 
-#: One reader per container format.  Each takes the source and the keyword arguments
-#: ``map_location, limits, settings, skip_data, encoding, find_class``.
-_READERS: Final[dict[Format, Callable[..., Any]]] = {
-    Format.ZIP: read_zip,
-    Format.LEGACY: read_legacy,
-    Format.TAR: read_tar,
-}
-
-
-def _read(source: Source, **kwargs: Any) -> Any:
-    head = source.pread(0, min(source.size, 512), "file signature")
-    fmt = detect(head)
-    reader = _READERS.get(fmt)
-    if reader is not None:
-        return reader(source, **kwargs)
-    if fmt is Format.UNKNOWN:
-        raise UnknownFormatError(
-            f"not a PyTorch checkpoint: the file starts with {head[:8].hex(' ')}; "
-            "expected a ZIP (PK 03 04), a legacy pickle stream or a tar archive"
-        )
-    raise UnsupportedFeatureError(f"the {fmt.value} checkpoint format is not supported yet")
-
-
 def load(
     f: FileLike,
     map_location: MapLocation = None,
     pickle_module: None = None,
     *,
-    weights_only: bool = True,
+    weights_only: bool | None = None,
     mmap: bool | str | None = None,
     limits: Limits | None = None,
     skip_data: bool = False,
     structural: bool = False,
+    storage_options: StorageOptions = None,
     **pickle_load_args: Any,
 ) -> Any:
     """Load an object saved by ``torch.save`` (or :func:`save`) without torch.
@@ -91,8 +68,10 @@ def load(
     Parameters
     ----------
     f
-        A path, ``os.PathLike``, bytes, or a binary file object (read from its
-        current position; non-seekable streams are read whole).
+        A path, ``os.PathLike``, bytes, a binary file object (read from its
+        current position; non-seekable streams are read whole), or a URL fsspec
+        knows (``https://``, ``s3://``, ``hf://``…; ``pip install
+        'ptfile[remote]'``), whose file is fetched with concurrent range requests.
     map_location
         As torch takes it: a tag string, a dict from recorded tags to new ones,
         or a callable ``(storage, location)``.  Data always lives in host memory;
@@ -100,8 +79,13 @@ def load(
     pickle_module
         Kept for positional parity with torch; anything but ``None`` is an error.
     weights_only
-        Only ``True``: ptfile reconstructs exactly what torch's weights-only
-        unpickler allows and never runs code from the file.
+        ``True`` or not passed: ptfile reconstructs exactly what torch's
+        weights-only unpickler allows.  ``False``: ptfile never executes a
+        pickle, so it cannot do what torch does then (import and call whatever
+        the file names); it loads structurally instead, as ``structural=True``.
+        torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` and
+        ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` apply as described in
+        :mod:`ptfile.policy`.
     mmap
         ``True`` maps the file (copy-on-write unless
         :func:`ptfile.set_default_mmap_options` says ``MAP_SHARED``): nothing is
@@ -113,10 +97,13 @@ def load(
         mapped load reads the central directory and the pickle only: a
         storage's local header is read and checked when its bytes are first
         used, and a damaged one raises :class:`ArchiveError` from that use.
+        ``None`` takes the ``mmap`` setting (torch's ``config.load.mmap``;
+        ``False`` unless ``ptfile.settings(mmap=True)`` says otherwise).
     limits
         Ceilings for untrusted input (:class:`ptfile.Limits`).
     skip_data
-        Build tensors (shape, dtype, strides) without reading any storage bytes.
+        Build tensors (shape, dtype, strides) without reading any storage bytes
+        (also inside ``with ptfile.skip_data():``).
     structural
         ``False`` (default): globals outside torch's weights-only allowlist and
         :func:`ptfile.add_safe_globals` raise :class:`UnsafeGlobalError`.
@@ -124,6 +111,8 @@ def load(
         arguments and state (:mod:`ptfile.structural`); nothing from the file is
         imported or called.  ``ptfile.state_dict(obj)`` extracts the state dict
         of a whole ``torch.save(model)`` file.
+    storage_options
+        For a URL: fsspec's options for its backend (credentials, endpoints).
     pickle_load_args
         ``encoding=``/``errors=`` for Python 2 pickles.
 
@@ -149,31 +138,33 @@ def load(
     """
     if pickle_module is not None:
         raise TypeError("ptfile.load does not take a pickle_module: it never runs pickle code")
-    if weights_only is not True:
-        raise UnsupportedFeatureError("ptfile.load only loads weights: it never executes pickles")
+    structural = loads_structurally(weights_only, structural)
+    skip_data = config.skipping_data(skip_data)
     unknown = set(pickle_load_args) - {"encoding", "errors"}
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    access = _mapped_access(f, mmap)
+    f = local_path(f)  # type: ignore[assignment]
+    access = _mapped_access(f, config.current().mmap if mmap is None else mmap)
     limits = limits or DEFAULT_LIMITS
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
-    source = open_source(f, mmap=access is not None, access=access or "private",
-                         lazy=skip_data)
+    source = open_any(f, storage_options=storage_options, mmap=access is not None,
+                      access=access or "private", lazy=skip_data, limits=limits)
     try:
         with damage_as_format_error():
-            return _read(source, map_location=map_location, limits=limits,
-                         settings=config.current(), skip_data=skip_data,
-                         encoding=pickle_load_args.get("encoding", "utf-8"),
-                         find_class=StructuralFindClass() if structural else find_strict_class)
+            return read(source, ReadOptions(
+                map_location=map_location, limits=limits, skip_data=skip_data,
+                encoding=pickle_load_args.get("encoding", "utf-8"),
+                find_class=policies.structural() if structural else policies.strict()))
     finally:
         source.close()
 
 
 def archive_prefix(f: object) -> str:
-    """torch's archive folder name: the file's stem for ASCII paths, else ``archive``."""
-    if not is_path(f):
+    """torch's archive folder name: the file's stem for ASCII paths (and URLs), else
+    ``archive``."""
+    if not is_path(f) and not is_url(f):
         return "archive"
-    name: str = os.path.basename(os.fspath(f))  # type: ignore[call-overload]
+    name: str = os.path.basename(os.fspath(f).split("?")[0])  # type: ignore[call-overload]
     if not name.isascii():
         return "archive"
     stem = name[: name.rfind(".")] if "." in name else name
@@ -217,6 +208,7 @@ def save(
     archive_name: str | None = None,
     byteorder: str | None = None,
     skip_data: bool = False,
+    storage_options: StorageOptions = None,
 ) -> None:
     """Save ``obj`` as ``torch.save`` does, byte for byte, without torch.
 
@@ -233,7 +225,8 @@ def save(
     obj
         The object to save.
     f
-        A path or a writable binary file object.
+        A path, a writable binary file object, or a URL whose fsspec backend
+        writes (``s3://``, ``gs://``, ``memory://``…), with ``storage_options``.
     pickle_protocol
         torch's default 2.
     _use_new_zipfile_serialization, _disable_byteorder_record
@@ -251,9 +244,11 @@ def save(
         torch's ``serialization.skip_data()``; a path target gets holes, so
         the file is sparse).  Fill it later through ``load(path, mmap="r+")``.
         Storages need no data then (``Storage(None, dtype, nbytes=n)``).
+        Also inside ``with ptfile.skip_data():``; the legacy format cannot skip
+        data (:class:`SaveError`, as torch refuses).
 
     torch tensors (when torch is already imported) are converted through
-    :mod:`ptfile.bridge`, sharing kept.
+    :mod:`ptfile.export.torch`, sharing kept.
 
     Raises
     ------
@@ -270,10 +265,17 @@ def save(
     """
     if pickle_module is not None:
         raise TypeError("ptfile.save does not take a pickle_module")
+    skip_data = config.skipping_data(skip_data)
+    if skip_data and not _use_new_zipfile_serialization:
+        raise SaveError("skip_data cannot be used with _use_new_zipfile_serialization=False: "
+                        "the legacy format has no room for storages without data (torch "
+                        "refuses it too)")
     if byteorder not in (None, "little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
-    if "torch" in sys.modules:  # never import torch ourselves: only convert what is there
-        from .bridge import from_torch  # the bridge imports torch: only here
+    # Never import torch ourselves: only convert what is there (a None entry is an import
+    # blocked on purpose, which must not be retried).
+    if sys.modules.get("torch") is not None:
+        from .export.torch import from_torch  # the bridge imports torch: only here
 
         obj = from_torch(obj)
     emit: Callable[[Callable[[Any], Any]], None]
@@ -293,6 +295,11 @@ def save(
 
         def emit(write: Callable[[Any], Any]) -> None:
             write_legacy(obj, write, pickle_protocol=pickle_protocol)
+    if is_url(f):
+        with open_target(str(f), storage_options) as fp:
+            emit(fp.write)
+        return
+    f = local_path(f)  # type: ignore[assignment]
     if is_path(f):
         with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
             (_emit_sparse if skip_data else _emit_direct)(emit, fp)
@@ -340,15 +347,19 @@ def _fields(settings: config.Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in settings.__slots__}
 
 
-def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
+def detect_format(f: FileLike, *, limits: Limits | None = None,
+                  storage_options: StorageOptions = None) -> Format:
     """The checkpoint format of ``f``, from its bytes (never from its name).
 
     Parameters
     ----------
     f
-        A path, bytes, or a binary file object (read from its current position).
+        A path, bytes, a binary file object (read from its current position), or
+        a URL (only the head, and a ZIP's tail, are fetched).
     limits
         Ceilings for untrusted input.
+    storage_options
+        For a URL: fsspec's options for its backend.
 
     Returns
     -------
@@ -369,12 +380,13 @@ def detect_format(f: FileLike, *, limits: Limits | None = None) -> Format:
     >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
     <Format.LEGACY: 'legacy'>
     """
-    position = None if is_path(f) or isinstance(f, (bytes, bytearray, memoryview)) \
-        else f.tell()  # type: ignore[union-attr]
-    source = open_source(f, lazy=True)
+    position = None if isinstance(f, (str, os.PathLike, bytes, bytearray, memoryview)) \
+        else f.tell()
+    source = open_any(f, storage_options=storage_options, lazy=True,
+                      limits=limits or DEFAULT_LIMITS)
     try:
         with damage_as_format_error():
-            return detect_source(source, limits or DEFAULT_LIMITS)
+            return detect_source(source, limits or DEFAULT_LIMITS).format
     finally:
         source.close()
         if position is not None:
@@ -388,6 +400,7 @@ def load_torchscript(
     mmap: bool | str | None = None,
     limits: Limits | None = None,
     skip_data: bool = False,
+    storage_options: StorageOptions = None,
 ) -> TorchScriptArchive:
     """Read a ``torch.jit.save`` archive as data, without running any TorchScript.
 
@@ -399,7 +412,7 @@ def load_torchscript(
 
     Parameters
     ----------
-    f, map_location, mmap, limits, skip_data
+    f, map_location, mmap, limits, skip_data, storage_options
         As for :func:`load`.
 
     Returns
@@ -422,16 +435,19 @@ def load_torchscript(
     >>> ptfile.load_torchscript("model.pt").module.training  # doctest: +SKIP
     True
     """
+    f = local_path(f)  # type: ignore[assignment]
     access = _mapped_access(f, mmap)
     limits = limits or DEFAULT_LIMITS
-    source = open_source(f, mmap=access is not None, access=access or "private")
+    skip_data = config.skipping_data(skip_data)
+    source = open_any(f, storage_options=storage_options, mmap=access is not None,
+                      access=access or "private", limits=limits)
     try:
         with damage_as_format_error():
-            found = detect_source(source, limits)
-            if found is not Format.TORCHSCRIPT:
-                raise FormatError(f"not a TorchScript archive: ptfile found the {found.value} "
-                                  "format (use ptfile.load)")
-            return read_torchscript(source, map_location=map_location, limits=limits,
-                                    settings=config.current(), skip_data=skip_data)
+            detected = detect_source(source, limits)
+            if detected.format is not Format.TORCHSCRIPT:
+                raise FormatError(f"not a TorchScript archive: ptfile found the "
+                                  f"{detected.format.value} format (use ptfile.load)")
+            return read_torchscript(source, detected, ReadOptions(
+                map_location=map_location, limits=limits, skip_data=skip_data))
     finally:
         source.close()

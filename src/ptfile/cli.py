@@ -16,14 +16,15 @@ but the bar.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
 
+from ._io import is_url
+from ._progress import progress_bar as _progress
 from .errors import PtfileError
 from .inspection import Inspection, diff, inspect, verify
 from .reader import TensorInfo
@@ -70,23 +71,6 @@ def _size(n: float) -> str:
 def _print_json(doc: Any, out: TextIO) -> None:
     json.dump(doc, out, indent=2, default=str)
     out.write("\n")
-
-
-@contextlib.contextmanager
-def _progress(total: int, desc: str, enabled: bool, unit: str = "B") -> Iterator[
-        Callable[[int], None]]:
-    """A tqdm bar on stderr when it is a terminal (and tqdm is installed), else a no-op."""
-    bar = None
-    if enabled and sys.stderr.isatty():
-        with contextlib.suppress(ImportError):
-            tqdm = importlib.import_module("tqdm").tqdm
-            bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
-                       file=sys.stderr)
-    try:
-        yield (bar.update if bar is not None else (lambda _n: None))
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:
@@ -183,7 +167,7 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    ins = inspect(args.file)
+    ins = inspect(args.file, storage_options=_options(args))
     if args.json:
         _print_json(ins.to_dict(), out)
     else:
@@ -202,7 +186,7 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     results, dangerous, failed = [], False, False
     for path in args.files:
         try:
-            result = scan(path)
+            result = scan(path, storage_options=_options(args))
         except (PtfileError, OSError) as exc:
             failed = True
             results.append({"source": path, "error": f"{type(exc).__name__}: {exc}"})
@@ -248,7 +232,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     to = args.to or convert.target_kind(args.output, args.input)
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
         summary = convert.convert(args.input, args.output, to=to, shared=args.shared,
-                                  on_step=step)
+                                  on_step=step, storage_options=_options(args))
     if args.json:
         _print_json(summary, out)
     else:
@@ -263,9 +247,9 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
-    size = os.path.getsize(args.file)
+    size = 0 if is_url(args.file) else os.path.getsize(args.file)
     with _progress(size, "verify", not args.no_progress) as step:
-        report = verify(args.file, progress=step)
+        report = verify(args.file, progress=step, storage_options=_options(args))
     if args.json:
         _print_json(report.to_dict(), out)
     else:
@@ -277,10 +261,10 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
-    with open_checkpoint(args.a) as first:
+    with open_checkpoint(args.a, storage_options=_options(args)) as first:
         total = len(first)
     with _progress(total, "diff", not args.no_progress, unit="tensor") as step:
-        report = diff(args.a, args.b, progress=step)
+        report = diff(args.a, args.b, progress=step, storage_options=_options(args))
     if args.json:
         _print_json(report.to_dict(), out)
     else:
@@ -320,7 +304,33 @@ def _parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(func=func)
         _ARGUMENTS[name](p)
+        p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                       type=_storage_option, dest="storage_options",
+                       help="an fsspec option for URL inputs and outputs (repeatable; VALUE "
+                            "is JSON when it parses: anon=true, endpoint_url=http://...)")
     return parser
+
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as a pair: VALUE as JSON when it parses, else as text.
+
+    Examples
+    --------
+    >>> _storage_option("anon=true"), _storage_option("endpoint_url=http://h:9000")
+    (('anon', True), ('endpoint_url', 'http://h:9000'))
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``--storage-option`` pairs as fsspec's ``storage_options`` (None when none)."""
+    return dict(args.storage_options) or None
 
 
 def _args_inspect(p: argparse.ArgumentParser) -> None:

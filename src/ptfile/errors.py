@@ -29,6 +29,7 @@ __all__ = [
     "PickleStreamError",
     "PtfileError",
     "PtfileWarning",
+    "RemoteError",
     "SaveError",
     "StorageError",
     "UnknownFormatError",
@@ -101,6 +102,17 @@ class LimitExceededError(PtfileError, ValueError):
 
 class UnsupportedFeatureError(PtfileError, NotImplementedError):
     """The input is well-formed but uses something ptfile cannot represent."""
+
+
+class RemoteError(PtfileError, OSError):
+    """A remote source (an fsspec URL) could not be read as asked: not found (404),
+    forbidden (403), a server error that retries did not cure, or a response of the
+    wrong length.  ``url`` and ``status`` (the HTTP status, when there is one) say which."""
+
+    def __init__(self, message: str, *, url: str | None = None,
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.url, self.status = url, status
 
 
 class SaveError(PtfileError, TypeError):

@@ -17,6 +17,7 @@ from typing import Any, Final
 import numpy as np
 
 from ._io import FileLike
+from ._remote import StorageOptions
 from .archive import ZipReader
 from .errors import PtfileError
 from .limits import Limits
@@ -123,15 +124,18 @@ def _inspection(ck: CheckpointReader, path: str | None, size: int) -> Inspection
                       shared={k: v for k, v in by_storage.items() if len(v) > 1})
 
 
-def inspect(f: FileLike, *, limits: Limits | None = None) -> Inspection:
+def inspect(f: FileLike, *, limits: Limits | None = None,
+            storage_options: StorageOptions = None) -> Inspection:
     """Describe a checkpoint without reading any tensor data.
 
     Parameters
     ----------
     f
-        A path or a seekable binary file object.
+        A path, a seekable binary file object, or a URL (only its metadata is fetched).
     limits
         Ceilings for untrusted input.
+    storage_options
+        For a URL: fsspec's options for its backend.
 
     Returns
     -------
@@ -152,7 +156,7 @@ def inspect(f: FileLike, *, limits: Limits | None = None) -> Inspection:
     6
     """
     path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
-    with open_checkpoint(f, limits=limits) as ck:
+    with open_checkpoint(f, limits=limits, storage_options=storage_options) as ck:
         size = ck.source_size
         return _inspection(ck, path if isinstance(path, str) else None, size)
 
@@ -238,18 +242,20 @@ def _check_layout(ck: CheckpointReader, report: VerifyReport) -> None:
                 "calculate_storage_offsets would read the wrong bytes"))
 
 
-def verify(f: FileLike, *, limits: Limits | None = None,
-           progress: Progress | None = None) -> VerifyReport:
+def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | None = None,
+           storage_options: StorageOptions = None) -> VerifyReport:
     """Check a checkpoint: structure, every record's CRC-32, the pickle, every tensor's bounds.
 
     Parameters
     ----------
     f
-        A path or a seekable binary file object.
+        A path, a seekable binary file object, or a URL (every record is read: CRCs).
     limits
         Ceilings for untrusted input.
     progress
         Called with the number of bytes checked after each record.
+    storage_options
+        For a URL: fsspec's options for its backend.
 
     Returns
     -------
@@ -273,7 +279,7 @@ def verify(f: FileLike, *, limits: Limits | None = None,
     path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
     report = VerifyReport(path)
     try:
-        with open_checkpoint(f, limits=limits) as ck:
+        with open_checkpoint(f, limits=limits, storage_options=storage_options) as ck:
             report.format = ck.format.value
             if ck.zip_reader is not None:
                 _check_records(ck.zip_reader, report, progress)
@@ -345,13 +351,13 @@ def _compare(a: CheckpointReader, b: CheckpointReader, name: str, report: DiffRe
 
 
 def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
-         progress: Progress | None = None) -> DiffReport:
+         progress: Progress | None = None, storage_options: StorageOptions = None) -> DiffReport:
     """Compare two checkpoints tensor by tensor (dotted names, as :func:`ptfile.open`).
 
     Parameters
     ----------
     a, b
-        Paths or seekable binary file objects.
+        Paths, seekable binary file objects or URLs (``storage_options`` for both).
     limits
         Ceilings for untrusted input.
     progress
@@ -376,7 +382,8 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
     {'w': 1.0}
     """
     report = DiffReport()
-    with open_checkpoint(a, limits=limits) as left, open_checkpoint(b, limits=limits) as right:
+    with open_checkpoint(a, limits=limits, storage_options=storage_options) as left, \
+            open_checkpoint(b, limits=limits, storage_options=storage_options) as right:
         report.removed = [k for k in left if k not in right]
         report.added = [k for k in right if k not in left]
         for name in left:

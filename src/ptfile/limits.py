@@ -5,14 +5,22 @@ before it is used or anything is allocated for it.  The defaults admit every
 real checkpoint we know of (the largest public ones have ~10^6 tensors and
 multi-hundred-GiB storages) while keeping memory bounded by the file size plus
 a small constant.
+
+While a pickle is unpickled, the :class:`Limits` it was given are the *active*
+ones (:func:`active`, a :class:`contextvars.ContextVar`): the objects built
+during unpickling (tensors check ``max_ndim``) read them there instead of every
+constructor taking a ``limits`` argument.  Outside any load the defaults apply.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["DEFAULT_LIMITS", "Limits"]
+__all__ = ["DEFAULT_LIMITS", "Limits", "active", "applied"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +44,8 @@ class Limits:
     max_records: int = 10_000_000
     #: Length of one record name or pickle GLOBAL line.
     max_name_length: int = 65_535
-    #: Rank of a tensor; torch's own limit is 64 dimensions.
+    #: Rank of a tensor.  numpy arrays have at most 64 dimensions, so ranks above
+    #: 64 are refused whatever this says (torch 2.13 loads them).
     max_ndim: int = 64
     #: Distinct dict/set keys of one pickle that may share one hash value.
     #: Colliding keys make each insertion probe all earlier ones (quadratic
@@ -47,5 +56,28 @@ class Limits:
     #: shrinks real weights less than 2x, and only long runs of one byte value (zero
     #: buffers) shrink by more.  A zip bomb inflates ~1000x.
     max_inflate_ratio: int = 64
+    #: Bytes ptfile downloads whole from a server that cannot serve byte ranges (it
+    #: then needs the whole file even for metadata); 0 refuses such servers.
+    max_whole_download_bytes: int = 2**36
 
 DEFAULT_LIMITS: Final = Limits()
+
+
+_ACTIVE: Final[contextvars.ContextVar[Limits]] = contextvars.ContextVar(
+    "ptfile_limits", default=DEFAULT_LIMITS)
+
+
+#: ``active()``: the limits of the load in progress in this context (the defaults
+#: outside one).  The ContextVar's own C-level ``get``, so checks made once per
+#: tensor pay no Python call for it.
+active: Final[Callable[[], Limits]] = _ACTIVE.get
+
+
+@contextlib.contextmanager
+def applied(limits: Limits) -> Iterator[None]:
+    """Make ``limits`` the :func:`active` ones inside a ``with`` block."""
+    token = _ACTIVE.set(limits)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)

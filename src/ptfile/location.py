@@ -13,10 +13,25 @@ deciding which tag the loaded :class:`~ptfile.Storage` carries:
 The registry mirrors ``torch.serialization.register_package``: handlers with a
 lower priority run first; a deserializer returning a non-None Storage wins.
 The optional torch bridge registers handlers that map tags to real devices.
+
+Saving, :func:`pid_location` gives the tag object each persistent id carries.
+The pickler memoises a str by identity (``BINPUT`` the first time an object is
+written, ``BINGET`` after), so which object matters for the bytes.  torch builds
+every persistent id with ``location_tag(storage)``: an unindexed tag
+(``'cpu'``, ``'mps'``, ``'meta'``) is a constant, one object memoised once; an
+indexed tag (``'cuda:0'``) is built afresh at each call, so every persistent id
+writes it out again, even for a storage met before.  A checkpoint whose tag
+function returned one object (issue 11: ``'cuda:0'`` memoised) keeps that
+pattern through a load: the pickle's own str objects stay on the storages
+(``Storage._pickled_location``), shared where the pickle memoised the tag, one
+per storage where it did not; the loaders drop the mark of a storage whose
+repeated persistent id carried a fresh object.  A tag the load remapped, or
+that the caller set, follows torch's rule.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +39,7 @@ from typing import Any, Union
 
 from .tensor import Device, Storage
 
-__all__ = ["MapLocation", "register_package", "restore_location"]
+__all__ = ["MapLocation", "pid_location", "register_package", "restore_location"]
 
 Tagger = Callable[[Any], str | None]
 Deserializer = Callable[[Storage, str], Storage | None]
@@ -91,3 +106,28 @@ def restore_location(storage: Storage, location: str, map_location: MapLocation)
     if isinstance(result, (str, Device)):
         return _registry_restore(storage, str(result))
     return _registry_restore(storage, location)
+
+
+def pid_location(storage: Storage) -> str:
+    """The location str for a persistent id of ``storage``, as torch's ``location_tag`` gives it.
+
+    An unindexed tag is the interned constant; an indexed one is the str the
+    loaded pickle held while the storage still carries it (memoised where the
+    file memoised it), else a new str object at each call (see the module
+    docstring).
+
+    Examples
+    --------
+    >>> from ptfile.dtypes import UINT8
+    >>> storage = Storage(None, UINT8, location="cuda:0")
+    >>> pid_location(storage) == pid_location(storage) == "cuda:0"
+    True
+    >>> pid_location(storage) is pid_location(storage)
+    False
+    """
+    location = storage.location
+    if ":" not in location:
+        return sys.intern(location)
+    if location is storage._pickled_location:
+        return location
+    return "".join(list(location))  # a new str object each time, as torch's _backend_tag builds it

@@ -17,6 +17,28 @@ Policies
     (:mod:`ptfile.structural`) instead of an error.  Nothing from the file is
     ever called except ptfile's own rebuild functions and the user's entries.
 
+Choosing the policy: ``weights_only`` and torch's environment variables
+------------------------------------------------------------------------
+ptfile never executes a pickle, so ``weights_only=False`` cannot mean what it
+means in torch (import and run whatever the file names).  It means the nearest
+thing that runs nothing: the ``structural`` policy.  :func:`loads_structurally`
+decides, at each load, from the arguments and from the two variables torch reads
+(set when their value is ``1``, ``y``, ``yes`` or ``true``, in any case):
+
+=====================================  ==========================================
+``load(f)`` / ``weights_only=True``    strict (``structural=True``: structural)
+``weights_only=False``                 structural: unknown globals become stand-ins
+``TORCH_FORCE_WEIGHTS_ONLY_LOAD``      strict, whatever ``weights_only`` and
+                                       ``structural`` say (torch: forces
+                                       ``weights_only=True`` even when passed False)
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``   structural, with a :class:`PtfileWarning`,
+                                       but only when ``weights_only`` was not
+                                       passed (torch: ``weights_only=False`` then);
+                                       it never makes ptfile execute anything
+both set                               :class:`~ptfile.errors.PtfileError` (torch
+                                       raises too)
+=====================================  ==========================================
+
 Guarding what the stream receives
 ---------------------------------
 ``BUILD`` works on *any* object on the stack, including the very objects
@@ -46,20 +68,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, TypeAlias, TypeVar
 
-from .errors import UnsafeGlobalError
+from .errors import PtfileError, PtfileWarning, UnsafeGlobalError
 from .rebuild import SAFE_GLOBALS, lookup
 
 __all__ = [
     "BLOCKED_MODULES",
+    "FORCE_NO_WEIGHTS_ONLY",
+    "FORCE_WEIGHTS_ONLY",
     "SafeGlobals",
     "add_safe_globals",
     "clear_safe_globals",
     "find_strict_class",
     "get_safe_globals",
+    "loads_structurally",
     "safe_globals",
     "unsafe_global_message",
 ]
@@ -307,3 +334,47 @@ def find_strict_class(module: str, name: str) -> Any:
 
 
 FindClass: TypeAlias = Callable[[str, str], Any]
+
+
+#: torch's environment variables that override ``weights_only`` (module docstring).
+FORCE_WEIGHTS_ONLY: Final = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+FORCE_NO_WEIGHTS_ONLY: Final = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+#: The values torch counts as set (compared lower-cased).
+_SET_VALUES: Final = frozenset({"1", "y", "yes", "true"})
+
+
+def _env_set(name: str) -> bool:
+    return os.environ.get(name, "0").lower() in _SET_VALUES
+
+
+def loads_structurally(weights_only: bool | None, structural: bool) -> bool:
+    """Whether a load uses the structural policy rather than the strict one.
+
+    ``weights_only=None`` means the caller did not pass it; see the module
+    docstring for the table, environment variables included.
+
+    Raises
+    ------
+    PtfileError
+        Both ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` and ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``
+        are set.
+
+    Examples
+    --------
+    >>> loads_structurally(None, False), loads_structurally(False, False)
+    (False, True)
+    """
+    force, force_no = _env_set(FORCE_WEIGHTS_ONLY), _env_set(FORCE_NO_WEIGHTS_ONLY)
+    if force and force_no:
+        raise PtfileError(f"only one of {FORCE_WEIGHTS_ONLY} and {FORCE_NO_WEIGHTS_ONLY} "
+                          "may be set, but both are")
+    if force:
+        return False
+    if weights_only is None:
+        if not force_no:
+            return structural
+        warnings.warn(f"{FORCE_NO_WEIGHTS_ONLY} is set and weights_only was not passed: "
+                      "loading structurally (globals outside the allowlist become inert "
+                      "stand-ins; ptfile never executes a pickle)", PtfileWarning, stacklevel=3)
+        return True
+    return structural or not weights_only

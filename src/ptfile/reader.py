@@ -30,15 +30,19 @@ import numpy as np
 
 from . import config
 from ._gc import paused_gc
-from ._io import FileLike, Source, damage_as_format_error, is_path, open_source
+from ._io import FileLike, Source, damage_as_format_error, is_path
+from ._remote import StorageOptions, local_path, open_any
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
+from .archive.records import METHOD_STORED
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
-from .formats import Format, detect
-from .formats.storages import FastStorages, find_class_fast
-from .formats.zipped import ZipInfo, read_info
+from .formats import Detected, Format, ReadOptions, detect_source, read_detected
+from .formats.policies import fast
+from .formats.storages import FastStorages, record_bytes
+from .formats.zipinfo import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm import unpickle
+from .selection import runs, select, span
 from .tensor import Parameter, Storage, Tensor
 
 if TYPE_CHECKING:
@@ -150,53 +154,11 @@ def _children(node: object) -> list[tuple[object, object]] | None:
 # --------------------------------------------------------------------------- reading data
 
 
-def _span(offset: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int]:
-    """First and one-past-last element a view touches (strides may be negative)."""
-    low = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True) if s < 0)
-    high = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True) if s > 0) + 1
-    return low, high
-
-
-def _select(key: object, shape: tuple[int, ...], stride: tuple[int, ...],
-            offset: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    """Apply a basic numpy index (ints, slices, ``...``, ``None``) to a strided view."""
-    keys = key if isinstance(key, tuple) else (key,)
-    if sum(k is Ellipsis for k in keys) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    fill = len(shape) - sum(k is not None and k is not Ellipsis for k in keys)
-    if fill < 0:
-        raise IndexError(f"too many indices for a tensor of {len(shape)} dimensions")
-    expanded: list[object] = []
-    for k in keys:
-        expanded.extend([slice(None)] * fill if k is Ellipsis else [k])
-    if Ellipsis not in keys:
-        expanded.extend([slice(None)] * fill)
-    new_shape: list[int] = []
-    new_stride: list[int] = []
-    dim = 0
-    for k in expanded:
-        if k is None:
-            new_shape.append(1)
-            new_stride.append(0)
-            continue
-        n, s = shape[dim], stride[dim]
-        dim += 1
-        if isinstance(k, slice):
-            start, _, step = k.indices(n)
-            new_shape.append(len(range(*k.indices(n))))
-            new_stride.append(s * step)
-            offset += start * s if new_shape[-1] else 0
-        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-            i = int(k) + n if int(k) < 0 else int(k)
-            if not 0 <= i < n:
-                raise IndexError(f"index {int(k)} is out of bounds for size {n}")
-            offset += i * s
-        else:
-            raise TypeError(f"only ints, slices, ... and None index a TensorSlice, got {k!r}")
-    return offset, tuple(new_shape), tuple(new_stride)
-
-
 _make_info: Final = TensorInfo._make
+
+#: A slice of a file read on demand is read as its contiguous runs when it has at most
+#: this many (else as the one span that holds it).
+MAX_SLICE_RUNS: Final = 1024
 
 
 class TensorSlice:
@@ -236,7 +198,7 @@ class TensorSlice:
 
     def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
         t = self._tensor
-        offset, shape, stride = _select(key, t._shape, t._stride, t._offset)
+        offset, shape, stride = select(key, t._shape, t._stride, t._offset)
         return self._reader._read_view(t, self.name, offset, shape, stride)
 
     def __repr__(self) -> str:
@@ -461,9 +423,9 @@ class CheckpointReader(Mapping[str, Tensor]):
         record = self._record(storage)
         if record is None or self._zip is None:
             raise StorageError(f"tensor {name!r}: storage {storage.key!r} has no record")
-        if record.method != 0:
-            raise UnsupportedFeatureError(f"record {record.name!r} is compressed; ptfile.load "
-                                          "reads compressed checkpoints")
+        if record.method != METHOD_STORED:  # inflated whole, as every loader inflates it
+            inflated = record_bytes(self._zip, self._source, record, self._zip.data_offset, None)
+            return inflated[start:start + n]
         base = self._zip.data_offset(record)
         return self._source.view(base + start, n, f"tensor {name!r}")
 
@@ -474,13 +436,42 @@ class CheckpointReader(Mapping[str, Tensor]):
             raise UnsupportedFeatureError(f"tensor {name!r} is a meta tensor: it has no data")
         if 0 in shape:
             return np.empty(shape, np_dtype)
-        low, high = _span(offset, shape, stride)
         item = t.dtype.itemsize
+        if t.storage.data is None and self._source.reads_on_demand:
+            picked = self._read_runs(t, name, offset, shape, stride)
+            if picked is not None:
+                return picked
+        low, high = span(offset, shape, stride)
         buffer = self._storage_bytes(t.storage, low * item, (high - low) * item, name)
         array: np.ndarray[Any, Any] = np.ndarray(
             shape, np_dtype, buffer=buffer, offset=(offset - low) * item,
             strides=tuple(s * item for s in stride))
         return t.values_of(array)
+
+    def _read_runs(self, t: Tensor, name: str, offset: int, shape: tuple[int, ...],
+                   stride: tuple[int, ...]) -> np.ndarray[Any, Any] | None:
+        """A selection read as its contiguous runs only, when the source reads on demand
+        and the selection is a fraction of its span; None to read the span instead."""
+        found = runs(offset, shape, stride, MAX_SLICE_RUNS)
+        low, high = span(offset, shape, stride)
+        if found is None or len(found[0]) < 2 or found[1] * len(found[0]) * 2 > high - low:
+            return None
+        starts, length = found
+        item = t.dtype.itemsize
+        record = self._record(t.storage) if t.storage is not None else None
+        if record is None or record.method != METHOD_STORED or self._zip is None:
+            return None
+        base = self._zip.data_offset(self._check_span(record, low, high, item, name))
+        pieces = self._source.pread_many(
+            [(base + int(s) * item, length * item) for s in starts], f"tensor {name!r}")
+        flat = np.frombuffer(b"".join(pieces), t.dtype.numpy_dtype())
+        return t.values_of(flat.reshape(shape))
+
+    def _check_span(self, record: Record, low: int, high: int, item: int, name: str) -> Record:
+        if low < 0 or high * item > record.size:
+            raise StorageError(f"tensor {name!r}: elements {low}..{high} reach outside its "
+                               f"storage record {record.name!r} ({record.size} bytes)")
+        return record
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
@@ -515,17 +506,14 @@ def _zip_meta(info: ZipInfo) -> dict[str, str]:
     return meta
 
 
-def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
-    with paused_gc():  # the directory, the records' table and the objects: no garbage
-        reader = ZipReader(source, limits=limits)
+def _open_zip(source: Source, reader: ZipReader, limits: Limits) -> CheckpointReader:
+    with paused_gc():  # the records' table and the objects: no garbage
         info = read_info(reader, config.current())
         data_name = f"{info.prefix}/data.pkl"
-        if info.is_torchscript or reader.get(f"{info.prefix}/archive_format") is not None:
-            return None
         if reader.get(data_name) is None:
             raise FormatError("the archive has no data.pkl record", member=data_name)
         loader = FastStorages(reader, source, info, skip_data=True)
-        obj, _ = unpickle(reader.read(data_name), find_class=find_class_fast(),
+        obj, _ = unpickle(reader.read(data_name), find_class=fast(),
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
                               zip_reader=reader, zip_info=info)
@@ -533,26 +521,31 @@ def _open_zip(source: Source, limits: Limits) -> CheckpointReader | None:
         return ck
 
 
-def _open_other(source: Source, fmt: Format, limits: Limits) -> CheckpointReader:
-    from . import api  # api imports this module
-
-    obj = api._read(source, map_location=None, limits=limits, settings=config.current(),
-                     skip_data=False, encoding="ASCII")
-    return CheckpointReader(source, obj, fmt=fmt, meta={"format": fmt.value})
+def _open_other(source: Source, detected: Detected, limits: Limits) -> CheckpointReader:
+    obj = read_detected(source, detected, ReadOptions(limits=limits))
+    return CheckpointReader(source, obj, fmt=detected.format,
+                            meta={"format": detected.format.value})
 
 
-def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None) -> CheckpointReader:
+def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
+         storage_options: StorageOptions = None) -> CheckpointReader:
     """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
 
     Parameters
     ----------
     f
-        A path or a seekable binary file object (read from its current position).
+        A path, a seekable binary file object (read from its current position),
+        or a URL fsspec knows (``https://``, ``s3://``, ``hf://``…): a ZIP
+        checkpoint's metadata then costs a request for its head, one for its
+        tail (end records and central directory) and, for a big pickle, one
+        for the rest of ``data.pkl``; tensor bytes are fetched when read.
     mmap
         Map a path read-only, so tensors are zero-copy views of the file;
         False reads each selection with positioned reads instead.
     limits
         Ceilings for untrusted input.
+    storage_options
+        For a URL: fsspec's options for its backend (credentials, endpoints).
 
     Returns
     -------
@@ -576,13 +569,15 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None) -> Che
     (['w'], (2, 3), np.float32(6.0))
     """
     limits = limits or DEFAULT_LIMITS
-    source = open_source(f, mmap=mmap and is_path(f), access="r", lazy=True)
+    f = local_path(f)  # type: ignore[assignment]
+    source = open_any(f, storage_options=storage_options, mmap=mmap and is_path(f), access="r",
+                      lazy=True, limits=limits)
     try:
         with damage_as_format_error():
-            head = source.pread(0, min(source.size, 512), "file signature")
-            fmt = detect(head)
-            opened = _open_zip(source, limits) if fmt is Format.ZIP else None
-            return opened if opened is not None else _open_other(source, fmt, limits)
+            detected = detect_source(source, limits)
+            if detected.format is Format.ZIP:
+                return _open_zip(source, detected.zip_reader(), limits)
+            return _open_other(source, detected, limits)
     except BaseException:
         source.close()
         raise

@@ -30,6 +30,7 @@ from .tensor import (
     SparseTensor,
     Storage,
     Tensor,
+    check_rank,
 )
 
 __all__ = ["SAFE_GLOBALS", "Layout", "QScheme", "StorageType", "TensorType", "lookup"]
@@ -96,8 +97,8 @@ def _ints(value: object, what: str) -> tuple[int, ...]:
         raise _fail(what, value)
     if value and set(map(type, value)) != _INT_ONLY:
         raise _fail(what, value)
-    if len(value) > 64:
-        raise StorageError(f"{what}: rank {len(value)} exceeds torch's 64 dimensions")
+    if len(value) > MAX_NDIM:  # lower ranks are checked against max_ndim by check_view
+        check_rank(len(value), f"rank of {what}")
     return tuple(value)
 
 
@@ -108,6 +109,10 @@ def _storage(value: object) -> Storage:
 
 
 def _hooks(value: object) -> OrderedDict[Any, Any]:
+    # Some torch 0.4-era files (lpips' v0.1 weights) record ``None``: torch keeps it and
+    # writes an empty OrderedDict on re-save, which is what an empty one here saves as.
+    if value is None:
+        return OrderedDict()
     if not isinstance(value, OrderedDict):
         raise _fail("backward_hooks", value)
     return value

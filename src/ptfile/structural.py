@@ -42,15 +42,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Final
 
-from .errors import LimitExceededError, PickleStreamError, UnsupportedFeatureError
-from .policy import CallOnly, find_allowed
+from .errors import LimitExceededError
 from .tensor import Parameter, Tensor
 
 __all__ = [
-    "Lenient",
     "StandIn",
     "StandInType",
-    "StructuralFindClass",
     "is_module",
     "state_dict",
 ]
@@ -139,65 +136,6 @@ def make_stand_in(module: str, name: str) -> StandInType:
     """A fresh stand-in class for ``module.name`` (never the real one)."""
     namespace = {"__slots__": (), "module": module, "name": name, "__module__": __name__}
     return StandInType("StandIn", (StandIn,), namespace)
-
-
-class StructuralFindClass:
-    """``find_class`` of the structural policy: allowlist/registry, else a per-load stand-in.
-
-    Examples
-    --------
-    >>> find = StructuralFindClass()
-    >>> find("os", "system")
-    <stand-in class os.system>
-    >>> find("os", "system") is find("os", "system")
-    True
-    """
-
-    def __init__(self) -> None:
-        self._made: dict[tuple[str, str], StandInType] = {}
-        self._lenient: dict[tuple[str, str], Lenient] = {}
-
-    def _stand_in(self, module: str, name: str) -> StandInType:
-        cls = self._made.get((module, name))
-        if cls is None:
-            cls = self._made[module, name] = make_stand_in(module, name)
-        return cls
-
-    def __call__(self, module: str, name: str) -> Any:
-        found = find_allowed(module, name)
-        if found is None:
-            return self._stand_in(module, name)
-        if not isinstance(found, CallOnly):
-            return found
-        lenient = self._lenient.get((module, name))
-        if lenient is None:
-            lenient = Lenient(found, self._stand_in(module, name))
-            self._lenient[module, name] = lenient
-        return lenient
-
-
-class Lenient(CallOnly):
-    """An allowlisted function that, given arguments it cannot rebuild, records the call.
-
-    A whole-model pickle may hand ptfile's rebuild functions stand-ins (a tensor
-    subclass, a nested tensor): the strict policy refuses those, the structural
-    one keeps the call as a :class:`StandIn` of the global's name.  Limits and
-    storage damage still raise.
-    """
-
-    __slots__ = ("_record",)
-    _record: StandInType
-
-    def __new__(cls, function: CallOnly, record: StandInType) -> Lenient:  # noqa: PYI034
-        self = super().__new__(cls, function.func)
-        self._record = record
-        return self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return self.func(*args, **kwargs)
-        except (PickleStreamError, UnsupportedFeatureError, TypeError):
-            return self._record(*args, **kwargs)
 
 
 def is_module(obj: object) -> bool:

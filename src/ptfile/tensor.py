@@ -17,6 +17,7 @@ storage before it is made: a view reading outside its storage is a
 from __future__ import annotations
 
 import operator
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -25,6 +26,7 @@ import numpy as np
 
 from .dtypes import UINT8, DType
 from .errors import LimitExceededError, StorageError, UnsupportedFeatureError
+from .limits import active as _active_limits
 
 __all__ = [
     "Device",
@@ -36,6 +38,9 @@ __all__ = [
     "Tensor",
 ]
 
+#: numpy's ceiling on an array's rank (torch 2.13 loads tensors of more), which no
+#: ``Limits`` can raise: a view numpy cannot make is refused.  Loads also check
+#: :attr:`Limits.max_ndim` (:func:`ptfile.limits.active`), whose default it is.
 MAX_NDIM: Final = 64
 
 
@@ -90,11 +95,16 @@ class Storage:
     ``untyped`` storages (torch's ``UntypedStorage``, used for the "v3" dtypes)
     have dtype uint8 and count bytes.  ``data`` is a memoryview of the bytes:
     a slice of the file's map when loaded with ``mmap=True``, made on first
-    use (:meth:`_located_later`).
+    use (:meth:`_located_later`).  ``_pickled_location`` is the very str object the
+    loaded checkpoint's pickle gave as this storage's location (None for a storage
+    made otherwise): while ``location`` is that object, a re-save memoises it where
+    the file did (:func:`ptfile.location.pid_location`).  ``byteorder`` is the order of
+    those bytes: the file's, except that a big-endian bfloat16 storage is replaced by
+    one little-endian copy on the first use of its values (:meth:`Tensor.numpy`).
     """
 
-    __slots__ = ("__weakref__", "_locate", "_nbytes", "byteorder", "data", "dtype", "key",
-                 "location", "untyped")
+    __slots__ = ("__weakref__", "_locate", "_nbytes", "_pickled_location", "byteorder", "data",
+                 "dtype", "key", "location", "untyped")
     _locate: Callable[[Storage], memoryview]  # set by _located_later only
 
     def __init__(
@@ -112,6 +122,7 @@ class Storage:
         self.dtype = UINT8 if untyped else dtype
         self.untyped = untyped
         self.location = location
+        self._pickled_location: str | None = None
         self.key = key
         self.byteorder = byteorder
         self._nbytes = self.data.nbytes if self.data is not None else (nbytes or 0)
@@ -123,6 +134,7 @@ class Storage:
         self = cls.__new__(cls)
         self.data, self.dtype, self.untyped = data, (UINT8 if untyped else dtype), untyped
         self.location, self.key, self.byteorder, self._nbytes = location, key, byteorder, nbytes
+        self._pickled_location = None
         return self
 
     @classmethod
@@ -138,6 +150,7 @@ class Storage:
         self = cls.__new__(cls)
         self._locate, self.dtype, self.untyped = locate, (UINT8 if untyped else dtype), untyped
         self.location, self.key, self.byteorder, self._nbytes = location, key, byteorder, nbytes
+        self._pickled_location = None
         return self
 
     if not TYPE_CHECKING:  # (a __getattr__ would make mypy accept any attribute name)
@@ -176,13 +189,31 @@ def view_extent(shape: Sequence[int], stride: Sequence[int]) -> int:
     return extent
 
 
+def check_rank(ndim: int, what: str = "tensor rank") -> None:
+    """Raise unless ``ndim`` is within the active ``Limits.max_ndim`` and numpy's 64.
+
+    Raises
+    ------
+    LimitExceededError
+        Over ``max_ndim`` (:func:`ptfile.limits.active`).
+    StorageError
+        Within a raised ``max_ndim`` but over :data:`MAX_NDIM`.
+    """
+    max_ndim = _active_limits().max_ndim
+    if ndim > max_ndim:
+        raise LimitExceededError("max_ndim", max_ndim, ndim, what)
+    if ndim > MAX_NDIM:
+        raise StorageError(f"{what} {ndim} exceeds the {MAX_NDIM} dimensions numpy arrays "
+                           "can have")
+
+
 def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int],
                stride: Sequence[int]) -> None:
     """Raise StorageError unless the view fits inside ``storage`` (all in ``dtype`` elements)."""
     if len(shape) != len(stride):
         raise StorageError(f"size {tuple(shape)} and stride {tuple(stride)} differ in length")
-    if len(shape) > MAX_NDIM:
-        raise LimitExceededError("max_ndim", MAX_NDIM, len(shape), "tensor rank")
+    if len(shape) > MAX_NDIM or len(shape) > _active_limits().max_ndim:
+        check_rank(len(shape))
     if offset < 0 or min(shape, default=0) < 0 or min(stride, default=0) < 0:
         raise StorageError(
             f"negative storage_offset/size/stride: offset {offset}, size {tuple(shape)}, "
@@ -199,11 +230,41 @@ def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int]
         )
 
 
+_SWAP_LOCK: Final = threading.Lock()
+
+
+def _to_little_endian(storage: Storage, dtype: DType) -> None:
+    """Swap a big-endian storage of a dtype numpy has no big-endian view of (bfloat16)
+    into one little-endian copy, once: every tensor on the storage then views that copy.
+
+    Runs on the first use of the data (never during a load).  The copy is as
+    writable as the bytes it came from (read-only for ``mmap="r"``); writes reach
+    it, not the file, and a save writes it (swapped back if saved big-endian).
+    Storages viewed with another dtype's unit (untyped ones) are left alone: their
+    views keep swapping per view, in :func:`_swapped`.
+    """
+    if storage.dtype is not dtype or dtype.swap == 1 \
+            or dtype.numpy_dtype().kind in _VIEWABLE_KINDS:
+        return
+    with _SWAP_LOCK:  # another thread may be swapping it now: swap once
+        data = storage.data
+        if storage.byteorder != "big" or data is None or data.nbytes % dtype.swap:
+            return
+        swapped = np.frombuffer(data, f"u{dtype.swap}").byteswap()
+        swapped.flags.writeable = not data.readonly
+        storage.data = memoryview(swapped).cast("B")
+        storage.byteorder = "little"
+
+
+#: numpy kinds whose dtypes have a big-endian form (a zero-copy view swaps them).
+_VIEWABLE_KINDS: Final = "biufc"
+
+
 def _swapped(array: np.ndarray, dtype: DType) -> np.ndarray:
     """Values of a big-endian view: zero-copy for numpy's own kinds, else a swapped copy."""
     if dtype.swap == 1:
         return array
-    if array.dtype.kind in "biufc":
+    if array.dtype.kind in _VIEWABLE_KINDS:
         return array.view(array.dtype.newbyteorder(">"))
     raw = array.view(f"<u{dtype.swap}")
     swapped: np.ndarray = raw.byteswap().view(array.dtype)
@@ -345,8 +406,13 @@ class Tensor:
         """The values as a numpy array: a zero-copy view of the storage where possible.
 
         Copies only where the values differ from the stored bytes: conj/neg
-        bits, and byte-swapped dtypes numpy cannot express (bfloat16).
+        bits, and big-endian dtypes numpy cannot express (bfloat16), whose
+        storage is swapped once into a little-endian copy that all its tensors
+        share (so a write through one is seen through the others, as in torch).
         """
+        storage = self.storage
+        if storage is not None and storage.byteorder == "big":
+            _to_little_endian(storage, self.dtype)
         return self.values_of(self._raw_view(self.dtype.numpy_dtype()))
 
     def values_of(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

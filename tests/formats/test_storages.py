@@ -1,4 +1,4 @@
-"""The fast load path (FastStorages + find_class_fast) against the reference path.
+"""The fast load path (FastStorages + the fast policy) against the reference path.
 
 ``ptfile.load`` takes the fast path when there is no ``map_location`` and no
 registered package; an identity ``map_location`` forces the reference path

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ptfile.errors import PtfileError, UnsafeGlobalError
 from ptfile.limits import DEFAULT_LIMITS, Limits
-from ptfile.picklevm import lexer
+from ptfile.picklevm import _gears, _walk
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 
@@ -126,13 +126,13 @@ def outcome(data: bytes, limits: Limits = DEFAULT_LIMITS, *, fast: bool,
             steps: bool = False, runs: bool = False, counts: bool = False) -> Outcome:
     """What one gear of :func:`check_stream` says about ``data``: the walk's result or error.
 
-    ``fast=False, steps=True`` is the reference: :func:`lexer._step` alone;
+    ``fast=False, steps=True`` is the reference: :func:`_walk.step` alone;
     ``fast=False, runs=True`` the run gear.  ``counts`` adds the opcode count
     and the memo index rule 3 must cover (the exact gears only).
     """
-    walk = lexer._new_walk(data, 0, limits)
-    gear: Callable[[lexer._Walk], None] = lexer._walk_fast if fast else \
-        lexer._walk_steps if steps else lexer._walk_runs if runs else lexer._walk_exact
+    walk = _walk.new_walk(data, 0, limits)
+    gear: Callable[[_walk.Walk], None] = _gears.walk_fast if fast else \
+        _walk.walk_steps if steps else _gears.walk_runs if runs else _gears.walk_exact
     try:
         gear(walk)
     except PtfileError as exc:

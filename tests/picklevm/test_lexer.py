@@ -213,7 +213,7 @@ def test_fast_gear_agrees_with_exact_gear(data: bytes, limits: Limits) -> None:
 @given(op_streams(), st.sampled_from([*_LIMITS, Limits(max_opcodes=20),
                                      Limits(max_memo_index=100)]))
 def test_exact_gear_agrees_with_the_step_reference(data: bytes, limits: Limits) -> None:
-    # _walk_exact skips plain opcodes inline; _walk_steps checks each one with _step.
+    # walk_exact skips plain opcodes inline; walk_steps checks each one with step.
     assert outcome(data, limits, fast=False, counts=True) == \
         outcome(data, limits, fast=False, steps=True, counts=True)
 

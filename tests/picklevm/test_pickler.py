@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from ptfile.errors import SaveError
 from ptfile.picklevm import _codes as codes_module
+from ptfile.picklevm import emitter as emitter_module
 from ptfile.picklevm import pickler as pickler_module
 from ptfile.picklevm.pickler import (
     BATCH_SIZE,
@@ -83,7 +84,7 @@ def test_pickler_handles_exactly_the_documented_types() -> None:
     builtins |= {set, frozenset, complex, OrderedDict, Counter}
     nodes = {Global, Reduce, PersistentId, ViewReduce}
     for protocol in PROTOCOLS:
-        handlers = {**pickler_module._HANDLERS, **pickler_module._PROTOCOL_HANDLERS[protocol]}
+        handlers = {**emitter_module.HANDLERS, **emitter_module.PROTOCOL_HANDLERS[protocol]}
         assert set(handlers) == builtins | nodes
 
 

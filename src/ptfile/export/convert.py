@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import api
+from .._io import is_path, is_url
+from .._remote import StorageOptions, open_any, open_target
 from ..errors import UnsupportedFeatureError
 from ..reader import flatten
 from ..reader import open as open_checkpoint
@@ -58,39 +63,82 @@ def _from_safetensors(src: str) -> dict[str, Tensor]:
 
 
 def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
-                 counted: list[int] | None = None) -> dict[str, str]:
+                 counted: list[int] | None = None,
+                 storage_options: StorageOptions = None) -> dict[str, str]:
     """Convert one file; return the aliases dropped (safetensors output only).
 
-    The number of tensors converted is appended to ``counted`` when given.
+    ``src`` and ``dst`` may be URLs (``storage_options`` for both): a URL source
+    is fetched with range requests, a URL target is written through its fsspec
+    backend (a ``.safetensors``/``.npz`` one is written locally first, then
+    uploaded; nothing partial is left on failure).  The number of tensors
+    converted is appended to ``counted`` when given.
 
     Raises
     ------
     FormatError, UnsafeGlobalError, UnsupportedFeatureError, SaveError
         From reading ``src`` or writing ``dst``.
+    RemoteError
+        A URL could not be read or written.
     """
     if src.endswith(".safetensors"):
-        tensors = _from_safetensors(src)
+        with _local(src, storage_options) as path:
+            tensors = _from_safetensors(path)
     elif to == "pt":
-        obj = api.load(src, mmap=True)
-        api.save(obj, dst)
+        obj = api.load(src, mmap=is_path(src), storage_options=storage_options)
+        api.save(obj, dst, storage_options=storage_options)
         if counted is not None:
             counted.append(len(flatten(obj)))
         return {}
     else:
-        with open_checkpoint(src) as ck:
+        with open_checkpoint(src, storage_options=storage_options) as ck:
             tensors = ck.load_tensors()
-    writers: dict[str, Callable[[], Any]] = {
-        "safetensors": lambda: dump(tensors, dst, shared=shared),
-        "npz": lambda: dump_npz(tensors, dst),
-        "pt": lambda: api.save(tensors, dst),
-    }
     if counted is not None:
         counted.append(len(tensors))
-    return writers[to]() or {}
+    if to == "pt":
+        api.save(tensors, dst, storage_options=storage_options)
+        return {}
+    with _staged(dst, storage_options) as path:
+        if to == "npz":
+            dump_npz(tensors, path)
+            return {}
+        return dump(tensors, path, shared=shared) or {}
+
+
+@contextlib.contextmanager
+def _local(src: str, storage_options: StorageOptions) -> Iterator[str]:
+    """A local path holding ``src``: itself, or a temporary download of a URL."""
+    if not is_url(src):
+        yield src
+        return
+    source = open_any(src, storage_options=storage_options)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, os.path.basename(src.split("?")[0]) or "input")
+        with open(path, "wb") as fp:
+            fp.write(source.view(0, source.size, "the file"))
+        yield path
+
+
+@contextlib.contextmanager
+def _staged(dst: str, storage_options: StorageOptions) -> Iterator[str]:
+    """A local path to write ``dst`` to: itself, or a temporary file uploaded to the URL
+    once written."""
+    if not is_url(dst):
+        yield dst
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, os.path.basename(dst.split("?")[0]) or "output")
+        yield path
+        with open(path, "rb") as local, open_target(dst, storage_options) as remote:
+            shutil.copyfileobj(local, remote, _UPLOAD_CHUNK_BYTES)
+
+
+#: What one write to an upload target takes at a time.
+_UPLOAD_CHUNK_BYTES = 8 << 20
 
 
 def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
-            on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+            on_step: Callable[[int], None] | None = None,
+            storage_options: StorageOptions = None) -> dict[str, Any]:
     """Convert ``src`` to ``dst`` as ``to``; a ``*.index.json`` source converts every shard.
 
     Returns
@@ -104,6 +152,9 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
         From reading or writing.
     """
     if src.endswith(".index.json"):
+        if is_url(src) or is_url(dst):
+            raise UnsupportedFeatureError("sharded checkpoints convert between local folders; "
+                                          "convert each shard's URL on its own")
         index = convert_sharded(src, dst, shared=shared,
                                 convert_shard=lambda a, b, kind: convert_file(a, b, kind, shared),
                                 on_shard=lambda _: on_step(1) if on_step else None)
@@ -112,7 +163,7 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
         return {"output": index, "kind": f"sharded {to}", "tensors": len(weight_map),
                 "shards": len(set(weight_map.values())), "aliases": {}}
     counted: list[int] = []
-    aliases = convert_file(src, dst, to, shared, counted)
+    aliases = convert_file(src, dst, to, shared, counted, storage_options)
     if on_step is not None:
         on_step(1)
     return {"output": dst, "kind": to, "tensors": sum(counted), "shards": 0, "aliases": aliases}

@@ -1,80 +1,92 @@
-"""Checkpoint formats and their detection from the leading bytes (never from the file name).
+"""Checkpoint formats: the one way in from a source to the object it holds.
 
-===================  ==================================================  ==============
-format               leading bytes                                        reader
-===================  ==================================================  ==============
-``zip``              ``PK\\x03\\x04`` (torch ≥ 1.6, TorchScript, .pt2)     :mod:`.zipped`
-``legacy``           pickle of the magic number ``0x1950A86A20F9469CFC6C``  :mod:`.legacy_pickle`
-``tar``              a POSIX tar header (``ustar`` at offset 257)          :mod:`.legacy_tar`
-===================  ==================================================  ==============
+Every front door (:func:`ptfile.load`, :func:`ptfile.open`,
+:func:`ptfile.load_torchscript`, :func:`ptfile.detect_format`, and through
+them ``inspect``, ``verify`` and ``convert``) goes the same way:
 
-A ZIP is refined by its records (:func:`detect_source`): a ``constants.pkl``
-makes it ``torchscript`` (:mod:`.torchscript`), an ``archive_format`` record
-``pt2`` (``torch.export.save``, refused with a message naming the format).
+1. :func:`~.detection.detect_source` decides the format once, from the bytes
+   (a ZIP's central directory is parsed then, once, and travels along);
+2. :func:`read` hands the source, what was detected and one
+   :class:`~.options.ReadOptions` to the reader of that format, from the
+   table :data:`READERS`; formats without a reader are refused by
+   :func:`refuse`, with a message naming the format.
+
+The readers: :mod:`.zipped` (``torch.save`` ≥ 1.6), :mod:`.torchscript`
+(``torch.jit.save``; :func:`ptfile.load` returns its state dict),
+:mod:`.legacy_pickle` (pre-1.6 stream) and :mod:`.legacy_tar` (pre-0.4).
+Their storages come from one loader per container kind
+(:mod:`.storages` for every ZIP kind).
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final, NoReturn
 
 from .._io import Source
-from ..archive import ZipReader
-from ..limits import DEFAULT_LIMITS, Limits
+from ..errors import UnknownFormatError, UnsupportedFeatureError
+from .detection import Detected, Format, detect, detect_source
+from .legacy_pickle import read_legacy
+from .legacy_tar import read_tar
+from .options import ReadOptions
+from .torchscript import read_script_state_dict
+from .zipped import read_zip
 
-__all__ = ["Format", "detect", "detect_source"]
+__all__ = ["READERS", "Detected", "Format", "ReadOptions", "detect", "detect_source", "read",
+           "read_detected", "refuse"]
 
+Reader = Callable[[Source, Detected, ReadOptions], Any]
 
-class Format(enum.Enum):
-    """The container formats ``torch.load`` reads."""
+#: One reader per format, each ``(source, detected, options) -> object``.
+READERS: Final[dict[Format, Reader]] = {
+    Format.ZIP: read_zip,
+    Format.TORCHSCRIPT: read_script_state_dict,
+    Format.LEGACY: read_legacy,
+    Format.TAR: read_tar,
+}
 
-    ZIP = "zip"
-    TORCHSCRIPT = "torchscript"
-    PT2 = "pt2"
-    LEGACY = "legacy"
-    TAR = "tar"
-    UNKNOWN = "unknown"
-
-
-#: The pickled magic number opening every legacy stream (protocol 2 LONG1 form).
-LEGACY_MAGIC_PICKLE: Final = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
-
-#: The magic number as LONG1 bytes (protocols 2-5, after PROTO and any FRAME).
-_MAGIC_LONG1: Final = LEGACY_MAGIC_PICKLE[2:-1]
-#: The magic number as protocol 0/1 text (``LONG`` opcode).
-_MAGIC_TEXT: Final = b"L119547037146038801333356L\n"
-
-_SNIFFERS: Final = (
-    (Format.ZIP, lambda head: head[:4] == b"PK\x03\x04"),
-    (Format.LEGACY, lambda head: (head[:1] == b"\x80" and _MAGIC_LONG1 in head[:32])
-        or head.startswith(_MAGIC_TEXT)),
-    (Format.TAR, lambda head: len(head) >= 262 and head[257:262] == b"ustar"),
-)
+PT2_MESSAGE: Final = (
+    "this is a torch.export .pt2 archive (torch.export.save: an exported program with a "
+    "graph, not a torch.save checkpoint); ptfile does not read .pt2 archives, load it with "
+    "torch.export.load")
 
 
-def detect(head: bytes) -> Format:
-    """The format whose signature ``head`` (the first ≥ 512 bytes) carries."""
-    for fmt, sniff in _SNIFFERS:
-        if sniff(head):
-            return fmt
-    return Format.UNKNOWN
+def refuse(detected: Detected) -> NoReturn:
+    """Raise the error for a format that has no reader.
+
+    Raises
+    ------
+    UnknownFormatError
+        No sniffer recognised the leading bytes.
+    UnsupportedFeatureError
+        A recognised format ptfile does not read (``.pt2``).
+    """
+    if detected.format is Format.UNKNOWN:
+        raise UnknownFormatError(
+            f"not a PyTorch checkpoint: the file starts with {detected.head[:8].hex(' ')}; "
+            "expected a ZIP (PK 03 04), a legacy pickle stream or a tar archive")
+    if detected.format is Format.PT2:
+        raise UnsupportedFeatureError(PT2_MESSAGE)
+    raise UnsupportedFeatureError(f"the {detected.format.value} format is not supported yet")
 
 
-def detect_source(source: Source, limits: Limits = DEFAULT_LIMITS) -> Format:
-    """The format of ``source``: :func:`detect`, with ZIPs refined by their records.
+def read_detected(source: Source, detected: Detected, options: ReadOptions) -> Any:
+    """The object ``source`` holds, read by the reader of its ``detected`` format."""
+    reader = READERS.get(detected.format)
+    if reader is None:
+        refuse(detected)
+    return reader(source, detected, options)
+
+
+def read(source: Source, options: ReadOptions) -> Any:
+    """Detect the format of ``source`` once and read the object it holds.
 
     Raises
     ------
     FormatError
-        A ZIP's central directory is damaged (its records cannot be listed).
+        The source is damaged or in no known format.
+    UnsafeGlobalError
+        ``options.find_class`` refused a global.
+    LimitExceededError, UnsupportedFeatureError
     """
-    fmt = detect(source.pread(0, min(source.size, 512), "file signature"))
-    if fmt is not Format.ZIP:
-        return fmt
-    reader = ZipReader(source, limits=limits)
-    prefix = reader.prefix
-    if reader.get(f"{prefix}/archive_format") is not None:
-        return Format.PT2
-    if reader.get(f"{prefix}/constants.pkl") is not None:
-        return Format.TORCHSCRIPT
-    return fmt
+    return read_detected(source, detect_source(source, options.limits), options)

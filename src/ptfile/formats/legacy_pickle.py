@@ -51,16 +51,18 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .. import dtypes
-from .._io import FileSource, Source
-from ..config import Settings
+from .._io import Source
 from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError
 from ..limits import Limits
 from ..location import MapLocation, restore_location
 from ..picklevm import check_stream, unpickle
 from ..picklevm.pickler import Pickler
 from ..rebuild import StorageType
+from ..reduction import Reducer, ordered_bytes
 from ..tensor import Storage
-from .zipped import _ordered_bytes, _Reducer, find_safe_class
+from .detection import Detected
+from .options import ReadOptions
+from .policies import plain
 
 __all__ = ["LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION", "LegacyInfo", "read_legacy",
            "write_legacy"]
@@ -101,7 +103,7 @@ def _text(value: object, what: str) -> str:
 def pickle_end(source: Source, start: int, stop: int, limits: Limits) -> int:
     """Where the pickle at ``start`` ends (``stop`` bounds it), reading as little as possible.
 
-    Sources read on demand (:class:`~ptfile._io.FileSource`) are read in growing
+    Sources that read on demand (``source.reads_on_demand``) are read in growing
     windows, so storage bytes after the pickles are never read; in-memory and
     mapped sources are checked in one go.
 
@@ -110,7 +112,7 @@ def pickle_end(source: Source, start: int, stop: int, limits: Limits) -> int:
     PickleStreamError, LimitExceededError
         The stream is malformed or hits a ceiling (offsets are in the input).
     """
-    window = FIRST_WINDOW_BYTES if isinstance(source, FileSource) else stop - start
+    window = FIRST_WINDOW_BYTES if source.reads_on_demand else stop - start
     while start + window < stop:
         try:  # a window that cuts the pickle fails the check; one that holds it passes
             return start + check_stream(source.view(start, window, "pickle"), limits).end
@@ -123,7 +125,7 @@ def pickle_end(source: Source, start: int, stop: int, limits: Limits) -> int:
 
 def _base(source: Source, start: int) -> int:
     """Where to view ``source`` from: 0 keeps error offsets absolute where views are free."""
-    return start if isinstance(source, FileSource) else 0
+    return start if source.reads_on_demand else 0
 
 
 def unpickle_at(source: Source, start: int, stop: int, limits: Limits,
@@ -140,10 +142,6 @@ def unpickle_at(source: Source, start: int, stop: int, limits: Limits,
     obj, stream_end = unpickle(source.view(base, end - base, "pickle"), start=start - base,
                                limits=limits, **kwargs)
     return obj, base + stream_end
-
-
-def _plain(module: str, name: str) -> Any:
-    raise FormatError(f"the legacy header pickles hold only plain values, not {module}.{name}")
 
 
 def _check_sys_info(sys_info: object, offset: int) -> LegacyInfo:
@@ -171,7 +169,7 @@ def read_header(source: Source, limits: Limits) -> LegacyInfo:
         The magic number or protocol version is wrong, or ``sys_info`` is malformed.
     """
     def plain(start: int) -> tuple[Any, int]:
-        return unpickle_at(source, start, source.size, limits, find_class=_plain,
+        return unpickle_at(source, start, source.size, limits, find_class=plain,
                            persistent_load=None)
 
     magic, pos = plain(0)
@@ -297,9 +295,7 @@ class LegacyStorages:
         return end
 
 
-def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
-                settings: Settings, find_class: Callable[[str, str], Any] = find_safe_class,
-                skip_data: bool = False, encoding: str = "utf-8") -> Any:
+def read_legacy(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """Unpickle a legacy-stream checkpoint; storages are views of ``source``.
 
     Raises
@@ -312,19 +308,21 @@ def read_legacy(source: Source, *, map_location: MapLocation, limits: Limits,
     UnsafeGlobalError
         ``find_class`` refused a global.
     """
+    limits, encoding = options.limits, options.encoding
     info = read_header(source, limits)
-    storages = LegacyStorages(map_location)
+    storages = LegacyStorages(options.map_location)
     obj, pos = unpickle_at(source, info.object_offset, source.size, limits,
-                           find_class=find_class, persistent_load=storages, encoding=encoding)
-    keys, pos = unpickle_at(source, pos, source.size, limits, find_class=_plain,
+                           find_class=options.find_class, persistent_load=storages,
+                           encoding=encoding)
+    keys, pos = unpickle_at(source, pos, source.size, limits, find_class=plain,
                             persistent_load=None, encoding=encoding)
-    storages.fill(source, keys, pos, skip_data)
+    storages.fill(source, keys, pos, options.skip_data)
     return obj
 
 
 # --------------------------------------------------------------------------- writing
 
-class _LegacyReducer(_Reducer):
+class _LegacyReducer(Reducer):
     """The ZIP writer's reducer, with torch's 6-tuple legacy persistent ids."""
 
     def storage_pid(self, obj: Storage) -> tuple[object, ...]:
@@ -354,4 +352,4 @@ def write_legacy(obj: object, write: Callable[[Any], Any], *, pickle_protocol: i
         storage = reducer.storages[int(key)]
         untyped = storage.untyped or storage.dtype.is_v3  # saved as UntypedStorage: bytes
         write(_COUNT.pack(storage.nbytes if untyped else storage.numel()))
-        write(_ordered_bytes(storage, reducer.swap_dtype(storage), "little"))
+        write(ordered_bytes(storage, reducer.swap_dtype(storage), "little"))

@@ -33,14 +33,15 @@ from typing import Any, Final
 from .. import dtypes
 from .._io import Source
 from ..archive.tar import TarMember, read_members
-from ..config import Settings
-from ..errors import FormatError, PtfileError, StorageError
-from ..limits import Limits
+from ..errors import FormatError, LimitExceededError, PtfileError, StorageError
+from ..limits import Limits, applied
 from ..location import MapLocation, restore_location
+from ..policy import find_strict_class
 from ..rebuild import StorageType
-from ..tensor import MAX_NDIM, Storage, Tensor
+from ..tensor import Storage, Tensor
+from .detection import Detected
 from .legacy_pickle import unpickle_at
-from .zipped import find_safe_class
+from .options import ReadOptions
 
 __all__ = ["TarMember", "list_members", "pickle_offsets", "read_tar"]
 
@@ -176,9 +177,11 @@ class _TarObjects:
                                   f"got {entry!r:.100}", member="tensors")
             key, storage = _key(entry[0], "tensor key"), self.storage(entry[1])
             (ndim,) = member.ints(_INT32, "tensor ndim")
-            if not 0 <= ndim <= MAX_NDIM:
-                raise FormatError(f"tensor {key!r} has {ndim} dimensions (at most {MAX_NDIM})",
-                                  member="tensors")
+            if ndim < 0:
+                raise FormatError(f"tensor {key!r} has {ndim} dimensions", member="tensors")
+            if ndim > member.limits.max_ndim:
+                raise LimitExceededError("max_ndim", member.limits.max_ndim, ndim,
+                                         f"rank of tensor {key!r}")
             member.ints(_PAD, "tensor ndim padding")  # torch's old writer stored ndim as 8 bytes
             layout = struct.Struct(f"<{ndim}q{ndim}qq")
             values = member.ints(layout, f"sizes/strides/offset of tensor {key!r}")
@@ -225,7 +228,7 @@ def pickle_offsets(source: Source, limits: Limits) -> dict[str, list[int]]:
     objects, found = _TarObjects(None, skip_data=True), {}
     for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
         if name in members:
-            member = _Member(source, members[name], limits, find_safe_class, "utf-8")
+            member = _Member(source, members[name], limits, find_strict_class, "utf-8")
             try:
                 read(member)
             except PtfileError:
@@ -234,9 +237,7 @@ def pickle_offsets(source: Source, limits: Limits) -> dict[str, list[int]]:
     return found
 
 
-def read_tar(source: Source, *, map_location: MapLocation, limits: Limits, settings: Settings,
-             find_class: Callable[[str, str], Any] = find_safe_class, skip_data: bool = False,
-             encoding: str = "utf-8") -> Any:
+def read_tar(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """Unpickle a pre-0.4 tar checkpoint; storages are views of ``source``.
 
     Raises
@@ -248,9 +249,12 @@ def read_tar(source: Source, *, map_location: MapLocation, limits: Limits, setti
     UnsafeGlobalError
         ``find_class`` refused a global.
     """
+    limits, find_class, encoding = options.limits, options.find_class, options.encoding
     members = list_members(source, limits)
-    objects = _TarObjects(map_location, skip_data)
-    for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
-        read(_Member(source, _member(members, name), limits, find_class, encoding))
+    objects = _TarObjects(options.map_location, options.skip_data)
+    with applied(limits):  # the tensors member's tensors are built outside any pickle
+        for name, read in (("storages", objects.read_storages),
+                           ("tensors", objects.read_tensors)):
+            read(_Member(source, _member(members, name), limits, find_class, encoding))
     data = _Member(source, _member(members, "pickle"), limits, find_class, encoding)
     return data.pickle(objects.persistent_load)

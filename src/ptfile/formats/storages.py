@@ -9,7 +9,7 @@ implementations give the same objects and the same errors:
     One :class:`~ptfile.Storage` per key, looked up and checked against its
     ``data/<key>`` record as its id comes, then handed to ``map_location``
     and the :func:`ptfile.register_package` handlers.
-:class:`FastStorages` with :func:`find_class_fast` (no ``map_location``, no packages)
+:class:`FastStorages` with :func:`fast_tensor_builders` (no ``map_location``, no packages)
     A state dict of 10^5 tiny tensors spends most of its load in these two
     callbacks, so this path does the per-record work in bulk before the
     pickle runs: each record's size and data offset come from the central
@@ -38,54 +38,63 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from .. import dtypes
-from .._io import MmapSource, Source, whole_view
+from .._io import Source, whole_view
 from ..archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from ..archive.records import METHOD_STORED
 from ..dtypes import UINT8, DType
 from ..errors import ArchiveError, FormatError, StorageError, UnsupportedFeatureError
+from ..limits import active as active_limits
 from ..location import MapLocation, has_packages, restore_location
-from ..policy import CallOnly, find_strict_class
 from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
 from ..tensor import MAX_NDIM, Storage, Tensor, view_extent
+from .zipinfo import ZipInfo
 
-if TYPE_CHECKING:
-    from .zipped import ZipInfo
-
-__all__ = ["FastStorages", "StorageLoader", "find_class_fast"]
+__all__ = ["FastStorages", "MappedLocator", "StorageLoader", "fast_tensor_builders",
+           "record_bytes"]
 
 
 class StorageLoader:
-    """``persistent_load`` for ZIP checkpoints: one Storage per key, checked against its record."""
+    """``persistent_load`` for the pickles of every torch ZIP kind: one Storage per key,
+    checked against its ``<folder>/<key>`` record (``data/`` for ``data.pkl``;
+    TorchScript's ``constants.pkl`` keeps its storages under ``constants/``)."""
 
     def __init__(self, reader: ZipReader, source: Source, info: ZipInfo, *,
                  map_location: MapLocation, skip_data: bool = False,
-                 calculate_offsets: bool = False) -> None:
+                 calculate_offsets: bool = False, folder: str = "data",
+                 pickled_locations: bool = True) -> None:
         self._reader, self._source, self._info = reader, source, info
+        # Keep the pickle's location str objects on the storages (location.pid_location):
+        # the memo pattern of torch.save's pickler, not of TorchScript's (memoised by value).
+        self._pickled_locations = pickled_locations
         self._map_location = map_location
         self._skip_data = skip_data
         # torch's calculate_storage_offsets: only for archives that promise torch's layout.
         self._calculate = calculate_offsets and (info.format_version or 0) >= 1
         self.storages: dict[str, Storage] = {}
-        self._data_prefix = f"{info.prefix}/data/"
+        self._data_prefix = f"{info.prefix}/{folder}/"
+        self._pickle = f"{folder}.pkl"
         self._locator = MappedLocator(reader, source, self._data_prefix) \
-            if isinstance(source, MmapSource) and not skip_data and not self._calculate else None
+            if source.map_access is not None and not skip_data and not self._calculate else None
 
     def __call__(self, pid: object) -> Storage:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
-                              f"got {pid!r:.100}", member="data.pkl")
+                              f"got {pid!r:.100}", member=self._pickle)
         _, storage_type, key, location, numel = pid
         if type(key) is not str or type(storage_type) is not StorageType \
                 or type(location) is not str or type(numel) is not int or numel < 0:
-            raise FormatError(f"malformed storage persistent id {pid!r:.100}", member="data.pkl")
+            raise FormatError(f"malformed storage persistent id {pid!r:.100}",
+                              member=self._pickle)
         storage = self.storages.get(key)
         if storage is None:
             storage = self.storages[key] = self._load(storage_type, key, location, numel)
+        elif location is not storage.location:  # a fresh tag: the file did not memoise it
+            storage._pickled_location = None
         return storage
 
     def _load(self, storage_type: StorageType, key: str, location: str, numel: int) -> Storage:
@@ -105,9 +114,11 @@ class StorageLoader:
             storage = Storage._located_later(self._locator, dtype, location, key, untyped, order,
                                              nbytes)
         else:
-            access = self._source.access if isinstance(self._source, MmapSource) else None
-            data = record_bytes(self._reader, self._source, record, self.data_offset, access)
+            data = record_bytes(self._reader, self._source, record, self.data_offset,
+                                self._source.map_access)
             storage = Storage._from_record(data, dtype, location, key, untyped, order, nbytes)
+        if self._pickled_locations:
+            storage._pickled_location = location
         if self._map_location is None and not has_packages():
             return storage  # the recorded tag stands; nothing to remap
         return restore_location(storage, location, self._map_location)
@@ -163,15 +174,15 @@ class MappedLocator:
     300 tensors has its headers on 300 pages far apart: reading them cost
     0.5 ms of a 4 ms load on a quiet machine, and ~10 ms where pages not
     touched for a while are slow to touch again.  The locator reads through
-    :meth:`ptfile._io.MmapSource.detached`, so it works after the load closed
+    :meth:`ptfile._io.Source.detached`, so it works after the load closed
     its source, and holds the map open meanwhile (not the source's descriptor
     for positioned reads).
     """
 
-    def __init__(self, reader: ZipReader, source: MmapSource, prefix: str) -> None:
+    def __init__(self, reader: ZipReader, source: Source, prefix: str) -> None:
         self._source = source.detached()
         self._reader = reader.rebound(self._source)
-        self._access = source.access
+        self._access = source.map_access
         self._prefix = prefix
         self._lock = threading.Lock()  # the reader caches offsets: one thread at a time
 
@@ -230,6 +241,8 @@ class FastStorages:
             return self._slow(pid)  # no such record: it raises
         storage = self._made[row]
         if storage is not None:
+            if location is not storage.location:  # a fresh tag: the file did not memoise it
+                storage._pickled_location = None
             return storage
         size = self._sizes[row]
         dtype = storage_type.dtype or UINT8
@@ -246,7 +259,8 @@ class FastStorages:
             storage.data = whole[offset:offset + size] if whole is not None else \
                 None if self._view is None else self._view(offset, size, "storage record")
         storage.dtype, storage.untyped = dtype, storage_type.dtype is None
-        storage.location, storage.key, storage.byteorder = location, key, self._byteorder
+        storage.location = storage._pickled_location = location
+        storage.key, storage.byteorder = key, self._byteorder
         storage._nbytes = size
         self._made[row] = storage
         return storage
@@ -290,7 +304,8 @@ _INTS: Final = frozenset({int})
 def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
     """Elements a (size, stride) pair of ints spans, or None when it is not valid."""
     ndim = len(size)
-    if ndim != len(stride) or ndim > MAX_NDIM or (ndim and (min(size) < 0 or min(stride) < 0)):
+    if ndim != len(stride) or ndim > MAX_NDIM or ndim > active_limits().max_ndim or (
+            ndim and (min(size) < 0 or min(stride) < 0)):
         return None
     return view_extent(size, stride)
 
@@ -334,9 +349,9 @@ def _fast_tensor(geometry: _Geometry, storage: object, offset: object, size: obj
     return t
 
 
-def find_class_fast() -> Callable[[str, str], Any]:
-    """The weights-only allowlist (:func:`ptfile.policy.find_strict_class`) with per-load
-    fast constructors for ``_rebuild_tensor_v2``/``_v3``."""
+def fast_tensor_builders() -> dict[tuple[str, str], Callable[..., Tensor]]:
+    """Per-load fast ``_rebuild_tensor_v2``/``_v3`` (the :func:`ptfile.formats.policies.fast`
+    policy puts them over the allowlist); odd arguments go to the reference functions."""
     geometry = _Geometry()
 
     # The parameters are named as the reference functions' are: a stream that calls one
@@ -358,14 +373,7 @@ def find_class_fast() -> Callable[[str, str], Any]:
             storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype,
             metadata)
 
-    # Named and wrapped as the allowlist's own: BUILD on them raises on both paths, alike.
+    # Named as the allowlist's own, so errors and reprs read the same on both paths.
     for fast_fn, reference in ((v2, rebuild_tensor_v2), (v3, rebuild_tensor_v3)):
         fast_fn.__name__ = fast_fn.__qualname__ = reference.__name__
-    fast: dict[tuple[str, str], Any] = {("torch._utils", "_rebuild_tensor_v2"): CallOnly(v2),
-                                        ("torch._utils", "_rebuild_tensor_v3"): CallOnly(v3)}
-
-    def find_class(module: str, name: str) -> Any:
-        found = fast.get((module, name))
-        return found if found is not None else find_strict_class(module, name)
-
-    return find_class
+    return {("torch._utils", "_rebuild_tensor_v2"): v2, ("torch._utils", "_rebuild_tensor_v3"): v3}

@@ -3,7 +3,7 @@
 The opcode bytes are those of :data:`ptfile.picklevm.opcodes.OPCODES` (the
 table the readers use, checked against ``pickletools``), as one-byte
 ``bytes``; the rest are the fixed layouts and small-argument codes the
-writers (:mod:`~ptfile.picklevm.pickler`, :mod:`~ptfile.picklevm.views`)
+writers (:mod:`~ptfile.picklevm.emitter`, :mod:`~ptfile.picklevm.views`)
 pack, and :func:`encode_int`, the C pickler's ``save_long``.
 """
 

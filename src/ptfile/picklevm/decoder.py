@@ -1,7 +1,7 @@
 """The decoding walk over a pickle stream: one :class:`Op` per opcode, nothing executed.
 
 :func:`genops` is the slow companion of :func:`ptfile.picklevm.lexer.check_stream`
-(whose rules it shares, through the lexer's exact step): it decodes every
+(whose rules it shares, through :func:`~ptfile.picklevm._walk.read_opcode`): it decodes every
 argument, for disassembly and for static scanning (:mod:`ptfile.picklevm.symbolic`).
 """
 
@@ -15,7 +15,7 @@ from typing import Final
 
 from ..errors import PickleStreamError
 from ..limits import DEFAULT_LIMITS, Limits
-from .lexer import Buffer, _new_walk, _read_opcode, _Walk
+from ._walk import Buffer, Walk, new_walk, read_opcode
 from .opcodes import BY_NAME, Opcode
 
 __all__ = ["Op", "genops"]
@@ -91,7 +91,7 @@ _DECODERS: Final[Mapping[str, Callable[[bytes], object]]] = {
 }
 
 
-def _decode(walk: _Walk, op: Opcode, pos: int, end: int) -> object:
+def _decode(walk: Walk, op: Opcode, pos: int, end: int) -> object:
     """The decoded argument of the opcode at ``pos`` (which ends at ``end``)."""
     arg = op.arg
     if arg is None:
@@ -141,10 +141,10 @@ def genops(data: Buffer, start: int = 0, *, limits: Limits = DEFAULT_LIMITS) -> 
     >>> [(op.opcode.name, op.arg, op.pos) for op in genops(b"\\x80\\x02K\\x01.")]
     [('PROTO', 2, 0), ('BININT1', 1, 2), ('STOP', None, 4)]
     """
-    walk = _new_walk(data, start, limits)
+    walk = new_walk(data, start, limits)
     pos = start
     while True:
-        op, end = _read_opcode(walk, pos)
+        op, end = read_opcode(walk, pos)
         yield Op(op, _decode(walk, op, pos, end), pos)
         if op.code == _STOP:
             return

@@ -42,7 +42,8 @@ from typing import Final, TypeVar
 
 from ..errors import LimitExceededError
 from ..limits import Limits
-from .lexer import Buffer
+from ._walk import Buffer
+from .symbolic import trace
 
 __all__ = ["call_with_stack", "check_number_keys", "deepest_tuple", "run_unpickler",
            "stack_bytes_for"]
@@ -198,8 +199,6 @@ def check_number_keys(data: Buffer, start: int, limits: Limits) -> None:
         More than ``limits.max_hash_collisions`` distinct keys share a hash value
         (``max_hash_collisions``), or tuples nest deeper than ``limits.max_depth``.
     """
-    from .symbolic import trace  # symbolic imports the lexer, which calls us
-
     info = trace(data, start, limits=limits)
     if info.max_collisions > limits.max_hash_collisions:
         raise LimitExceededError("max_hash_collisions", limits.max_hash_collisions,

@@ -37,8 +37,8 @@ from typing import Any, Final
 
 from ..errors import PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
+from ._walk import Buffer
 from .decoder import Op, genops
-from .lexer import Buffer
 
 __all__ = ["Container", "GlobalRef", "NameUse", "Result", "Trace", "Tup", "trace"]
 

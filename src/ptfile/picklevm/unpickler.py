@@ -67,9 +67,10 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from ..errors import PickleStreamError, PtfileError, UnsupportedFeatureError
-from ..limits import DEFAULT_LIMITS, Limits
+from ..limits import DEFAULT_LIMITS, Limits, applied
+from ._walk import Buffer
 from .hazards import run_unpickler
-from .lexer import Buffer, StreamInfo, check_stream
+from .lexer import StreamInfo, check_stream
 
 __all__ = ["unpickle"]
 
@@ -145,7 +146,8 @@ def unpickle(
     persistent_load : callable or None
         Called with each persistent id; None makes persistent ids an error.
     limits : Limits
-        Ceilings applied by the pre-check.
+        Ceilings applied by the pre-check, and the :func:`ptfile.limits.active`
+        ones while the callbacks run.
     encoding, errors : str
         How Python 2 ``str`` objects are decoded (as in :func:`pickle.loads`;
         ``encoding="bytes"`` keeps them as bytes).
@@ -193,7 +195,9 @@ def unpickle(
     unpickler = _RestrictedUnpickler(file, find_class, persistent_load, encoding, errors)
     try:
         # Deep tuples make hashing recurse in C: give the C unpickler the stack they need.
-        return run_unpickler(unpickler.load, stream), info.end
+        # The callbacks read ``limits`` (max_ndim) as the active ones.
+        with applied(limits):
+            return run_unpickler(unpickler.load, stream), info.end
     except PtfileError:
         raise
     except Exception as exc:  # the C unpickler's and the callbacks' exception zoo

@@ -4,7 +4,7 @@ Specification
 -------------
 A :class:`ViewReduce` ``func(<pid>, offset, size, stride, flag, tail)`` MUST
 be written with exactly the bytes, memo operations included, that the
-generic handlers of :mod:`~ptfile.picklevm.pickler` write for its
+generic handlers of :mod:`~ptfile.picklevm.emitter` write for its
 :meth:`~ViewReduce.as_reduce` (C ``save_reduce``)::
 
     <func> MARK <pid items> TUPLE* PUT BINPERSID <offset> <size> PUT <stride> PUT

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -196,10 +197,13 @@ def read_member(source: Source, entry: ZipEntry, limit: int) -> bytes | None:
 class Window:
     """``size`` bytes of a source from ``start``, as a source of their own."""
 
+    map_access: str | None = None  # a window's views are not the map's whole bytes
+
     def __init__(self, source: Source, start: int, size: int) -> None:
         self._source, self._start = source, start
         self.size = max(0, min(size, source.size - start))
         self.name = source.name
+        self.reads_on_demand = source.reads_on_demand
 
     def _check(self, offset: int, n: int, what: str) -> None:
         if offset < 0 or n < 0 or offset + n > self.size:
@@ -215,6 +219,12 @@ class Window:
 
     def read_fresh(self, offset: int, n: int, what: str) -> bytearray:
         return bytearray(self.pread(offset, n, what))
+
+    def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
+        return [self.pread(offset, n, what) for offset, n in ranges]
+
+    def detached(self) -> Window:
+        return self
 
     def close(self) -> None:
         return

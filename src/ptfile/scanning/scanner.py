@@ -29,7 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._io import BytesSource, FileLike, Source, is_path, open_source
+from .._io import BytesSource, FileLike, Source, is_path
+from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
 from ..errors import PtfileError
 from ..formats import Format, detect
@@ -303,7 +304,8 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     return "unknown"
 
 
-def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
+def scan(f: FileLike | bytes, *, limits: Limits | None = None,
+         storage_options: StorageOptions = None) -> ScanResult:
     """Statically scan a checkpoint: every global, call target and anomaly, with verdicts.
 
     Nothing is imported, called or unpickled.  The scan reads records and
@@ -311,11 +313,14 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
 
     Parameters
     ----------
-    f : path, file object or bytes
-        The checkpoint.
+    f : path, file object, bytes or URL
+        The checkpoint.  A URL's file is read by range requests: its pickles
+        and records' headers, never the storages.
     limits : Limits, optional
         Ceilings (pickle size, opcodes, names; ``max_hash_collisions`` and
         ``max_depth`` decide the hazard findings).
+    storage_options : dict, optional
+        For a URL: fsspec's options for its backend.
 
     Returns
     -------
@@ -337,7 +342,8 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
     """
     limits = limits or DEFAULT_LIMITS
     source = _bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \
-        else open_source(f, mmap=is_path(f), access="r")
+        else open_any(f, storage_options=storage_options, mmap=is_path(local_path(f)),
+                      access="r", lazy=True, limits=limits)
     try:
         state = _Scan(limits)
         if source.size == 0:
@@ -345,7 +351,7 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None) -> ScanResult:
             fmt = "unknown"
         else:
             fmt = _scan_source(state, source, "", 0)
-        name = os.fspath(f) if is_path(f) else None  # type: ignore[arg-type]
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
         return ScanResult(str(name) if name is not None else None, fmt, tuple(state.findings))
     finally:
         source.close()

@@ -29,9 +29,9 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from .dtypes import DTYPES, DType
-from .errors import UnsupportedFeatureError
-from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from ..dtypes import DTYPES, DType
+from ..errors import UnsupportedFeatureError
+from ..tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __all__ = ["from_torch", "to_torch"]
 
@@ -196,7 +196,7 @@ def to_torch(obj: Any, map_location: TorchMapLocation = None) -> Any:
     Examples
     --------
     >>> import io, numpy as np, ptfile
-    >>> from ptfile.bridge import to_torch
+    >>> from ptfile.export.torch import to_torch
     >>> buf = io.BytesIO(); ptfile.save({"w": np.arange(3, dtype="f4")}, buf)
     >>> to_torch(ptfile.load(io.BytesIO(buf.getvalue())))["w"]
     tensor([0., 1., 2.])
@@ -314,7 +314,7 @@ def from_torch(obj: Any) -> Any:
     Examples
     --------
     >>> import torch
-    >>> from ptfile.bridge import from_torch
+    >>> from ptfile.export.torch import from_torch
     >>> from_torch({"w": torch.zeros(2)})["w"]
     ptfile.Tensor(shape=[2], dtype=torch.float32)
     """

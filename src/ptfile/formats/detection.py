@@ -1,0 +1,126 @@
+"""The one decision of which format a checkpoint is in: from its bytes, never from its name.
+
+===============  ==================================================  =====================
+format           leading bytes / records                              reader
+===============  ==================================================  =====================
+``zip``          ``PK\\x03\\x04`` (torch ≥ 1.6) with a ``data.pkl``     :mod:`.zipped`
+``torchscript``  a ZIP with a ``constants.pkl`` record                :mod:`.torchscript`
+``pt2``          a ZIP with an ``archive_format`` record              refused (named)
+``legacy``       pickle of the magic number ``0x1950A86A20F9469CFC6C``  :mod:`.legacy_pickle`
+``tar``          a POSIX tar header (``ustar`` at offset 257)          :mod:`.legacy_tar`
+===============  ==================================================  =====================
+
+:func:`detect_source` is the only place that decides: it sniffs the first
+512 bytes (:func:`detect`, a table of sniffers) and, for a ZIP, parses the
+central directory once and refines the kind by its records.  The parsed
+archive travels in the :class:`Detected` result, so no reader parses it again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from .._gc import paused_gc
+from .._io import Source
+from ..archive import ZipReader
+from ..limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["HEAD_BYTES", "LEGACY_MAGIC_PICKLE", "Detected", "Format", "detect", "detect_source",
+           "zip_kind"]
+
+
+class Format(enum.Enum):
+    """The container formats ``torch.load`` reads."""
+
+    ZIP = "zip"
+    TORCHSCRIPT = "torchscript"
+    PT2 = "pt2"
+    LEGACY = "legacy"
+    TAR = "tar"
+    UNKNOWN = "unknown"
+
+
+#: How many leading bytes the sniffers look at (a tar header is 512 bytes).
+HEAD_BYTES: Final = 512
+
+#: The pickled magic number opening every legacy stream (protocol 2 LONG1 form).
+LEGACY_MAGIC_PICKLE: Final = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
+
+#: The magic number as LONG1 bytes (protocols 2-5, after PROTO and any FRAME).
+_MAGIC_LONG1: Final = LEGACY_MAGIC_PICKLE[2:-1]
+#: The magic number as protocol 0/1 text (``LONG`` opcode).
+_MAGIC_TEXT: Final = b"L119547037146038801333356L\n"
+
+_SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
+    (Format.ZIP, lambda head: head[:4] == b"PK\x03\x04"),
+    (Format.LEGACY, lambda head: (head[:1] == b"\x80" and _MAGIC_LONG1 in head[:32])
+        or head.startswith(_MAGIC_TEXT)),
+    (Format.TAR, lambda head: len(head) >= 262 and head[257:262] == b"ustar"),
+)
+
+#: A torch ZIP's kind, by the record that marks it (first match wins).
+_ZIP_KINDS: Final = (("archive_format", Format.PT2), ("constants.pkl", Format.TORCHSCRIPT))
+
+
+def detect(head: bytes) -> Format:
+    """The format whose signature ``head`` (the first ≥ 512 bytes) carries.
+
+    A ZIP is only :attr:`Format.ZIP` here: its records tell the kind
+    (:func:`detect_source`).
+
+    Examples
+    --------
+    >>> detect(b"PK\\x03\\x04" + bytes(508))
+    <Format.ZIP: 'zip'>
+    >>> detect(b"hello")
+    <Format.UNKNOWN: 'unknown'>
+    """
+    for fmt, sniff in _SNIFFERS:
+        if sniff(head):
+            return fmt
+    return Format.UNKNOWN
+
+
+def zip_kind(reader: ZipReader) -> Format:
+    """The kind of torch ZIP archive ``reader`` holds: ZIP, TORCHSCRIPT or PT2."""
+    prefix = reader.prefix
+    for record, fmt in _ZIP_KINDS:
+        if reader.get(f"{prefix}/{record}") is not None:
+            return fmt
+    return Format.ZIP
+
+
+@dataclass(frozen=True, slots=True)
+class Detected:
+    """What one look at a source found: the format, the leading bytes and, for the
+    ZIP kinds (ZIP, TORCHSCRIPT, PT2), the archive parsed once for every reader."""
+
+    format: Format
+    head: bytes
+    archive: ZipReader | None = None
+
+    def zip_reader(self) -> ZipReader:
+        """The parsed archive of a ZIP kind (a programming error to ask otherwise)."""
+        if self.archive is None:
+            raise TypeError(f"a {self.format.value} source has no ZIP archive")
+        return self.archive
+
+
+def detect_source(source: Source, limits: Limits = DEFAULT_LIMITS) -> Detected:
+    """The format of ``source``: :func:`detect`, with ZIPs parsed and refined by their records.
+
+    Raises
+    ------
+    FormatError
+        A ZIP's central directory is damaged (its records cannot be listed).
+    """
+    head = source.pread(0, min(source.size, HEAD_BYTES), "file signature")
+    fmt = detect(head)
+    if fmt is not Format.ZIP:
+        return Detected(fmt, head)
+    with paused_gc():  # 10^5 records make ~10^6 objects, none of them garbage
+        reader = ZipReader(source, limits=limits)
+    return Detected(zip_kind(reader), head, reader)

@@ -1,0 +1,200 @@
+"""Every ``find_class`` policy, in one place: how the global names a pickle holds become objects.
+
+The restricted unpickler (:mod:`ptfile.picklevm.unpickler`) resolves every
+``GLOBAL``/``STACK_GLOBAL``/``INST`` name through the ``find_class`` its caller
+gives it.  Which one is a policy decision, and every policy is made here, from
+one mechanism (:class:`Overlay`: exact names, then handlers by module root,
+then a base policy) over the allowlist and registry of :mod:`ptfile.policy`:
+
+==================  ==========================================================  ======================
+policy              resolves                                                    used by
+==================  ==========================================================  ======================
+:func:`strict`      torch's weights-only allowlist (:mod:`ptfile.rebuild`) and  ``load``, ``open``
+                    :func:`ptfile.add_safe_globals`; else ``UnsafeGlobalError``
+:func:`fast`        :func:`strict`, with per-load fast ``_rebuild_tensor_v2``   the ZIP bulk path
+                    and ``_v3`` (:func:`.storages.fast_tensor_builders`)
+:func:`script`      TorchScript's own names (``__torch__.*`` classes as inert   TorchScript archives
+                    :class:`~.script_model.ScriptObject` types, the
+                    ``torch.jit._pickle`` helpers, ``torch.<ScalarType>Storage``
+                    for every dtype), then a base policy
+:func:`structural`  the allowlist and registry, else an inert per-load          ``load(structural=True)``
+                    stand-in class (:mod:`ptfile.structural`)
+:func:`plain`       nothing: any global is damage                               legacy header pickles
+==================  ==========================================================  ======================
+
+Whatever a policy returns, a stream can call and ``BUILD`` on it: policies only
+hand out allowlisted objects wrapped against ``BUILD`` (:class:`ptfile.policy.CallOnly`),
+stateless helpers, or classes made for one load, so nothing a stream does
+outlives the load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .. import dtypes
+from ..errors import FormatError, PickleStreamError, UnsupportedFeatureError
+from ..policy import CallOnly, find_allowed, find_strict_class
+from ..rebuild import StorageType
+from ..structural import StandInType, make_stand_in
+from .options import FindClass
+from .script_model import JIT_GLOBALS, ScriptObject
+from .storages import fast_tensor_builders
+
+__all__ = ["Lenient", "Overlay", "StructuralFindClass", "fast", "plain", "script", "strict",
+           "structural"]
+
+#: A handler for the names of one module root: an object, or None to defer to the base.
+RootHandler = Callable[[str, str], Any]
+
+
+class Overlay:
+    """A ``find_class`` in layers: ``names`` (exact ``(module, name)`` keys), then the
+    handler for the module's root in ``roots`` (None from it defers), then ``base``.
+
+    Examples
+    --------
+    >>> find = Overlay(plain, names={("m", "f"): len})
+    >>> find("m", "f") is len
+    True
+    """
+
+    __slots__ = ("_base", "_names", "_roots")
+
+    def __init__(self, base: FindClass, names: Mapping[tuple[str, str], Any] | None = None,
+                 roots: Mapping[str, RootHandler] | None = None) -> None:
+        self._base = base
+        self._names = dict(names or {})
+        self._roots = dict(roots or {})
+
+    def __call__(self, module: str, name: str) -> Any:
+        found = self._names.get((module, name))
+        if found is not None:
+            return found
+        handler = self._roots.get(module.partition(".")[0])
+        if handler is not None:
+            found = handler(module, name)
+            if found is not None:
+                return found
+        return self._base(module, name)
+
+
+def strict() -> FindClass:
+    """torch's weights-only policy: :func:`ptfile.policy.find_strict_class` itself."""
+    return find_strict_class
+
+
+def fast() -> FindClass:
+    """:func:`strict`, with this load's fast tensor constructors (wrapped against ``BUILD``
+    like the allowlist's own functions, so a stream meets the same refusals on both)."""
+    builders = {key: CallOnly(fn) for key, fn in fast_tensor_builders().items()}
+    return Overlay(find_strict_class, names=builders)
+
+
+def plain(module: str, name: str) -> Any:
+    """The policy of pickles that hold plain values only: every global is damage.
+
+    Raises
+    ------
+    FormatError
+        Always.
+    """
+    raise FormatError(f"this pickle holds only plain values, not the global {module}.{name}")
+
+
+class _ScriptClasses:
+    """``__torch__.*`` names: one inert :class:`ScriptObject` subclass per name and load."""
+
+    __slots__ = ("_made",)
+
+    def __init__(self) -> None:
+        self._made: dict[str, type[ScriptObject]] = {}
+
+    def __call__(self, module: str, name: str) -> type[ScriptObject] | None:
+        if module != "__torch__" and not module.startswith("__torch__."):
+            return None
+        qualified = f"{module}.{name}"
+        cls = self._made.get(qualified)
+        if cls is None:
+            cls = self._made[qualified] = type(name, (ScriptObject,),
+                                               {"__slots__": (), "qualified_name": qualified})
+        return cls
+
+
+def _script_storage(module: str, name: str) -> StorageType | None:
+    """``torch.<ScalarType>Storage``: TorchScript names every dtype's storage class so."""
+    if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
+        return StorageType("torch", name, dtypes.by_storage(name))
+    return None
+
+
+def script(base: FindClass) -> FindClass:
+    """TorchScript's names (per load), then ``base``'s policy."""
+    return Overlay(base, names=JIT_GLOBALS,
+                   roots={"__torch__": _ScriptClasses(), "torch": _script_storage})
+
+
+class Lenient(CallOnly):
+    """An allowlisted function that, given arguments it cannot rebuild, records the call.
+
+    A whole-model pickle may hand ptfile's rebuild functions stand-ins (a tensor
+    subclass, a nested tensor): the strict policy refuses those, the structural
+    one keeps the call as a :class:`~ptfile.StandIn` of the global's name.
+    Limits and storage damage still raise.
+    """
+
+    __slots__ = ("_record",)
+    _record: StandInType
+
+    def __new__(cls, function: CallOnly, record: StandInType) -> Lenient:  # noqa: PYI034
+        self = super().__new__(cls, function.func)
+        self._record = record
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.func(*args, **kwargs)
+        except (PickleStreamError, UnsupportedFeatureError, TypeError):
+            return self._record(*args, **kwargs)
+
+
+class StructuralFindClass:
+    """``find_class`` of the structural policy: allowlist/registry, else a per-load stand-in.
+
+    Examples
+    --------
+    >>> find = StructuralFindClass()
+    >>> find("os", "system")
+    <stand-in class os.system>
+    >>> find("os", "system") is find("os", "system")
+    True
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str], StandInType] = {}
+        self._lenient: dict[tuple[str, str], Lenient] = {}
+
+    def _stand_in(self, module: str, name: str) -> StandInType:
+        cls = self._made.get((module, name))
+        if cls is None:
+            cls = self._made[module, name] = make_stand_in(module, name)
+        return cls
+
+    def __call__(self, module: str, name: str) -> Any:
+        found = find_allowed(module, name)
+        if found is None:
+            return self._stand_in(module, name)
+        if not isinstance(found, CallOnly):
+            return found
+        lenient = self._lenient.get((module, name))
+        if lenient is None:
+            lenient = Lenient(found, self._stand_in(module, name))
+            self._lenient[module, name] = lenient
+        return lenient
+
+
+def structural() -> FindClass:
+    """The structural policy, fresh for one load."""
+    return StructuralFindClass()
+

@@ -1,0 +1,128 @@
+"""``get_unsafe_globals_in_checkpoint``: which globals :func:`ptfile.load` would refuse.
+
+torch 2.13's function of that name disassembles ``data.pkl`` of a ``torch.save``
+archive and returns the ``"module.name"`` of every ``GLOBAL`` that is neither on
+its weights-only allowlist nor added with ``add_safe_globals``, as a list made
+from a set (so in no particular order).  ptfile answers the same question from
+its scanner (:func:`ptfile.scan`) and its strict policy
+(:func:`ptfile.policy.find_allowed`), running nothing:
+
+=======================  ===========================  ==========================================
+file                     torch                        ptfile
+=======================  ===========================  ==========================================
+ZIP (``torch.save``)     the unsafe ``GLOBAL`` names  the same names, in the order the pickle
+                         of ``data.pkl``              first names them
+clean ZIP                ``[]``                       ``[]``
+``STACK_GLOBAL``         ``UnpicklingError``          resolved statically (the scanner's
+(protocol 4 and up)      (unsupported opcode)         symbolic stack); a name computed while
+                                                      unpickling is listed as the scanner
+                                                      shows it (``os.<result of ...>``)
+TorchScript, PT2         ``ValueError``               :class:`FormatError` (a ValueError)
+legacy (< 1.6), tar      ``ValueError``               the unsafe names of every pickle the
+                                                      loader unpickles (torch's load refuses
+                                                      the same names in them)
+anything else            ``ValueError``               :class:`FormatError`
+=======================  ===========================  ==========================================
+
+A name in a module torch never allows (``os``, ``sys``, ``posix``, ``nt``) is listed
+even when registered with :func:`ptfile.add_safe_globals`: ptfile's load refuses it
+then too (torch's function leaves it out, although torch's load refuses it).
+Nested pickles (bytes inside the pickle that are pickles themselves) are not the
+loader's business: :func:`ptfile.scan` reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from ._io import FileLike
+from ._remote import StorageOptions
+from .errors import FormatError
+from .limits import Limits
+from .policy import find_allowed
+from .scanning import Finding, scan
+
+__all__ = ["get_unsafe_globals_in_checkpoint"]
+
+
+def _top_level(location: str) -> bool:
+    return " > " not in location
+
+
+def _zip_object_pickle(location: str) -> bool:
+    """``<folder>/data.pkl``: the one pickle torch's function (and load) reads."""
+    folder, _, name = location.partition("/")
+    return bool(folder) and name == "data.pkl" and _top_level(location)
+
+
+def _stream_pickle(location: str) -> bool:
+    """``stream#N``: the legacy format's consecutive pickles (torch unpickles all five)."""
+    return location.startswith("stream#") and _top_level(location)
+
+
+def _tar_pickle(location: str) -> bool:
+    """``tar:<member>``: every pickle of the pre-0.4 tar format's members."""
+    return location.startswith("tar:") and _top_level(location)
+
+
+#: The scanner's format → which of its locations hold pickles that the loader unpickles.
+_LOADED: Final[dict[str, Callable[[str], bool]]] = {
+    "zip": _zip_object_pickle,
+    "legacy": _stream_pickle,
+    "tar": _tar_pickle,
+}
+
+
+def _unsafe(finding: Finding) -> bool:
+    """Whether the strict policy refuses the global of ``finding``."""
+    return find_allowed(finding.module, finding.name) is None
+
+
+def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = None,
+                                     storage_options: StorageOptions = None) -> list[str]:
+    """The globals of a checkpoint that :func:`ptfile.load` would refuse, as torch's function.
+
+    Reads the pickles statically (:func:`ptfile.scan`): nothing is imported or
+    run.  A name is unsafe when it is neither on torch's weights-only allowlist
+    nor added with :func:`ptfile.add_safe_globals` / :func:`ptfile.safe_globals`.
+
+    Parameters
+    ----------
+    f
+        A path, bytes, a binary file object, or a URL (read by range requests:
+        its pickles, never the storages).
+    limits
+        Ceilings for untrusted input.
+    storage_options
+        For a URL: fsspec's options for its backend.
+
+    Returns
+    -------
+    list of str
+        ``"module.name"`` strings, each once, in the order the file first names
+        them (torch returns the same names in no particular order); ``[]`` for a
+        clean file.
+
+    Raises
+    ------
+    FormatError
+        ``f`` is not a checkpoint of ``torch.save`` (a TorchScript or PT2 archive,
+        or an unknown format): a ValueError, as torch raises.
+
+    Examples
+    --------
+    >>> import io, numpy as np, ptfile
+    >>> buf = io.BytesIO(); ptfile.save({"w": np.zeros(2, "float32")}, buf)
+    >>> ptfile.get_unsafe_globals_in_checkpoint(buf.getvalue())
+    []
+    """
+    result = scan(f, limits=limits, storage_options=storage_options)
+    loaded = _LOADED.get(result.format)
+    if loaded is None:
+        kind = "a TorchScript archive (torch.jit.save)" if result.format == "torchscript" \
+            else f"in the {result.format} format"
+        raise FormatError(f"expected a checkpoint written by torch.save, but the file is {kind}; "
+                          "ptfile.scan(f) lists the globals of any file")
+    return list(dict.fromkeys(x.qualname for x in result.findings
+                              if x.kind == "global" and loaded(x.location) and _unsafe(x)))

@@ -11,7 +11,13 @@ What is scanned
   archive in the comment).
 * Legacy streams and plain pickles: the consecutive pickles at the start (torch
   unpickles five: magic, protocol, sys_info, object, storage keys).
-* Legacy tar files: every pickle in every member.
+* Legacy tar files: every pickle in every member the loader's tar reader
+  lists (:mod:`ptfile.archive.tar`, tolerant mode), at the offsets the loader
+  unpickles at (:func:`ptfile.formats.legacy_tar.pickle_offsets`) and wherever
+  one starts; and a pickle at byte 0, which torch unpickles when ``tarfile``
+  cannot read the archive.
+* The format is the loader's (:func:`ptfile.formats.detect`); a file with a
+  tar header is walked as a tar too, as torch tries ``tarfile`` first.
 * A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
 * Nested pickles: every byte string that starts like a pickle or a ZIP
   (``torch.storage._load_from_bytes`` unpickles such bytes) is scanned in turn,

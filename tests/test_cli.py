@@ -209,7 +209,7 @@ class _Evil:
 
 
 def test_scan_exit_codes(tmp_path: Path, files: dict[str, Path]) -> None:
-    pytest.importorskip("ptfile.scan")
+    pytest.importorskip("ptfile.scanning")
     clean = run("scan", files["model"])
     assert clean.returncode == EXIT_OK, clean.stdout + clean.stderr
     assert "clean" in clean.stdout

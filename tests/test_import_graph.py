@@ -53,9 +53,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.api": 4,
     "ptfile.reader": 4,  # ptfile.open
     "ptfile.inspection": 4,  # inspect / verify / diff
-    "ptfile.scan": 4,
-    "ptfile._scan_containers": 4,
-    "ptfile._scan_fast": 4,
+    "ptfile.scanning": 4,  # ptfile.scan: the static scanner
     "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
     "ptfile": 4,  # the package's public surface re-exports the front doors
     # 5: the command line.

@@ -51,7 +51,7 @@ from .reader import (
     TensorSlice,
     open,
 )
-from .scan import Finding, ScanResult, Verdict, scan
+from .scanning import Finding, ScanResult, Verdict, scan
 from .structural import StandIn, state_dict
 from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 from .unsafe_globals import get_unsafe_globals_in_checkpoint

@@ -180,9 +180,9 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     try:
-        scan = importlib.import_module("ptfile.scan").scan
+        scan = importlib.import_module("ptfile.scanning").scan
     except (ImportError, AttributeError):
-        raise PtfileError("this ptfile has no scanner (ptfile.scan)") from None
+        raise PtfileError("this ptfile has no scanner (ptfile.scanning)") from None
     results, dangerous, failed = [], False, False
     for path in args.files:
         try:

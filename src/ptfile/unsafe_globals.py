@@ -41,7 +41,7 @@ from ._remote import StorageOptions
 from .errors import FormatError
 from .limits import Limits
 from .policy import find_allowed
-from .scan import Finding, scan
+from .scanning import Finding, scan
 
 __all__ = ["get_unsafe_globals_in_checkpoint"]
 

@@ -102,11 +102,11 @@ def zip64_sample() -> bytes:
     import struct
     import zlib
 
+    from ptfile.archive.extra import ExtraField
     from ptfile.archive.records import (
         CentralDirectoryHeader,
         EndOfCentralDirectory,
-        ExtraField,
-        LocalFileHeader,
+            LocalFileHeader,
         Zip64EndOfCentralDirectory,
         Zip64Locator,
     )

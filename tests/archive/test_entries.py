@@ -32,11 +32,11 @@ from ptfile.archive._entries import (
     parse_sequential,
     parse_vectorised,
 )
-from ptfile.archive.reader import _check_counts, _locate_directory
+from ptfile.archive.directory import check_counts, locate_directory
+from ptfile.archive.extra import ExtraField
 from ptfile.archive.records import (
     CentralDirectoryHeader,
     EndOfCentralDirectory,
-    ExtraField,
     LocalFileHeader,
 )
 from ptfile.errors import ArchiveError, PtfileError
@@ -83,8 +83,9 @@ def build_zip(members: Sequence[tuple[bytes, bytes]], *, zip64: Sequence[frozens
 def directory_of(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[bytes, int, int]:
     """The directory bytes, entry count and offset, as ZipReader finds them (or raises)."""
     source = BytesSource(data)
-    directory = _locate_directory(source)
-    _check_counts(directory, limits)
+    directory = locate_directory(source)
+    assert directory is not None
+    check_counts(directory, limits)
     return source.pread(directory.offset, directory.size, "cd"), directory.entries, directory.offset
 
 

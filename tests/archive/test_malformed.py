@@ -65,8 +65,14 @@ def test_samples_are_valid() -> None:
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_malformed_every_truncation_raises_ptfile_errors(name: str) -> None:
+    # Cutting only the archive comment leaves a readable archive (torch's miniz and
+    # zipfile read the comment as far as the file goes); every other cut raises.
     data = SAMPLES[name]
+    comment_start = data.rindex(b"PK\x05\x06") + 22
     for n in range(len(data)):
+        if n >= comment_start:
+            assert len(ZipReader(BytesSource(data[:n]))) == len(ZipReader(BytesSource(data)))
+            continue
         with pytest.raises(PtfileError):
             ZipReader(BytesSource(data[:n]))
 

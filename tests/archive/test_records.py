@@ -13,7 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ptfile._io import BytesSource
-from ptfile.archive import ZipReader, computed_data_offset, computed_next_header_offset
+from ptfile.archive import (
+    ZipReader,
+    computed_data_offset,
+    computed_next_header_offset,
+    extra,
+    layout,
+)
 from ptfile.archive import records as r
 from ptfile.errors import ArchiveError
 
@@ -85,19 +91,19 @@ def test_records_round_trip(record: Any, junk: bytes) -> None:
 
 
 def test_records_extra_fields() -> None:
-    block = r.ExtraField(0x4246, b"ZZ").to_bytes() + r.ExtraField(1, bytes(16)).to_bytes()
-    assert r.parse_extra_fields(block) == (r.ExtraField(0x4246, b"ZZ"), r.ExtraField(1, bytes(16)))
-    assert r.zip64_values(block, 2) == (0, 0)
+    block = extra.ExtraField(0x4246, b"ZZ").to_bytes() + extra.ExtraField(1, bytes(16)).to_bytes()
+    assert extra.parse_extra_fields(block) == (extra.ExtraField(0x4246, b"ZZ"), extra.ExtraField(1, bytes(16)))
+    assert extra.zip64_values(block, 2) == (0, 0)
     with pytest.raises(ArchiveError, match="needs 24"):
-        r.zip64_values(block, 3)
+        extra.zip64_values(block, 3)
     with pytest.raises(ArchiveError, match="no ZIP64"):
-        r.zip64_values(block[:6], 1)
+        extra.zip64_values(block[:6], 1)
     for cut in range(1, len(block)):
         if cut not in (6, len(block)):
             with pytest.raises(ArchiveError, match="truncated"):
-                r.parse_extra_fields(block[:cut])
-    assert r.padding_extra(0) == b"FB\x00\x00"
-    assert r.padding_extra(2) == b"FB\x02\x00ZZ"
+                extra.parse_extra_fields(block[:cut])
+    assert layout.padding_extra(0) == b"FB\x00\x00"
+    assert layout.padding_extra(2) == b"FB\x02\x00ZZ"
 
 
 @pytest.mark.parametrize(
@@ -107,12 +113,12 @@ def test_records_extra_fields() -> None:
      (2**33, 2**33, b"\x01\x00\x18\x00" + (2**33).to_bytes(8, "little") * 3)],
 )  # fmt: skip
 def test_records_zip64_extra_layout(offset: int, size: int, expected: bytes) -> None:
-    assert r.zip64_extra(offset, size) == expected
-    local = r.zip64_extra(offset, size, local=True)  # compressed size 0 in the local header
+    assert layout.zip64_extra(offset, size) == expected
+    local = layout.zip64_extra(offset, size, local=True)  # compressed size 0 in the local header
     assert local == (expected[:12] + bytes(8) + expected[20:] if size >= 2**32 - 1 else expected)
-    assert r.needs_zip64(offset, size) is bool(expected)
-    assert r.descriptor_size(offset, size) == (24 if expected else 16)
-    assert r.descriptor_size(offset, 0) == 0
+    assert layout.needs_zip64(offset, size) is bool(expected)
+    assert layout.descriptor_size(offset, size) == (24 if expected else 16)
+    assert layout.descriptor_size(offset, 0) == 0
 
 
 def test_records_storage_offsets_of_the_worked_example() -> None:
@@ -121,7 +127,7 @@ def test_records_storage_offsets_of_the_worked_example() -> None:
              (0x1D2, 21, 6, 0x240), (0x256, 18, 8, 0x2C0), (0x2D8, 19, 2, 0x340),
              (0x352, 34, 40, 0x3C0)]  # fmt: skip
     for header, name_length, size, data in cases:
-        assert r.storage_data_offset(header, name_length, size, 64) == data
+        assert layout.storage_data_offset(header, name_length, size, 64) == data
     assert computed_data_offset(0x256, "tiny_tensor/data/0", 8, 64) == 0x2C0
     assert computed_next_header_offset(0x256, 0x2C0, 8) == 0x2D8
     assert computed_next_header_offset(0x256, 0x2C0, 0) == 0x2C0
@@ -139,7 +145,7 @@ def test_records_torch_files_parse_field_by_field(name: str) -> None:
         assert local.to_bytes() == data[record.header_offset : reader.data_offset(record)]
         assert (local.crc32, local.compressed_size, local.uncompressed_size) == (0, 0, 0)
         assert local.flags == (0x0808 if record.size else 0x0800)
-        fields = r.parse_extra_fields(local.extra)
+        fields = extra.parse_extra_fields(local.extra)
         assert [f.header_id for f in fields] == [r.PADDING_EXTRA_ID]
         assert set(fields[0].data) <= {ord("Z")}
         end = reader.data_offset(record) + record.size

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 import ptfile
 from ptfile._io import BytesSource
-from ptfile._scan_containers import read_member, walk_zip
 from ptfile.picklevm import OPCODES
+from ptfile.scanning.containers import read_member, walk_zip
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_error_contract import SAMPLES as CONTRACT_SAMPLES

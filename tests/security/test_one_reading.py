@@ -8,6 +8,7 @@ hold different benign values; torch 2.13 is the oracle.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import torch
 from hostile import checkpoint, raw_zip
 
 import ptfile
+from ptfile.archive.records import EndOfCentralDirectory
 
 A, B = pickle.dumps({"v": 1}, protocol=2), pickle.dumps({"v": 2}, protocol=2)
 D, V = "archive/data.pkl", "archive/version"
@@ -32,7 +34,18 @@ AMBIGUOUS: dict[str, Callable[[], bytes]] = {
                                           comment=raw_zip([(D, B), (V, VERSION)])),
     "pickle_then_zip": lambda: B + checkpoint(A),
     "data_after_stop": lambda: checkpoint(A + B),
+    "end_record_comment_past_end": lambda: _comment_past_end(raw_zip([(D, A), (V, VERSION)]),
+                                                             [(D, B), (V, VERSION)]),
 }
+
+
+def _comment_past_end(first: bytes, members: list[tuple[str, bytes]]) -> bytes:
+    """``first``, then an archive of ``members`` whose end record's comment length (255)
+    runs past the end of the file.  The last end record is the second archive's."""
+    both = raw_zip(members, prefix=first)
+    end = EndOfCentralDirectory.from_bytes(both, len(both) - EndOfCentralDirectory.SIZE)
+    cut = dataclasses.replace(end, comment=b"\0" * 255).to_bytes()[:EndOfCentralDirectory.SIZE]
+    return both[:-EndOfCentralDirectory.SIZE] + cut
 
 
 def _torch_reading(data: bytes) -> object:
@@ -44,6 +57,7 @@ def _torch_reading(data: bytes) -> object:
 
 @pytest.mark.parametrize("name", sorted(AMBIGUOUS))
 def test_one_reading_refuse_or_agree_with_torch(name: str) -> None:
+    # end_record_comment_past_end: issue 11, ptfile read the first archive, torch the second.
     data = AMBIGUOUS[name]()
     try:
         ours = ptfile.load(io.BytesIO(data))

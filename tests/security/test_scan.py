@@ -13,7 +13,7 @@ import torch
 from hostile import checkpoint, g, proto2, raw_zip, s, stack_global_memo, system_pickle
 
 import ptfile
-from ptfile.scan import DANGEROUS_MODULES, DANGEROUS_NAMES, Verdict, verdict_of
+from ptfile.scanning import DANGEROUS_MODULES, DANGEROUS_NAMES, Verdict, verdict_of
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_interop import CASES

@@ -41,13 +41,17 @@ After either: members must not overlap (:func:`check_overlaps`, shared).
 
 from __future__ import annotations
 
+import itertools
 import operator
 import struct
+from collections.abc import Iterator
 from typing import Final, cast
 
 import numpy as np
 
-from ..errors import ArchiveError, LimitExceededError, UnsupportedFeatureError
+from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
+from .anomalies import Anomaly, report
+from .extra import zip64_values
 from .records import (
     CENTRAL_DIRECTORY_SIGNATURE,
     CENTRAL_DIRECTORY_STRUCT,
@@ -56,7 +60,6 @@ from .records import (
     METHOD_STORED,
     U16_MAX,
     U32_MAX,
-    zip64_values,
 )
 
 __all__ = ["SMALL_ENTRIES", "Entries", "check_overlaps", "parse_entries", "parse_sequential",
@@ -214,19 +217,24 @@ def _entries(names: list[str], values: np.ndarray, name_start: np.ndarray,
                    name_at=_frozen(name_at), name_length=_frozen(name_length.astype(np.int64)))
 
 
-def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int) -> Entries:
+def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int,
+                  anomalies: list[Anomaly] | None = None) -> Entries:
     """Every central directory entry of ``data`` (the directory's bytes, at ``cd_offset``).
+
+    ``anomalies`` None is strict mode; a list is tolerant mode (the sequential
+    pass only, see :func:`parse_sequential`, then :func:`check_overlaps`).
 
     Raises
     ------
     ArchiveError, LimitExceededError, UnsupportedFeatureError
-        As the sequential pass (module docstring), then for overlapping members.
+        Strict mode: as the sequential pass (module docstring), then for
+        overlapping members.
     """
-    parsed = None if entries <= SMALL_ENTRIES else \
+    parsed = None if entries <= SMALL_ENTRIES or anomalies is not None else \
         parse_vectorised(data, entries, cd_offset, max_name)
     if parsed is None:
-        parsed = parse_sequential(data, entries, cd_offset, max_name)
-    check_overlaps(parsed)
+        parsed = parse_sequential(data, entries, cd_offset, max_name, anomalies)
+    check_overlaps(parsed, anomalies)
     return parsed
 
 
@@ -235,56 +243,123 @@ def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int) -> E
 # ---------------------------------------------------------------------------
 
 
-def parse_sequential(data: bytes, entries: int, cd_offset: int, max_name: int) -> Entries:
-    """The reference pass (module docstring); no overlap check."""
-    names: list[str] = []
+def parse_sequential(data: bytes, entries: int, cd_offset: int, max_name: int,
+                     anomalies: list[Anomaly] | None = None) -> Entries:
+    """The reference pass (module docstring); no overlap check.
+
+    ``anomalies`` None is strict mode: the first problem raises.  A list is
+    tolerant mode: each problem is reported (``bad-central-directory``, where
+    the walk stops; ``name-too-long``, ``bad-name``, ``bad-zip64-extra``,
+    ``encrypted-record``, ``bad-sizes``, ``data-outside-archive``,
+    ``duplicate-name``, after which it goes on) and every entry read is kept,
+    duplicates too (``index`` maps a name to its first row).
+    """
+    parse = _Sequential(data, cd_offset, max_name, anomalies)
     try:
-        return _sequential(data, entries, cd_offset, max_name, names)
+        parse.run(entries)
     except struct.error as exc:  # unpack_from past the end: the previous entry overran
-        raise ArchiveError(
-            f"central directory ends inside entry {len(names)}", offset=cd_offset
-        ) from exc
+        error = ArchiveError(f"central directory ends inside entry {len(parse.names)}",
+                             offset=cd_offset)
+        if anomalies is None:
+            raise error from exc
+        report(anomalies, "bad-central-directory", error)
+    except _Stop:
+        pass
+    return parse.entries()
 
 
-def _sequential(data: bytes, entries: int, cd_offset: int, max_name: int,
-                names: list[str]) -> Entries:
-    text = data.decode("latin-1")  # one char per byte: ASCII names are sliced, not decoded
-    unpack = CENTRAL_DIRECTORY_STRUCT.unpack_from
-    rows: list[tuple[int, ...]] = []
-    starts: list[int] = []
-    lengths: list[int] = []
-    index: dict[str, int] = {}
-    pos = 0
-    for row in range(entries):
-        (sig, _, _, flags, method, _, _, crc, csize, usize,
-         nlen, elen, clen, disk, _, _, offset) = unpack(data, pos)  # fmt: skip
-        if sig != CENTRAL_DIRECTORY_SIGNATURE or nlen > max_name:
-            _bad_entry(row, sig, nlen, max_name, cd_offset + pos)
-        start = pos + _CD_FIXED
-        pos = start + nlen + elen + clen
-        name = text[start : start + nlen]
-        if pos > len(data) or not name.isascii():
-            name = _decode_name(data, start, nlen, pos, row, cd_offset)
-        if usize == U32_MAX or csize == U32_MAX or offset == U32_MAX or disk == U16_MAX:
-            extra = data[start + nlen : start + nlen + elen]
-            usize, csize, offset = _zip64_fields(
-                extra, usize, csize, offset, disk, cd_offset + start
-            )
-        if (
-            flags & ENCRYPTION_FLAGS
-            or usize > MAX_SIZE
-            or (method == METHOD_STORED and csize != usize)
-            or offset + _LOCAL_FIXED + nlen + csize > cd_offset
-        ):
-            _check_entry(name, offset, usize, csize, method, flags, cd_offset)
-        if index.setdefault(name, row) != row:
-            raise ArchiveError(f"duplicate name (entries {index[name]} and {row})", member=name)
-        names.append(name)
-        rows.append((offset, usize, csize, method, crc, flags))
-        starts.append(start)
-        lengths.append(nlen)
-    return Entries(tuple(names), index, data, cd_offset, rows=rows, name_starts=starts,
-                   name_lengths=lengths)
+class _Stop(Exception):
+    """Tolerant mode: the entries cannot be read further."""
+
+
+class _Sequential:
+    """One pass, entry by entry; the state the tolerant mode returns when it stops."""
+
+    def __init__(self, data: bytes, cd_offset: int, max_name: int,
+                 anomalies: list[Anomaly] | None) -> None:
+        self.data, self.cd_offset, self.max_name, self.anomalies = (data, cd_offset, max_name,
+                                                                    anomalies)
+        self.names: list[str] = []
+        self.rows: list[tuple[int, ...]] = []
+        self.starts: list[int] = []
+        self.lengths: list[int] = []
+        self.index: dict[str, int] = {}
+
+    def entries(self) -> Entries:
+        return Entries(tuple(self.names), self.index, self.data, self.cd_offset, rows=self.rows,
+                       name_starts=self.starts, name_lengths=self.lengths)
+
+    def run(self, entries: int) -> None:
+        data, cd_offset, max_name = self.data, self.cd_offset, self.max_name
+        text = data.decode("latin-1")  # one char per byte: ASCII names are sliced, not decoded
+        unpack = CENTRAL_DIRECTORY_STRUCT.unpack_from
+        rows, starts, lengths, index, names = (self.rows, self.starts, self.lengths, self.index,
+                                               self.names)
+        pos = 0
+        for row in range(entries):
+            (sig, _, _, flags, method, _, _, crc, csize, usize,
+             nlen, elen, clen, disk, _, _, offset) = unpack(data, pos)  # fmt: skip
+            if sig != CENTRAL_DIRECTORY_SIGNATURE or nlen > max_name:
+                self._bad_entry(row, sig, nlen, cd_offset + pos)
+            start = pos + _CD_FIXED
+            pos = start + nlen + elen + clen
+            name = text[start : start + nlen]
+            if pos > len(data) or not name.isascii():
+                name = self._decode_name(start, nlen, pos, row)
+            if usize == U32_MAX or csize == U32_MAX or offset == U32_MAX or disk == U16_MAX:
+                extra = data[start + nlen : start + nlen + elen]
+                usize, csize, offset = self._zip64_fields(
+                    extra, usize, csize, offset, disk, cd_offset + start
+                )
+            if (
+                flags & ENCRYPTION_FLAGS
+                or usize > MAX_SIZE
+                or (method == METHOD_STORED and csize != usize)
+                or offset + _LOCAL_FIXED + nlen + csize > cd_offset
+            ):
+                for code, error in _entry_problems(name, offset, usize, csize, method, flags,
+                                                   offset + _LOCAL_FIXED + nlen + csize,
+                                                   cd_offset):
+                    report(self.anomalies, code, error)
+            if index.setdefault(name, row) != row:
+                report(self.anomalies, "duplicate-name", ArchiveError(
+                    f"duplicate name (entries {index[name]} and {row}): readers disagree on "
+                    "which one it means", offset=offset, member=name))
+            names.append(name)
+            rows.append((offset, usize, csize, method, crc, flags))
+            starts.append(start)
+            lengths.append(nlen)
+
+    def _zip64_fields(self, extra: bytes, usize: int, csize: int, offset: int, disk: int,
+                      at: int) -> tuple[int, int, int]:
+        try:
+            return _zip64_fields(extra, usize, csize, offset, disk, at)
+        except ArchiveError as exc:
+            report(self.anomalies, "bad-zip64-extra", exc)
+            return usize, csize, offset
+
+    def _decode_name(self, start: int, nlen: int, end: int, row: int) -> str:
+        """The name of an entry that is not plain ASCII, or an error if the entry overruns."""
+        data, at = self.data, self.cd_offset + start
+        if end > len(data):
+            report(self.anomalies, "bad-central-directory", ArchiveError(
+                f"central directory entry {row} runs past its end", offset=at))
+            raise _Stop
+        try:
+            return data[start : start + nlen].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            report(self.anomalies, "bad-name", ArchiveError(
+                f"central directory entry {row}: name is not UTF-8 ({exc.reason})", offset=at))
+            return data[start : start + nlen].decode("utf-8", "surrogateescape")
+
+    def _bad_entry(self, row: int, sig: bytes, nlen: int, at: int) -> None:
+        if sig != CENTRAL_DIRECTORY_SIGNATURE:
+            report(self.anomalies, "bad-central-directory", ArchiveError(
+                f"central directory entry {row}: bad signature {sig!r} (the directory ends "
+                f"early or is damaged after {row} entries)", offset=at))
+            raise _Stop
+        report(self.anomalies, "name-too-long", LimitExceededError(
+            "max_name_length", self.max_name, nlen, f"name of entry {row}"))
 
 
 def _zip64_fields(
@@ -299,51 +374,34 @@ def _zip64_fields(
     return usize, csize, offset
 
 
-def _decode_name(data: bytes, start: int, nlen: int, end: int, row: int, cd_offset: int) -> str:
-    """The name of an entry that is not plain ASCII, or an error if the entry overruns."""
-    if end > len(data):
-        raise ArchiveError(
-            f"central directory entry {row} runs past its end", offset=cd_offset + start
-        )
-    try:
-        return data[start : start + nlen].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArchiveError(
-            f"central directory entry {row}: name is not UTF-8 ({exc.reason})",
-            offset=cd_offset + start,
-        ) from exc
-
-
-def _bad_entry(row: int, sig: bytes, nlen: int, max_name: int, at: int) -> None:
-    if sig != CENTRAL_DIRECTORY_SIGNATURE:
-        raise ArchiveError(f"central directory entry {row}: bad signature {sig!r}", offset=at)
-    raise LimitExceededError("max_name_length", max_name, nlen, f"name of entry {row}")
-
-
-def _check_entry(name: str, offset: int, size: int, csize: int, method: int, flags: int,
-                 cd_offset: int) -> None:
-    """Raise the error a member's flags, sizes or bounds call for."""
+def _entry_problems(name: str, offset: int, size: int, csize: int, method: int, flags: int,
+                    end: int, cd_offset: int) -> Iterator[tuple[str, PtfileError]]:
+    """The anomaly code and error of each problem of a member's flags, sizes or bounds."""
     if flags & ENCRYPTION_FLAGS:
-        raise UnsupportedFeatureError(f"record {name!r} is encrypted")
+        yield "encrypted-record", UnsupportedFeatureError(f"record {name!r} is encrypted")
     if size > MAX_SIZE:
-        raise ArchiveError(f"declared size {size} is over 2**63 - 1", offset=offset, member=name)
+        yield "bad-sizes", ArchiveError(f"declared size {size} is over 2**63 - 1", offset=offset,
+                                        member=name)
     if method == METHOD_STORED and csize != size:
-        raise ArchiveError(
-            f"stored record has compressed size {csize} != size {size}", offset=offset, member=name
-        )
-    raise ArchiveError(
-        f"local header at {offset:#x} with {csize} data bytes runs into the central directory "
-        f"at {cd_offset:#x}",
-        offset=offset,
-        member=name,
-    )
+        yield "bad-sizes", ArchiveError(
+            f"stored record has compressed size {csize} != size {size}", offset=offset,
+            member=name)
+    if end > cd_offset:
+        yield "data-outside-archive", ArchiveError(
+            f"local header at {offset:#x} with {csize} data bytes runs into the central "
+            f"directory at {cd_offset:#x}", offset=offset, member=name)
 
 
-def check_overlaps(entries: Entries) -> None:
+def check_overlaps(entries: Entries, anomalies: list[Anomaly] | None = None) -> None:
     """Members must not overlap (each at least local header, name and data).
 
-    Raises the first overlapping pair in (header offset, index) order.
+    Strict mode raises the first overlapping pair in (header offset, index)
+    order; tolerant mode reports every pair of neighbours that overlap
+    (``overlapping-records``).
     """
+    if anomalies is not None:
+        _report_overlaps(entries, anomalies)
+        return
     if entries._rows is not None:  # the lists of a small directory: no numpy if in order
         rows, lengths = entries._rows, cast("list[int]", entries._name_lengths)
         begins = [row[0] for row in rows]
@@ -363,6 +421,20 @@ def check_overlaps(entries: Entries) -> None:
             offset=int(starts[first]),
             member=entries.names[first],
         )
+
+
+def _report_overlaps(entries: Entries, anomalies: list[Anomaly]) -> None:
+    """Tolerant :func:`check_overlaps`, on Python ints (tolerated sizes may not fit int64)."""
+    rows = [entries.row(i) for i in range(len(entries.names))]
+    lengths = entries._name_lengths or entries.name_length.tolist()
+    spans = sorted((row[0], row[0] + _LOCAL_FIXED + n + row[2], i)
+                   for i, (row, n) in enumerate(zip(rows, lengths, strict=True)))
+    names = entries.names
+    anomalies.extend(
+        Anomaly("overlapping-records", f"overlaps record {names[other]!r} at {start:#x}",
+                first_start, names[first])
+        for (first_start, end, first), (start, _, other) in itertools.pairwise(spans)
+        if end > start)
 
 
 # ---------------------------------------------------------------------------

@@ -44,33 +44,24 @@ import numpy as np
 
 from .._gc import paused_gc
 from .._io import BytesSource, MmapSource, Source
-from ..errors import ArchiveError, LimitExceededError, UnsupportedFeatureError
+from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
 from ._bulk import bulk_data_offsets, gathered_data_offsets, sparse
 from ._entries import Entries, parse_entries
+from .anomalies import Anomaly, report
+from .directory import Directory, check_counts, locate_directory
+from .layout import computed_data_offset, computed_data_offsets, computed_next_header_offset
 from .records import (
-    CENTRAL_DIRECTORY_STRUCT,
-    EOCD_SIGNATURE,
     LOCAL_FILE_HEADER_SIGNATURE,
     LOCAL_FILE_HEADER_STRUCT,
     METHOD_DEFLATED,
     METHOD_STORED,
-    U16_MAX,
-    U32_MAX,
-    ZIP64_LOCATOR_SIGNATURE,
-    EndOfCentralDirectory,
     LocalFileHeader,
-    Zip64EndOfCentralDirectory,
-    Zip64Locator,
-    descriptor_size,
-    storage_data_offset,
 )
 
-__all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_next_header_offset"]
+__all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_data_offsets",
+           "computed_next_header_offset", "local_header_at", "read_local_header"]
 
-#: The EOCD comment length is a u16, so the record starts within this many
-#: bytes of the end of the file (4.3.16).
-EOCD_SEARCH_BYTES: Final = EndOfCentralDirectory.SIZE + U16_MAX
 #: A deflated member may inflate to Limits.max_inflate_ratio times its size plus this.
 INFLATE_ALLOWANCE: Final = 1 << 20
 #: CRC checks read stored members in slices of this size.
@@ -79,7 +70,6 @@ CRC_CHUNK_BYTES: Final = 1 << 24
 #: Below this many records (or this many single look-ups), checking local headers one
 #: at a time is as fast.
 _BULK_MIN_RECORDS: Final = 64
-_CD_FIXED: Final = CENTRAL_DIRECTORY_STRUCT.size
 _LOCAL_FIXED: Final = LOCAL_FILE_HEADER_STRUCT.size
 
 
@@ -100,157 +90,6 @@ class Record:
     crc32: int
     flags: int
     index: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Directory:
-    """Where the central directory is, per the end records."""
-
-    offset: int
-    size: int
-    entries: int
-    end: int  # the central directory must end at or before this offset
-
-
-def computed_data_offset(header_offset: int, name: str, size: int, alignment: int) -> int:
-    """Data offset of a torch-written member, computed without reading its local header.
-
-    This is ``PyTorchStreamReader::getRecordOffsetNoRead``: the writer's layout
-    rule (local header, name, ZIP64 extra when needed, "FB" padding to
-    ``alignment``) applied to a header assumed to start at ``header_offset``.
-
-    Parameters
-    ----------
-    header_offset : int
-        Offset of the member's local header.
-    name : str
-        Full member name, prefix included.
-    size : int
-        Uncompressed size of the member.
-    alignment : int
-        The archive's ``.storage_alignment``.
-
-    Returns
-    -------
-    int
-        Offset of the first data byte.
-
-    Examples
-    --------
-    >>> computed_data_offset(0, "tiny_tensor/data.pkl", 150, 64)
-    64
-    """
-    return storage_data_offset(header_offset, len(name.encode("utf-8")), size, alignment)
-
-
-def computed_data_offsets(header_offsets: np.ndarray, name_lengths: np.ndarray,
-                          sizes: np.ndarray, alignment: int) -> np.ndarray:
-    """:func:`computed_data_offset` of many records at once (int64 columns).
-
-    torch's layout rule, vectorised: local header (30 bytes), name, the local
-    ZIP64 extra (4 + 8 bytes per value: size and a zero compressed size when
-    the size needs ZIP64, the header offset when it does), the padding extra's
-    4-byte header, then padding up to ``alignment``.
-    """
-    values = 2 * (sizes >= U32_MAX) + (header_offsets >= U32_MAX)
-    start = header_offsets + (LocalFileHeader.SIZE + 4) + name_lengths \
-        + np.where(values > 0, 4 + 8 * values, 0)
-    offsets: np.ndarray = start + (-start) % alignment
-    return offsets
-
-
-def computed_next_header_offset(header_offset: int, data_offset: int, size: int) -> int:
-    """Offset of the local header that follows a torch-written member (spec §6).
-
-    Data, then a 0-, 16- or 24-byte data descriptor.
-
-    Examples
-    --------
-    >>> computed_next_header_offset(0, 64, 150)
-    230
-    """
-    return data_offset + size + descriptor_size(header_offset, size)
-
-
-def _find_end(source: Source) -> tuple[EndOfCentralDirectory, int]:
-    """The last EOCD record whose fixed part and comment fit in the file, and its offset."""
-    window = min(source.size, EOCD_SEARCH_BYTES)
-    base = source.size - window
-    tail = source.pread(base, window, "end of central directory search window")
-    pos = tail.rfind(EOCD_SIGNATURE)
-    while pos >= 0:
-        if pos + EndOfCentralDirectory.SIZE <= window:
-            try:
-                return EndOfCentralDirectory.from_bytes(tail, pos, base=base), base + pos
-            except ArchiveError:
-                pass  # comment runs past the end: keep searching backwards
-        pos = tail.rfind(EOCD_SIGNATURE, 0, pos)
-    raise ArchiveError(
-        "no end of central directory record: not a ZIP archive, or truncated",
-        offset=source.size,
-    )
-
-
-def _read_zip64(source: Source, eocd_offset: int) -> Zip64EndOfCentralDirectory | None:
-    """The ZIP64 EOCD record, or None when no locator precedes the EOCD."""
-    locator_offset = eocd_offset - Zip64Locator.SIZE
-    if locator_offset < 0:
-        return None
-    raw = source.pread(locator_offset, Zip64Locator.SIZE, "ZIP64 locator")
-    if not raw.startswith(ZIP64_LOCATOR_SIGNATURE):
-        return None
-    locator = Zip64Locator.from_bytes(raw, base=locator_offset)
-    offset = locator.eocd64_offset
-    if offset > locator_offset - Zip64EndOfCentralDirectory.SIZE:
-        raise ArchiveError(
-            f"ZIP64 locator points at {offset:#x}, past the room before it", offset=locator_offset
-        )
-    data = source.pread(offset, Zip64EndOfCentralDirectory.SIZE, "ZIP64 end of central directory")
-    return Zip64EndOfCentralDirectory.from_bytes(data, base=offset)
-
-
-def _locate_directory(source: Source) -> _Directory:
-    """Read the end records; ZIP64 values win over the classic ones."""
-    eocd, eocd_offset = _find_end(source)
-    try:
-        eocd64 = _read_zip64(source, eocd_offset)
-    except ArchiveError:
-        if eocd.uses_zip64:
-            raise
-        eocd64 = None  # a broken ZIP64 record the classic one does not need
-    if eocd64 is None:
-        disks = (eocd.disk_number, eocd.cd_disk, eocd.entries_on_disk)
-        found = _Directory(eocd.cd_offset, eocd.cd_size, eocd.total_entries, eocd_offset)
-    else:
-        disks = (eocd64.disk_number, eocd64.cd_disk, eocd64.entries_on_disk)
-        end = eocd_offset - Zip64Locator.SIZE - Zip64EndOfCentralDirectory.SIZE
-        found = _Directory(eocd64.cd_offset, eocd64.cd_size, eocd64.total_entries, end)
-    if disks != (0, 0, found.entries):
-        raise UnsupportedFeatureError(
-            f"archive spans several disks (disk numbers and counts {disks}, {found.entries} "
-            "entries in all); only single-file archives are supported"
-        )
-    if found.offset + found.size > found.end:
-        raise ArchiveError(
-            f"central directory {found.offset:#x}+{found.size:#x} runs past the end records at "
-            f"{found.end:#x}",
-            offset=found.offset,
-        )
-    return found
-
-
-def _check_counts(directory: _Directory, limits: Limits) -> None:
-    """Entry count against the limit and against the bytes the directory has."""
-    if directory.entries > limits.max_records:
-        raise LimitExceededError(
-            "max_records", limits.max_records, directory.entries, "archive entries"
-        )
-    if directory.entries * _CD_FIXED > directory.size:
-        raise ArchiveError(
-            f"central directory of {directory.size} bytes cannot hold {directory.entries} "
-            f"entries of at least {_CD_FIXED} bytes",
-            offset=directory.offset,
-        )
 
 
 def _make_record_factory() -> Callable[[str, int, int, int, int, int, int, int], Record]:
@@ -330,8 +169,7 @@ class ZipReader:
 
     def __init__(self, source: Source, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self._source, self._limits = source, limits
-        directory = _locate_directory(source)
-        _check_counts(directory, limits)
+        directory = check_counts(cast("Directory", locate_directory(source)), limits)
         data = source.pread(directory.offset, directory.size, "central directory")
         self._entries = parse_entries(
             data, directory.entries, directory.offset, limits.max_name_length
@@ -520,25 +358,9 @@ class ZipReader:
         self._offsets = found
 
     def _read_local_header(self, record: Record) -> int:
-        name = record.name.encode("utf-8")
-        at = record.header_offset
-        raw = self._source.view(at, _LOCAL_FIXED + len(name), "local file header")
-        sig, *_, nlen, elen = LOCAL_FILE_HEADER_STRUCT.unpack_from(raw)
-        offset: int = at + _LOCAL_FIXED + nlen + elen
-        if sig != LOCAL_FILE_HEADER_SIGNATURE:
-            raise ArchiveError(
-                f"bad local file header signature {sig!r}", offset=at, member=record.name
-            )
-        if raw[_LOCAL_FIXED:] != name or nlen != len(name):
-            local = bytes(raw[_LOCAL_FIXED : _LOCAL_FIXED + nlen])
-            raise ArchiveError(f"local header names {local!r}", offset=at, member=record.name)
-        if offset + record.compressed_size > self._cd_offset:
-            raise ArchiveError(
-                f"data at {offset:#x}+{record.compressed_size:#x} runs into the central directory",
-                offset=at,
-                member=record.name,
-            )
-        return offset
+        found = read_local_header(self._source, record.name, record.header_offset,
+                                  record.compressed_size, self._cd_offset)
+        return cast("int", found)
 
     def read(self, record: str | Record) -> bytes:
         """The uncompressed bytes of ``record`` (stored or deflated).
@@ -620,3 +442,63 @@ def _inflate(raw: bytes, record: Record) -> bytes:
             member=record.name,
         )
     return out
+
+
+def local_header_at(source: Source, at: int) -> LocalFileHeader:
+    """The local file header at ``at``, name and extra field included (two reads).
+
+    Raises
+    ------
+    ArchiveError, FormatError
+        No local header there, or one that runs past the end of the file.
+    """
+    fixed = source.pread(at, _LOCAL_FIXED, "local file header")
+    nlen, elen = LocalFileHeader.variable_lengths(fixed, base=at)
+    rest = source.pread(at + _LOCAL_FIXED, nlen + elen, "local file name and extra field")
+    return LocalFileHeader.from_bytes(fixed + rest, base=at)
+
+
+def read_local_header(source: Source, name: str, header_offset: int, compressed_size: int,
+                      cd_offset: int, anomalies: list[Anomaly] | None = None) -> int | None:
+    """The data offset of a member, from its local header (4.3.7), checked.
+
+    The header must have its signature and the central directory's name, and
+    the data must end at or before the central directory at ``cd_offset``.
+
+    Returns
+    -------
+    int or None
+        ``header_offset + 30 + name length + extra length`` (tolerant mode:
+        None when there is no local header there at all).
+
+    Raises
+    ------
+    ArchiveError
+        Strict mode: any of the checks fails.  Tolerant mode reports
+        ``bad-local-header``, ``name-mismatch`` or ``data-outside-archive``.
+    """
+    raw_name = name.encode("utf-8", "surrogateescape")
+    try:
+        raw = source.view(header_offset, _LOCAL_FIXED + len(raw_name), "local file header")
+    except PtfileError as exc:  # past the end of the file
+        if anomalies is None:
+            raise
+        anomalies.append(Anomaly("bad-local-header", f"no local header where the directory "
+                                 f"says: {exc}", header_offset, name))
+        return None
+    sig, *_, nlen, elen = LOCAL_FILE_HEADER_STRUCT.unpack_from(raw)
+    offset: int = header_offset + _LOCAL_FIXED + nlen + elen
+    if sig != LOCAL_FILE_HEADER_SIGNATURE:
+        report(anomalies, "bad-local-header", ArchiveError(
+            f"bad local file header signature {sig!r}", offset=header_offset, member=name))
+        return None
+    if raw[_LOCAL_FIXED:] != raw_name or nlen != len(raw_name):
+        local = bytes(raw[_LOCAL_FIXED : _LOCAL_FIXED + nlen])
+        report(anomalies, "name-mismatch", ArchiveError(
+            f"local header names {local!r}: readers that trust local headers see another "
+            "record", offset=header_offset, member=name))
+    if offset + compressed_size > cd_offset:
+        report(anomalies, "data-outside-archive", ArchiveError(
+            f"data at {offset:#x}+{compressed_size:#x} runs into the central directory",
+            offset=header_offset, member=name))
+    return offset

@@ -14,8 +14,11 @@ Readers
 ~~~~~~~
 * MUST find the end of central directory record (4.3.16, 22 bytes plus a
   comment of at most 65,535 bytes) by searching backwards from the end of the
-  file, at most ``22 + 65535`` bytes; the last signature whose record and
-  comment fit inside the file wins.
+  file, at most ``22 + 65535`` bytes; the last signature whose 22 fixed bytes
+  fit inside the file wins, and a comment running past the end of the file is
+  read as far as the file goes (miniz, torch's reader, and Python's
+  ``zipfile`` choose so too; a reader that skips such a record reads another
+  archive than torch).
 * MUST use the ZIP64 end of central directory record (4.3.14) found through the
   locator (4.3.15) that immediately precedes the EOCD, when one is present.  A
   locator pointing at something that is not a ZIP64 record is tolerated only
@@ -43,31 +46,9 @@ Readers
   equal the central one.  Local CRC and size fields are ignored (torch writes
   zeros there and sets bit 3, 4.4.4).
 
-Writers (byte-identical to torch)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-* Local file header: version needed 0, flags 0x0808 (bit 3 data descriptor,
-  bit 11 UTF-8) or 0x0800 for an empty member, method 0, time and date 0,
-  CRC and sizes 0.  Then the name, then a ZIP64 extra when needed, then the
-  "FB" padding extra (id 0x4246, ``pad`` bytes of ``'Z'``, present even when
-  ``pad`` is 0) that puts the data at a multiple of the storage alignment.
-* ZIP64 extra (4.5.3) when the size or the local header offset is at least
-  0xFFFFFFFF: ``[uncompressed u64, compressed u64]`` if the size is, then
-  ``[local header offset u64]`` if the offset is, in local and central headers
-  alike (in the local header the offset goes beyond APPNOTE, which only allows
-  sizes; miniz writes it).  In the local header the compressed size is 0:
-  miniz writes the header before it has "compressed" anything.
-* Data descriptor (4.3.9) with its optional signature ``PK\\x07\\x08``, only
-  after non-empty members: 16 bytes, or 24 (u64 sizes) when the member has a
-  ZIP64 extra.
-* Central directory header: version made by and needed 0, same flags as the
-  local header, real CRC (0 when CRC computation is disabled), sizes and
-  offset capped at 0xFFFFFFFF with the real values in the ZIP64 extra, no
-  padding extra, no comment, internal attributes 0, external attributes 0
-  except 0x10 (MS-DOS directory, 4.4.15) for a name ending in ``/``, which
-  MUST then be empty.
-* Always ZIP64 end records: ZIP64 EOCD (record size 44, made by 0x031E,
-  needed 0x002D), locator (1 disk), then the EOCD with counts capped at
-  0xFFFF and size/offset capped at 0xFFFFFFFF, no comment.
+Writers
+~~~~~~~
+What torch writes, byte for byte, is specified in :mod:`ptfile.archive.layout`.
 """
 
 from __future__ import annotations
@@ -90,17 +71,9 @@ __all__ = [
     "CentralDirectoryHeader",
     "DataDescriptor",
     "EndOfCentralDirectory",
-    "ExtraField",
     "LocalFileHeader",
     "Zip64EndOfCentralDirectory",
     "Zip64Locator",
-    "descriptor_size",
-    "needs_zip64",
-    "padding_extra",
-    "parse_extra_fields",
-    "storage_data_offset",
-    "zip64_extra",
-    "zip64_values",
 ]
 
 LOCAL_FILE_HEADER_SIGNATURE: Final = b"PK\x03\x04"
@@ -152,7 +125,6 @@ ZIP64_LOCATOR_STRUCT: Final = struct.Struct("<4sLQL")
 DESCRIPTOR_STRUCT: Final = struct.Struct("<4s3L")
 DESCRIPTOR64_STRUCT: Final = struct.Struct("<4sL2Q")
 EXTRA_HEADER_STRUCT: Final = struct.Struct("<2H")
-_U64 = struct.Struct("<Q")
 
 Buffer = bytes | bytearray | memoryview
 
@@ -180,67 +152,6 @@ def _tail(data: Buffer, start: int, n: int, base: int, what: str) -> bytes:
             offset=base + start,
         )
     return bytes(data[start : start + n])
-
-
-@dataclass(frozen=True, slots=True)
-class ExtraField:
-    """One extensible data field (4.5.1): a header id and its data."""
-
-    header_id: int
-    data: bytes
-
-    def to_bytes(self) -> bytes:
-        """Serialize as ``id u16, length u16, data``."""
-        return EXTRA_HEADER_STRUCT.pack(self.header_id, len(self.data)) + self.data
-
-
-def parse_extra_fields(extra: Buffer, *, base: int = 0) -> tuple[ExtraField, ...]:
-    """Split an extra field block into its fields (4.5.1).
-
-    Parameters
-    ----------
-    extra : bytes-like
-        The extra field block of a header.
-    base : int
-        File offset of ``extra`` (for error messages).
-
-    Raises
-    ------
-    ArchiveError
-        A field header or its data runs past the end of the block.
-
-    Examples
-    --------
-    >>> parse_extra_fields(b"FB\\x01\\x00Z")
-    (ExtraField(header_id=16966, data=b'Z'),)
-    """
-    fields = []
-    pos = 0
-    while pos < len(extra):
-        header_id, length = _unpack(EXTRA_HEADER_STRUCT, extra, pos, base, "extra field header")
-        data = _tail(extra, pos + 4, length, base, f"extra field {header_id:#06x}")
-        fields.append(ExtraField(header_id, data))
-        pos += 4 + length
-    return tuple(fields)
-
-
-def zip64_values(extra: Buffer, wanted: int, *, base: int = 0) -> tuple[int, ...]:
-    """Read ``wanted`` u64 values from the ZIP64 extra field in ``extra`` (4.5.3).
-
-    Raises
-    ------
-    ArchiveError
-        No ZIP64 field, or one too short for the sentinel fields of its header.
-    """
-    for field in parse_extra_fields(extra, base=base):
-        if field.header_id == ZIP64_EXTRA_ID:
-            if len(field.data) < 8 * wanted:
-                raise ArchiveError(
-                    f"ZIP64 extra field has {len(field.data)} bytes, needs {8 * wanted}",
-                    offset=base,
-                )
-            return struct.unpack_from(f"<{wanted}Q", field.data)
-    raise ArchiveError("header holds a ZIP64 sentinel but has no ZIP64 extra field", offset=base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +185,21 @@ class LocalFileHeader:
         name = _tail(data, pos + cls.SIZE, nlen, base, "local file name")
         extra = _tail(data, pos + cls.SIZE + nlen, elen, base, "local extra field")
         return cls(needed, flags, method, mtime, mdate, crc, csize, usize, name, extra)
+
+    @classmethod
+    def variable_lengths(cls, data: Buffer, pos: int = 0, *, base: int = 0) -> tuple[int, int]:
+        """Name and extra field lengths of the header at ``pos``, from its 30 fixed bytes
+        (to read a header whose lengths are not known yet in two reads).
+
+        Raises
+        ------
+        ArchiveError
+            Truncated fixed part or wrong signature.
+        """
+        sig, *_, nlen, elen = _unpack(LOCAL_FILE_HEADER_STRUCT, data, pos, base,
+                                      "local file header")
+        _check_signature(sig, LOCAL_FILE_HEADER_SIGNATURE, "local file header", base + pos)
+        return nlen, elen
 
     def to_bytes(self) -> bytes:
         """Serialize header, name and extra field."""
@@ -532,74 +458,3 @@ class DataDescriptor:
         return layout.pack(
             DATA_DESCRIPTOR_SIGNATURE, self.crc32, self.compressed_size, self.uncompressed_size
         )
-
-
-# ---------------------------------------------------------------------------
-# torch's layout rules (PyTorchStreamWriter::writeRecord / getPadding, miniz)
-# ---------------------------------------------------------------------------
-
-
-def needs_zip64(header_offset: int, size: int) -> bool:
-    """True when a member gets a ZIP64 extra and a 24-byte descriptor."""
-    return size >= U32_MAX or header_offset >= U32_MAX
-
-
-def zip64_extra(header_offset: int, size: int, *, local: bool = False) -> bytes:
-    """The ZIP64 extra torch writes for a member; empty when it needs none.
-
-    ``local`` selects the local header's version, whose compressed size is 0.
-
-    Examples
-    --------
-    >>> zip64_extra(0, 10)
-    b''
-    >>> zip64_extra(2**32, 10).hex()
-    '010008000000000001000000'
-    >>> zip64_extra(0, 2**32, local=True).hex()
-    '0100100000000000010000000000000000000000'
-    """
-    values = []
-    if size >= U32_MAX:
-        values += [size, 0 if local else size]
-    if header_offset >= U32_MAX:
-        values.append(header_offset)
-    if not values:
-        return b""
-    return EXTRA_HEADER_STRUCT.pack(ZIP64_EXTRA_ID, 8 * len(values)) + b"".join(
-        _U64.pack(v) for v in values
-    )
-
-
-def padding_extra(pad: int) -> bytes:
-    """torch's alignment extra: ``"FB"``, u16 ``pad``, then ``pad`` bytes of ``'Z'``.
-
-    Examples
-    --------
-    >>> padding_extra(3)
-    b'FB\\x03\\x00ZZZ'
-    """
-    return EXTRA_HEADER_STRUCT.pack(PADDING_EXTRA_ID, pad) + PADDING_FILL * pad
-
-
-def storage_data_offset(header_offset: int, name_length: int, size: int, alignment: int) -> int:
-    """Where torch puts the data of a member whose local header starts at ``header_offset``.
-
-    ``name_length`` is the byte length of the full name (prefix included).  The
-    result is the first multiple of ``alignment`` at or after the end of the
-    local header, its name, its ZIP64 extra and an empty padding extra.
-
-    Examples
-    --------
-    >>> storage_data_offset(0, 20, 150, 64)
-    64
-    """
-    start = header_offset + LocalFileHeader.SIZE + name_length + EXTRA_HEADER_STRUCT.size
-    start += len(zip64_extra(header_offset, size, local=True))
-    return start + (-start) % alignment
-
-
-def descriptor_size(header_offset: int, size: int) -> int:
-    """Bytes of data descriptor torch writes after a member: 0, 16 or 24."""
-    if size == 0:
-        return 0
-    return DESCRIPTOR64_STRUCT.size if needs_zip64(header_offset, size) else DESCRIPTOR_STRUCT.size

@@ -26,6 +26,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Final
 
 from ._runs import fold_crcs, pack_run
+from .layout import padding_extra, zip64_extra
 from .records import (
     CENTRAL_DIRECTORY_SIGNATURE,
     CENTRAL_DIRECTORY_STRUCT,
@@ -44,8 +45,6 @@ from .records import (
     EndOfCentralDirectory,
     Zip64EndOfCentralDirectory,
     Zip64Locator,
-    padding_extra,
-    zip64_extra,
 )
 from .serialization_id import SERIALIZATION_ID_NAME, fold_write, hash_combine, serialization_id
 

@@ -18,114 +18,41 @@ A POSIX tar archive whose members torch reads are:
 Keys live in one namespace (torch keeps one ``deserialized_objects`` dict).
 A reader MUST check every tar header (checksum, octal fields, sizes within the
 file), every count against the bytes that remain in its member, every view
-against its root storage and every tensor against its storage.  Members may
-be preceded by GNU long-name (``L``) and PAX (``x``) headers; archives may end
-without the two zero blocks.  Storage bytes are views of the source.
+against its root storage and every tensor against its storage.  The tar
+headers (checksums, member types, GNU and PAX extensions) are specified and
+read in :mod:`ptfile.archive.tar`, the one tar reader of the loader and the
+scanner.  Storage bytes are views of the source.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 from .. import dtypes
 from .._io import Source
-from ..errors import FormatError, LimitExceededError, StorageError
+from ..archive.tar import TarMember, read_members
+from ..errors import FormatError, LimitExceededError, PtfileError, StorageError
 from ..limits import Limits, applied
 from ..location import MapLocation, restore_location
+from ..policy import find_strict_class
 from ..rebuild import StorageType
 from ..tensor import Storage, Tensor
 from .detection import Detected
 from .legacy_pickle import unpickle_at
 from .options import ReadOptions
 
-__all__ = ["TarMember", "list_members", "read_tar"]
+__all__ = ["TarMember", "list_members", "pickle_offsets", "read_tar"]
 
-BLOCK: Final = 512
 _INT32: Final = struct.Struct("<i")
 _INT64: Final = struct.Struct("<q")
 _PAD: Final = struct.Struct("<4x")
-#: Header types that carry a member's data, and those that carry metadata only.
-REGULAR_TYPES: Final = frozenset({b"0", b"\0", b"7"})
-LONG_NAME_TYPE: Final = b"L"
-PAX_TYPES: Final = frozenset({b"x", b"g"})
-
-
-@dataclass(frozen=True, slots=True)
-class TarMember:
-    """One regular file of the tar archive: where its bytes are."""
-
-    name: str
-    offset: int
-    size: int
-
-
-def _octal(field: bytes, what: str, offset: int) -> int:
-    if field[:1] == b"\x80":  # GNU base-256 for values that do not fit in octal
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    if text and not all(0x30 <= c <= 0x37 for c in text):
-        raise FormatError(f"tar header field {what} is not octal: {field!r}", offset=offset)
-    return int(text, 8) if text else 0
-
-
-def _check_header(header: bytes, offset: int) -> None:
-    stored = _octal(header[148:156], "chksum", offset)
-    body = header[:148] + b" " * 8 + header[156:]
-    signed = sum(b - 256 if b > 127 else b for b in body)
-    if stored not in (sum(body), signed):
-        raise FormatError(f"tar header checksum {stored:#o} does not match its bytes",
-                          offset=offset)
-
-
-def _header_name(header: bytes) -> bytes:
-    name = header[:100].split(b"\0", 1)[0]
-    prefix = header[345:500].split(b"\0", 1)[0] if header[257:262] == b"ustar" else b""
-    return prefix + b"/" + name if prefix else name
-
-
-def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
-    """``"<len> key=value\\n"`` records of a PAX header."""
-    fields: dict[bytes, bytes] = {}
-    pos = 0
-    while pos < len(data) and data[pos:pos + 1] != b"\0":
-        length_text, space, _ = data[pos:pos + 20].partition(b" ")
-        if not space or not length_text.isdigit() or int(length_text) < 5 \
-                or pos + int(length_text) > len(data):
-            raise FormatError("malformed PAX extended header record", offset=offset + pos)
-        record = data[pos + len(length_text) + 1: pos + int(length_text) - 1]
-        key, _, value = record.partition(b"=")
-        fields[key] = value
-        pos += int(length_text)
-    return fields
-
-
-def _member_size(header: bytes, pending: dict[bytes, bytes], pos: int) -> int:
-    """The member's size: a preceding PAX ``size`` field overrides the header's."""
-    text = pending.get(b"size")
-    if text is None:
-        return _octal(header[124:136], "size", pos)
-    if not text.isdigit() or len(text) > 20:
-        raise FormatError(f"PAX size {text!r:.40} is not a decimal number", offset=pos)
-    return int(text)
-
-
-def _extended(source: Source, pos: int, size: int, kind: bytes,
-              limits: Limits) -> dict[bytes, bytes]:
-    """The fields a GNU long-name or PAX header sets for the next member."""
-    if size > limits.max_name_length + BLOCK:
-        raise LimitExceededError("max_name_length", limits.max_name_length, size,
-                                 "tar extended header")
-    data = source.pread(pos + BLOCK, size, "tar extended header")
-    if kind == LONG_NAME_TYPE:
-        return {b"path": data.split(b"\0", 1)[0]}
-    return _pax(data, pos + BLOCK) if kind == b"x" else {}
 
 
 def list_members(source: Source, limits: Limits) -> dict[str, TarMember]:
-    """The regular files of the tar archive in ``source`` (the last of equal names wins).
+    """The regular files of the tar archive in ``source`` (the last of equal names wins,
+    as with ``tarfile``'s ``getmember``); headers are read by :mod:`ptfile.archive.tar`.
 
     Raises
     ------
@@ -134,31 +61,7 @@ def list_members(source: Source, limits: Limits) -> dict[str, TarMember]:
     LimitExceededError
         More members than ``limits.max_records``.
     """
-    members: dict[str, TarMember] = {}
-    pos, pending = 0, dict[bytes, bytes]()
-    while pos + BLOCK <= source.size:
-        header = source.pread(pos, BLOCK, "tar header")
-        if header == bytes(BLOCK):
-            break
-        _check_header(header, pos)
-        size = _member_size(header, pending, pos)
-        if pos + BLOCK + size > source.size:
-            raise FormatError(f"tar member of {size} bytes reaches beyond the end of the input",
-                              offset=pos)
-        kind = header[156:157]
-        if kind == LONG_NAME_TYPE or kind in PAX_TYPES:
-            pending = _extended(source, pos, size, kind, limits)
-        else:
-            if kind in REGULAR_TYPES:
-                name = pending.get(b"path") or _header_name(header)
-                text = name.decode("utf-8", "replace")
-                members[text] = TarMember(text, pos + BLOCK, size)
-                if len(members) > limits.max_records:
-                    raise LimitExceededError("max_records", limits.max_records, len(members),
-                                             "tar members")
-            pending = {}
-        pos += BLOCK + -(-size // BLOCK) * BLOCK
-    return members
+    return {member.name: member for member in read_members(source, limits)}
 
 
 # --------------------------------------------------------------------------- members
@@ -180,6 +83,8 @@ class _Member:
         self.source, self.member, self.limits = source, member, limits
         self.find_class, self.encoding = find_class, encoding
         self.pos = 0
+        #: The file offset of every pickle read, in order (where the loader unpickles).
+        self.starts: list[int] = []
 
     def _take(self, n: int, what: str) -> int:
         """The absolute offset of the next ``n`` bytes, which must lie in the member."""
@@ -191,6 +96,7 @@ class _Member:
 
     def pickle(self, persistent_load: Callable[[Any], Any] | None = None) -> Any:
         start = self.member.offset + self.pos
+        self.starts.append(start)
         obj, end = unpickle_at(self.source, start, self.member.offset + self.member.size,
                                self.limits, find_class=self.find_class,
                                persistent_load=persistent_load, encoding=self.encoding)
@@ -296,6 +202,38 @@ def _member(members: dict[str, TarMember], name: str) -> TarMember:
     if found is None:
         raise FormatError(f"the legacy tar checkpoint has no {name!r} member "
                           f"(members: {sorted(members)!r:.200})")
+    return found
+
+
+def pickle_offsets(source: Source, limits: Limits) -> dict[str, list[int]]:
+    """Where the loader unpickles in the ``storages`` and ``tensors`` members (file offsets).
+
+    Those members interleave pickles with raw integers and storage bytes, so
+    only a reader that follows the counts and sizes finds every pickle (a
+    scanner must look where the loader looks).  The members are read as
+    :func:`read_tar` reads them (default policy, no storage data), as far as
+    they can be read; a member it cannot read has the offsets found until then.
+
+    Examples
+    --------
+    >>> from ptfile._io import BytesSource
+    >>> from ptfile.limits import DEFAULT_LIMITS
+    >>> pickle_offsets(BytesSource(bytes(1024)), DEFAULT_LIMITS)
+    {}
+    """
+    try:
+        members = list_members(source, limits)
+    except PtfileError:
+        return {}
+    objects, found = _TarObjects(None, skip_data=True), {}
+    for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
+        if name in members:
+            member = _Member(source, members[name], limits, find_strict_class, "utf-8")
+            try:
+                read(member)
+            except PtfileError:
+                pass
+            found[name] = member.starts
     return found
 
 

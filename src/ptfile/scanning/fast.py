@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from .errors import PtfileError
-from .limits import Limits
-from .picklevm import unpickle
-from .picklevm.hazards import tuple_height
-from .structural import StandIn, make_stand_in
+from ..errors import PtfileError
+from ..limits import Limits
+from ..picklevm import unpickle
+from ..picklevm.hazards import tuple_height
+from ..structural import StandIn, make_stand_in
 
 __all__ = ["fast_names"]
 

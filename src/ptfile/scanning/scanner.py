@@ -6,12 +6,18 @@ What is scanned
   ``.pkl`` or ``.debug_pkl`` (``data.pkl``, ``constants.pkl``, ``bytecode.pkl``…),
   including records the central directory names twice and *shadow* local
   headers it never names; plus the archive anomalies of
-  :mod:`ptfile._scan_containers` (duplicate names, local/central mismatch,
+  :mod:`ptfile.scanning.containers` (duplicate names, local/central mismatch,
   overlaps, data outside the archive, bytes before the first record, a second
   archive in the comment).
 * Legacy streams and plain pickles: the consecutive pickles at the start (torch
   unpickles five: magic, protocol, sys_info, object, storage keys).
-* Legacy tar files: every pickle in every member.
+* Legacy tar files: every pickle in every member the loader's tar reader
+  lists (:mod:`ptfile.archive.tar`, tolerant mode), at the offsets the loader
+  unpickles at (:func:`ptfile.formats.legacy_tar.pickle_offsets`) and wherever
+  one starts; and a pickle at byte 0, which torch unpickles when ``tarfile``
+  cannot read the archive.
+* The format is the loader's (:func:`ptfile.formats.detect`); a file with a
+  tar header is walked as a tar too, as torch tries ``tarfile`` first.
 * A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
 * Nested pickles: every byte string that starts like a pickle or a ZIP
   (``torch.storage._load_from_bytes`` unpickles such bytes) is scanned in turn,
@@ -20,36 +26,28 @@ What is scanned
 Every pickle is walked by :func:`ptfile.picklevm.symbolic.trace`, whose
 symbolic stack and memo resolve ``STACK_GLOBAL`` names built indirectly.
 
-Verdicts
---------
-Each :class:`Finding` has a :class:`Verdict`: ``allowed`` (on torch's
-weights-only allowlist or in :func:`ptfile.add_safe_globals`), ``dangerous``
-(the tables :data:`DANGEROUS_MODULES` and :data:`DANGEROUS_NAMES`: code
-execution, file or network access, a nested unpickler; plus EXT codes,
-unresolvable ``STACK_GLOBAL`` names, numpy object arrays and hash-flooding or
-deeply nested keys), or ``unknown`` (anything else: ``ptfile.load`` refuses it
-by default, ``torch.load(weights_only=False)`` would import and run it).
-Ambiguities (archive anomalies, data after ``STOP``) are ``unknown``.
+Verdicts are decided in :mod:`ptfile.scanning.verdicts`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ._io import BytesSource, FileLike, Source, is_path
-from ._remote import StorageOptions, local_path, open_any
-from ._scan_containers import Anomaly, Window, read_member, walk_tar, walk_zip
-from ._scan_fast import fast_names
-from .errors import PtfileError
-from .limits import DEFAULT_LIMITS, Limits
-from .picklevm.symbolic import GlobalRef, NameUse, Result, Trace, trace
-from .policy import BLOCKED_MODULES, find_allowed
+from .._io import BytesSource, FileLike, Source, is_path
+from .._remote import StorageOptions, local_path, open_any
+from ..archive import tar
+from ..errors import PtfileError
+from ..formats import Format, detect
+from ..formats.legacy_tar import pickle_offsets
+from ..limits import DEFAULT_LIMITS, Limits
+from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
+from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
+from .fast import fast_names
+from .verdicts import Finding, ScanResult, Verdict, verdict_of
 
-__all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "Finding", "ScanResult", "Verdict", "scan"]
+__all__ = ["scan"]
 
 #: Nested pickles inside nested pickles are scanned this deep.
 MAX_NESTING: Final = 4
@@ -58,181 +56,8 @@ MAX_STREAM_PICKLES: Final = 5
 #: Pickles searched for inside one tar member, at most.
 MAX_TAR_PICKLES: Final = 4096
 
-
-class Verdict(str, Enum):
-    """How much to worry about a finding, in increasing order."""
-
-    ALLOWED = "allowed"
-    UNKNOWN = "unknown"
-    DANGEROUS = "dangerous"
-
-
-#: Modules whose every global is dangerous (prefix match on dotted names).
-DANGEROUS_MODULES: Final = frozenset({
-    *BLOCKED_MODULES, "subprocess", "_posixsubprocess", "runpy", "importlib", "imp",
-    "pty", "shutil", "socket", "ctypes", "_ctypes", "pickle", "_pickle", "cPickle",
-    "marshal", "code", "codeop", "commands", "webbrowser", "multiprocessing", "signal",
-    "asyncio", "bdb", "pdb", "timeit", "pydoc", "ensurepip", "venv", "distutils",
-    "setuptools", "pip", "zipimport", "http", "urllib", "urllib2", "requests", "ftplib",
-    "smtplib", "telnetlib", "shelve", "dill", "cloudpickle", "joblib", "builtins.open",
-    "torch.hub", "torch.package", "torch.utils.cpp_extension", "torch._inductor",
-    "torch._dynamo", "torch.distributed.rpc", "numpy.f2py", "numpy.distutils",
-    "numpy.ctypeslib", "numpy.testing", "sysconfig", "ntpath", "posixpath", "glob",
-    "tempfile", "io", "_io", "types", "gc", "inspect", "operator", "profile", "cProfile",
-    "trace", "doctest", "idlelib", "lib2to3", "pickletools",
-})
-
-#: Single globals that are dangerous: evaluation, attribute access, nested loaders, exits.
-#: Constructors that only build objects (``functools.partial``, ``collections.defaultdict``,
-#: ``copyreg._reconstructor``, ``builtins.type``) are ``unknown``: real whole-model and
-#: optimizer pickles use them, and what they would call is flagged on its own.
-DANGEROUS_NAMES: Final = frozenset({
-    *((m, n) for m in ("builtins", "__builtin__") for n in (
-        "eval", "exec", "execfile", "compile", "open", "file", "__import__", "getattr",
-        "setattr", "delattr", "globals", "locals", "vars", "input", "breakpoint", "apply",
-        "reload", "help", "exit", "quit", "__build_class__")),
-    ("torch", "load"), ("torch.serialization", "load"), ("torch.serialization", "_load"),
-    ("torch.serialization", "_legacy_load"), ("torch.storage", "_load_from_bytes"),
-    ("torch.jit", "load"), ("torch.jit._serialization", "load"), ("torch", "save"),
-    ("torch.fx.graph_module", "_forward_from_src"), ("torch.fx.graph_module", "reduce_graph_module"),
-    ("torch.fx.graph_module", "_deserialize_graph_module"), ("functools", "reduce"),
-    ("numpy", "load"), ("numpy.lib.npyio", "load"), ("numpy.lib.format", "read_array"),
-    ("numpy", "fromfile"), ("numpy", "memmap"), ("numpy", "loadtxt"),
-    ("_operator", "attrgetter"), ("_operator", "methodcaller"),
-})
-
-#: TorchScript's typed-container constructors (``constants.pkl``/``data.pkl``): data only.
-TORCHSCRIPT_NAMES: Final = frozenset(("torch.jit._pickle", n) for n in (
-    "build_intlist", "build_doublelist", "build_boollist", "build_tensorlist",
-    "build_tensor_from_id", "restore_type_tag"))
-
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One thing the scanner saw.
-
-    Attributes
-    ----------
-    kind : str
-        ``global`` (a name a pickle imports), ``ext``, ``nested`` (a pickle
-        inside bytes), ``numpy-object-array``, ``hazard`` (hash flooding, deep
-        keys), ``stream`` (malformed pickle, data after ``STOP``), ``archive``
-        (a container anomaly; ``name`` holds its code) or ``format``.
-    verdict : Verdict
-    location : str
-        Where: the record or member, ``stream#N`` for the N-th pickle of a
-        stream, with `` > nested@0x..`` for nested pickles.
-    offset : int or None
-        Byte offset within that location (a pickle opcode, a header).
-    module, name : str
-        The global (empty for other kinds; ``name`` is the anomaly code for archive ones).
-    opcode : str
-        ``GLOBAL``, ``STACK_GLOBAL``, ``INST``, ``EXT1``…, or empty.
-    message : str
-        A sentence for humans.
-    """
-
-    kind: str
-    verdict: Verdict
-    location: str
-    offset: int | None
-    module: str = ""
-    name: str = ""
-    opcode: str = ""
-    message: str = ""
-
-    @property
-    def qualname(self) -> str:
-        """``module.name`` for globals, else the name."""
-        return f"{self.module}.{self.name}" if self.module else self.name
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (the verdict as its string value)."""
-        out = asdict(self)
-        out["verdict"] = self.verdict.value
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class ScanResult:
-    """What :func:`scan` found in one file.
-
-    Attributes
-    ----------
-    source : str or None
-        The path, when scanning a path.
-    format : str
-        ``zip``, ``torchscript``, ``legacy``, ``tar``, ``pickle`` or ``unknown``.
-    findings : tuple of Finding
-        In file order per location.
-    """
-
-    source: str | None
-    format: str
-    findings: tuple[Finding, ...] = field(default=())
-
-    @property
-    def is_dangerous(self) -> bool:
-        """True when any finding is dangerous."""
-        return any(f.verdict is Verdict.DANGEROUS for f in self.findings)
-
-    @property
-    def is_clean(self) -> bool:
-        """True when every finding is allowed: ``ptfile.load`` would load it as is."""
-        return all(f.verdict is Verdict.ALLOWED for f in self.findings)
-
-    @property
-    def globals(self) -> frozenset[str]:
-        """Every ``module.name`` the file's pickles import."""
-        return frozenset(f.qualname for f in self.findings if f.kind == "global")
-
-    @property
-    def unsafe_globals(self) -> frozenset[str]:
-        """Globals outside the allowlist (torch's ``get_unsafe_globals_in_checkpoint``)."""
-        return frozenset(f.qualname for f in self.findings
-                         if f.kind == "global" and f.verdict is not Verdict.ALLOWED)
-
-    @property
-    def verdict(self) -> Verdict:
-        """The worst verdict of any finding (``allowed`` when there are none)."""
-        order = list(Verdict)
-        return max((f.verdict for f in self.findings), key=order.index, default=Verdict.ALLOWED)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able summary: source, format, verdict, findings.
-
-        Examples
-        --------
-        >>> ScanResult(None, "zip").to_dict()["verdict"]
-        'allowed'
-        """
-        return {"source": self.source, "format": self.format, "verdict": self.verdict.value,
-                "is_dangerous": self.is_dangerous,
-                "findings": [f.to_dict() for f in self.findings]}
-
-
-def _module_dangerous(module: str) -> bool:
-    parts = module.split(".")
-    return any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1))
-
-
-def verdict_of(module: str, name: str) -> Verdict:
-    """The verdict for a global ``module.name`` (tables first, then the allowlist).
-
-    Examples
-    --------
-    >>> verdict_of("posix", "system"), verdict_of("torch", "FloatStorage")
-    (<Verdict.DANGEROUS: 'dangerous'>, <Verdict.ALLOWED: 'allowed'>)
-    """
-    if _module_dangerous(module) or (module, name) in DANGEROUS_NAMES \
-            or (module, name.split(".")[0]) in DANGEROUS_NAMES:
-        return Verdict.DANGEROUS
-    if find_allowed(module, name) is not None or (module, name) in TORCHSCRIPT_NAMES:
-        return Verdict.ALLOWED
-    return Verdict.UNKNOWN
 
 
 @dataclass(slots=True)
@@ -291,7 +116,7 @@ def _heads_look_nested(head: bytes) -> bool:
 def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int = 0) -> int:
     """Scan the pickle at ``data[start:]``; returns the offset after STOP (or -1)."""
     fast = fast_names(data, start, s.limits, _allowed, _heads_look_nested)
-    if fast is not None:  # plainly clean, as CPython itself resolves it (see _scan_fast)
+    if fast is not None:  # plainly clean, as CPython itself resolves it (see .fast)
         names, end = fast
         for module, name in names:
             s.add("global", Verdict.ALLOWED, where, None, module, name, "",
@@ -366,7 +191,7 @@ def _is_pickle_record(name: str) -> bool:
 
 
 def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
-    walked = walk_zip(source, eocd)
+    walked = walk_zip(source, s.limits, eocd)
     if walked is None:
         s.add("format", Verdict.UNKNOWN, where, None, message="no ZIP end record")
         return "unknown"
@@ -407,36 +232,76 @@ def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
 
 
 def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
-    members, anomalies = walk_tar(source)
+    members, anomalies = walk_tar(source, s.limits)
     for anomaly in anomalies:
         _anomaly(s, anomaly, "tar")
+    _scan_tar_head(s, source, depth)
+    loader = pickle_offsets(source, s.limits)
     for member in members:
         data = source.pread(member.offset, member.size, f"tar member {member.name}")
-        label = f"tar:{member.name}"
-        pos, found = 0, 0
-        while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
-            end = _scan_pickle(_probe := _Scan(s.limits), data, label, pos, depth)
-            if end > pos:
-                s.findings.extend(_probe.findings)
-                found, pos = found + 1, end
-            else:
-                pos = data.find(b"\x80", pos + 1)
+        starts = [at - member.offset for at in loader.get(member.name, ())
+                  if member.offset <= at < member.offset + member.size]
+        _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
+
+
+def _scan_tar_member(s: _Scan, data: bytes, label: str, starts: list[int], depth: int) -> None:
+    """Every pickle of a member: those the loader reads (at ``starts``), and consecutive
+    pickles from the start and from every PROTO opcode after bytes that are none."""
+    pos, found, done = 0, 0, set[int]()
+    while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
+        done.add(pos)
+        end = _scan_pickle(_probe := _Scan(s.limits), data, label, pos, depth)
+        if end > pos:
+            s.findings.extend(_probe.findings)
+            found, pos = found + 1, end
+        else:
+            pos = data.find(b"\x80", pos + 1)
+    for start in starts:
+        if start not in done:
+            _scan_pickle(s, data, label, start, depth)
+
+
+def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
+    """A pickle at byte 0 of a tar: torch unpickles the file from there when ``tarfile``
+    cannot read it (any ``TarError``: a bad first header, a truncated member...).
+
+    The first header is read, and more (eight times as much each time, up to
+    ``Limits.max_pickle_bytes``) while the pickle there runs past what was read.
+    """
+    window, most = tar.BLOCK, min(source.size, s.limits.max_pickle_bytes)
+    while True:
+        probe = _Scan(s.limits)
+        _scan_pickle(probe, source.pread(0, min(window, most), "tar head"), "tar(byte 0)", 0,
+                     depth)
+        if window >= most or not any(f.kind == "stream" and "truncated" in f.message
+                                     for f in probe.findings):
+            break
+        window *= 8
+    if any(f.kind != "stream" for f in probe.findings):  # it read as a pickle, not as a name
+        s.add("archive", Verdict.UNKNOWN, "tar", 0, "", "pickle-in-tar-header",
+              message="the first tar header starts with a pickle: torch unpickles it when "
+              "tarfile cannot read the archive")
+        s.findings.extend(probe.findings)
 
 
 def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
+    """Scan ``source`` as the loader detects it (:func:`ptfile.formats.detect`), and as a
+    tar too when it has a tar header (torch tries ``tarfile`` first on every non-ZIP file)."""
     head = source.pread(0, min(source.size, 512), "file signature")
-    if head[:4] == b"PK\x03\x04":
+    fmt = detect(head)
+    if fmt is Format.ZIP:
         return _scan_zip(s, source, where, depth)
-    if len(head) >= 262 and head[257:262] == b"ustar":
+    if tar.is_tar(head):
         _scan_tar(s, source, depth)
-        return "tar"
+        if fmt is Format.TAR:
+            return "tar"
     data = source.pread(0, min(source.size, s.limits.max_pickle_bytes), "pickle stream")
-    legacy = b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19" in head[:32]
-    if walk_zip(source) is not None:
+    if walk_zip(source, s.limits) is not None:
         s.add("archive", Verdict.UNKNOWN, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch reads "
               "the leading bytes, ZIP tools the archive")
         _scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
+    legacy = fmt is Format.LEGACY
     if _looks_like_pickle(head) or legacy:
         _scan_stream(s, data, where or "stream", depth, MAX_STREAM_PICKLES if legacy else 1)
         return "legacy" if legacy else "pickle"
@@ -496,11 +361,3 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
         return ScanResult(str(name) if name is not None else None, fmt, tuple(state.findings))
     finally:
         source.close()
-
-
-def iter_dangerous(result: ScanResult) -> Iterator[Finding]:
-    """The dangerous findings of ``result``, in order."""
-    return (f for f in result.findings if f.verdict is Verdict.DANGEROUS)
-
-
-_ = Result  # re-exported type for annotations of trace users

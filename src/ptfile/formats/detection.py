@@ -26,6 +26,7 @@ from typing import Final
 from .._gc import paused_gc
 from .._io import Source
 from ..archive import ZipReader
+from ..archive.tar import is_tar
 from ..limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["HEAD_BYTES", "LEGACY_MAGIC_PICKLE", "Detected", "Format", "detect", "detect_source",
@@ -58,7 +59,7 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
     (Format.ZIP, lambda head: head[:4] == b"PK\x03\x04"),
     (Format.LEGACY, lambda head: (head[:1] == b"\x80" and _MAGIC_LONG1 in head[:32])
         or head.startswith(_MAGIC_TEXT)),
-    (Format.TAR, lambda head: len(head) >= 262 and head[257:262] == b"ustar"),
+    (Format.TAR, is_tar),  # the tar reader's own test (archive.tar)
 )
 
 #: A torch ZIP's kind, by the record that marks it (first match wins).

@@ -87,6 +87,11 @@ class Source(Protocol):
         """:meth:`pread` of each ``(offset, n)``; a remote source fetches them together."""
         ...
 
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """A hint: these ``(offset, n)`` ranges are read next (a remote source fetches
+        them together and keeps them; the others need nothing)."""
+        ...
+
     def detached(self) -> Source:
         """A source over the same bytes that stays readable after :meth:`close`."""
         ...
@@ -143,6 +148,9 @@ class _ViewSource:
 
     def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
         return [self.pread(offset, n, what) for offset, n in ranges]
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Nothing to do: the bytes are at hand."""
 
     def whole(self) -> memoryview:
         """The whole input as one flat byte view (callers check their ranges in bulk)."""
@@ -221,6 +229,9 @@ class FileSource:
 
     def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
         return [self.pread(offset, n, what) for offset, n in ranges]
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Nothing to do: the bytes are at hand."""
 
     def detached(self) -> FileSource:
         """This source (reads after :meth:`close` of a file ptfile opened fail as OSError)."""

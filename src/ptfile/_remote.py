@@ -284,6 +284,21 @@ class RemoteSource:
             out.append(fetched[start, end][offset - start:offset - start + n])
         return out
 
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Fetch the ranges not cached yet together (neighbours as one, the rest
+        concurrently) and keep them, so the reads that follow cost no request."""
+        if self._whole is not None:
+            return
+        with self._lock:
+            wanted = [(o, n) for o, n in ranges if o >= 0 and n > 0 and o + n <= self.size
+                      and self._cached_slice(o, n) is None]
+        spans = [s for s in _coalesce(wanted) if s[1] - s[0] < BIG_READ_BYTES]
+        if spans:
+            fetched = self._fetch_concurrently(spans)
+            with self._lock:
+                for (start, _), data in zip(spans, fetched, strict=True):
+                    self._remember(start, data)
+
     def _fetch_concurrently(self, spans: Sequence[tuple[int, int]],
                             into: memoryview | None = None,
                             update: Callable[[int], None] | None = None) -> list[bytes]:

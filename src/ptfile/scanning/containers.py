@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._io import Source
-from ..archive._entries import parse_entries
+from ..archive._entries import Entries, parse_entries
 from ..archive.anomalies import Anomaly
 from ..archive.directory import check_counts, locate_directory
 from ..archive.reader import local_header_at, read_local_header
 from ..archive.records import (
     LOCAL_FILE_HEADER_SIGNATURE,
+    LOCAL_FILE_HEADER_STRUCT,
     METHOD_DEFLATED,
     METHOD_STORED,
     CentralDirectoryHeader,
@@ -54,6 +55,8 @@ from ..limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "read_member", "walk_tar", "walk_zip"]
 
+#: Local headers a remote source is asked to fetch at once (:meth:`Source.prefetch`).
+PREFETCH_HEADERS: Final = 1024
 #: Local header signatures looked for in gaps, at most (a hostile file may have millions).
 MAX_SHADOWS: Final = 64
 #: Gap bytes searched for shadow records, at most.
@@ -170,6 +173,8 @@ def walk_zip(source: Source, limits: Limits = DEFAULT_LIMITS, eocd: int | None =
                            limits.max_name_length, out)
     entries = []
     for row, name in enumerate(parsed.names):
+        if row % PREFETCH_HEADERS == 0:  # a remote source fetches the next headers at once
+            source.prefetch(_header_ranges(parsed, row, source.size))
         offset, size, csize, method, _, _ = parsed.row(row)
         data = read_local_header(source, name, offset, csize, directory.offset, out)
         if data is not None:
@@ -177,6 +182,18 @@ def walk_zip(source: Source, limits: Limits = DEFAULT_LIMITS, eocd: int | None =
     _check_names(entries, out)
     ranges = _check_layout(entries, out)
     return entries + _shadows(source, ranges, directory.offset, out), _deduplicated(out)
+
+
+def _header_ranges(parsed: Entries, start: int, size: int) -> list[tuple[int, int]]:
+    """The local headers (fixed part and name) of rows ``start`` to ``start +
+    PREFETCH_HEADERS``, as ranges inside the file."""
+    ranges = []
+    for row in range(start, min(start + PREFETCH_HEADERS, len(parsed.names))):
+        offset = parsed.row(row)[0]
+        n = LOCAL_FILE_HEADER_STRUCT.size + len(parsed.names[row].encode("utf-8", "surrogateescape"))
+        if offset >= 0 and offset + n <= size:
+            ranges.append((offset, n))
+    return ranges
 
 
 def read_member(source: Source, entry: ZipEntry, limit: int) -> bytes | None:
@@ -222,6 +239,10 @@ class Window:
 
     def pread_many(self, ranges: Sequence[tuple[int, int]], what: str) -> list[bytes]:
         return [self.pread(offset, n, what) for offset, n in ranges]
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        self._source.prefetch([(self._start + o, n) for o, n in ranges
+                               if o >= 0 and o + n <= self.size])
 
     def detached(self) -> Window:
         return self

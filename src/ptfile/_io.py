@@ -92,6 +92,10 @@ class Source(Protocol):
         them together and keeps them; the others need nothing)."""
         ...
 
+    def read_all(self) -> memoryview:
+        """The whole input in one buffer, read once, in order (or as it is at hand)."""
+        ...
+
     def detached(self) -> Source:
         """A source over the same bytes that stays readable after :meth:`close`."""
         ...
@@ -151,6 +155,10 @@ class _ViewSource:
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Nothing to do: the bytes are at hand."""
+
+    def read_all(self) -> memoryview:
+        """The input's own view (no copy)."""
+        return self._view
 
     def whole(self) -> memoryview:
         """The whole input as one flat byte view (callers check their ranges in bulk)."""
@@ -231,7 +239,11 @@ class FileSource:
         return [self.pread(offset, n, what) for offset, n in ranges]
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Nothing to do: the bytes are at hand."""
+        """Nothing to do: positioned reads of a local file are cheap."""
+
+    def read_all(self) -> memoryview:
+        """The file from the start offset to its end, in one fresh buffer."""
+        return memoryview(self.read_fresh(0, self.size, "the file"))
 
     def detached(self) -> FileSource:
         """This source (reads after :meth:`close` of a file ptfile opened fail as OSError)."""

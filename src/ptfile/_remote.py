@@ -154,14 +154,27 @@ class RemoteSource:
         self._cached = 0
         self._whole: bytes | bytearray | None = None
         self.requests = self.bytes_fetched = 0
-        info = self._call(self._fs.info, "the file's size", self._path)
-        size = info.get("size") if isinstance(info, dict) else None
+        info = self._info()
+        size = info.get("size")
         if info.get("type") == "directory":
             raise RemoteError(f"{url}: is a directory, not a checkpoint file", url=url)
         if not isinstance(size, int) or size < 0 or info.get("partial") is False:
             self._whole = self._stream_whole(size, limits)
             size = len(self._whole)
         self.size: int = size
+
+    def _info(self) -> dict[str, Any]:
+        """fsspec's ``info`` of the file.  fsspec's HTTP backend turns every failure of
+        its size look-up into "not found": a one-byte read then says what the server
+        really answers (403, 500…)."""
+        try:
+            info = self._call(self._fs.info, "the file's size", self._path)
+        except RemoteError as exc:
+            if exc.status != 404 or url_scheme(self.name) not in ("http", "https"):
+                raise
+            self._call(self._fs.cat_file, "the file", self._path, start=0, end=1)
+            raise
+        return info if isinstance(info, dict) else {}
 
     # -- fetching ----------------------------------------------------------------------
     def _call(self, fn: Any, what: str, *args: Any, **kwargs: Any) -> Any:

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import config
 from ._gc import paused_gc
-from ._io import FileLike, Source, damage_as_format_error, is_path
+from ._io import BytesSource, FileLike, Source, damage_as_format_error, is_path
 from ._remote import StorageOptions, local_path, open_any
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .archive.records import METHOD_STORED
@@ -524,6 +524,11 @@ def _open_zip(source: Source, reader: ZipReader, limits: Limits,
         return ck
 
 
+#: Formats read front to back (no index to seek by): a source that reads on demand (a
+#: URL) is read whole, once, in order, before their reader runs.
+_STREAMS: Final = frozenset({Format.LEGACY, Format.TAR})
+
+
 def _open_other(source: Source, detected: Detected, limits: Limits,
                 structural: bool) -> CheckpointReader:
     policy = policies.structural() if structural else policies.strict()
@@ -586,6 +591,10 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
             detected = detect_source(source, limits)
             if detected.format is Format.ZIP:
                 return _open_zip(source, detected.zip_reader(), limits, structural)
+            if source.reads_on_demand and detected.format in _STREAMS:
+                streamed = source
+                source = BytesSource(streamed.read_all(), name=streamed.name)
+                streamed.close()
             return _open_other(source, detected, limits, structural)
     except BaseException:
         source.close()

@@ -28,6 +28,7 @@ class Behaviour:
     fail_first: int = 0  # answer this many GETs with 500 first
     truncate_first: int = 0  # cut this many GET bodies short (then close the connection)
     size_delta: int = 0  # add this to the Content-Length that HEAD reports
+    forbidden: str = "forbidden"  # paths starting with this get 403
     failed: int = 0
     truncated: int = 0
 
@@ -56,6 +57,11 @@ class RangeServer:
                 return
 
             def _file(self) -> Path | None:
+                if self.path.lstrip("/").startswith(server.behaviour.forbidden):
+                    self.send_response(403)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
                 path = (server.folder / self.path.lstrip("/").split("?")[0]).resolve()
                 if server.folder.resolve() not in path.parents or not path.is_file():
                     self.send_response(404)

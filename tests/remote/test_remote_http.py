@@ -43,6 +43,7 @@ def _make_files(folder: Path) -> dict[str, Path]:
         "zip.pt": {"w": base, "t": base.t(), "h": torch.randn(300).to(torch.bfloat16),
                    "row": base[3], "big": torch.randn(1024, 1024)},
         "legacy.pt": {"w": base, "i": torch.arange(50)},
+        "legacy_big.pt": {"big": torch.randn(2048, 1024)},  # 8 MiB of storage after the pickles
     }
     for name, obj in files.items():
         torch.save(obj, folder / name,
@@ -90,7 +91,8 @@ def server(folder: Path) -> Iterator[RangeServer]:
         yield srv
 
 
-@pytest.mark.parametrize("name", ["zip.pt", "legacy.pt", "script.pt", "tar.pt"])
+@pytest.mark.parametrize("name", ["zip.pt", "legacy.pt", "legacy_big.pt", "script.pt",
+                                  "tar.pt"])
 def test_remote_load_equals_local_within_105_percent(server: RangeServer, folder: Path,
                                                      name: str) -> None:
     local = ptfile.load(folder / name)
@@ -234,10 +236,27 @@ def test_remote_persistent_failures_are_clear_errors(folder: Path, behaviour: Be
         ptfile.load(srv.url("zip.pt"))
 
 
-def test_remote_not_found_and_missing_backends(server: RangeServer) -> None:
+def test_remote_legacy_streams_read_once_and_scanned_without_storages(
+        server: RangeServer, folder: Path) -> None:
+    path = folder / "legacy_big.pt"
+    with ptfile.open(server.url("legacy_big.pt")) as ck:  # a stream: read whole, in order
+        np.testing.assert_array_equal(ck.get_tensor("big"), torch.load(path)["big"].numpy())
+    # the signature's 64 KiB block, then the file once, in two 8 MiB chunks
+    assert server.stats.requests["legacy_big.pt"] <= 3
+    assert server.stats.body_bytes["legacy_big.pt"] <= path.stat().st_size + (64 << 10)
+    server.reset()
+    result = ptfile.scan(server.url("legacy_big.pt"))
+    assert result.to_dict()["findings"] == ptfile.scan(path).to_dict()["findings"]
+    assert server.stats.body_bytes["legacy_big.pt"] <= 2 << 20  # the pickles, not 8 MiB
+
+
+def test_remote_not_found_forbidden_and_missing_backends(server: RangeServer) -> None:
     with pytest.raises(ptfile.RemoteError) as info:
         ptfile.open(server.url("missing.pt"))
     assert info.value.status == 404 and isinstance(info.value, OSError)
+    with pytest.raises(ptfile.RemoteError, match="access denied") as info:
+        ptfile.load(server.url("forbidden/zip.pt"))
+    assert info.value.status == 403
     with pytest.raises(ptfile.UnsupportedFeatureError, match="gcsfs"):
         ptfile.load("gs://bucket/model.pt")
     with pytest.raises(ValueError, match="mmap needs a path"):

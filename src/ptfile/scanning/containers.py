@@ -244,6 +244,9 @@ class Window:
         self._source.prefetch([(self._start + o, n) for o, n in ranges
                                if o >= 0 and o + n <= self.size])
 
+    def read_all(self) -> memoryview:
+        return memoryview(self.pread(0, self.size, "window"))
+
     def detached(self) -> Window:
         return self
 

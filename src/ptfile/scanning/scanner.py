@@ -42,6 +42,7 @@ from ..errors import PtfileError
 from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
+from ..picklevm import check_stream
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
 from .fast import fast_names
@@ -284,6 +285,38 @@ def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
         s.findings.extend(probe.findings)
 
 
+#: The first window of a stream read from a source that reads on demand (a URL).
+FIRST_STREAM_WINDOW: Final = 1 << 20
+
+
+def _stream_head(source: Source, limits: Limits, pickles: int) -> bytes:
+    """The bytes the stream scan reads: up to ``Limits.max_pickle_bytes`` of the file; from
+    a source that reads on demand, only a window that holds the first ``pickles``
+    consecutive pickles (a legacy file's five, not its storages after them), grown 4x
+    while a pickle runs past it."""
+    most = min(source.size, limits.max_pickle_bytes)
+    window = most if not source.reads_on_demand or not pickles else \
+        min(most, FIRST_STREAM_WINDOW)
+    while True:
+        data = source.pread(0, window, "pickle stream")
+        if window >= most or _holds_pickles(data, pickles, limits):
+            return data
+        window = min(most, window * 4)
+
+
+def _holds_pickles(data: bytes, count: int, limits: Limits) -> bool:
+    """True when ``data`` holds ``count`` well-formed consecutive pickles from its start."""
+    pos = 0
+    for _ in range(count):
+        try:
+            pos = check_stream(data, limits, start=pos).end
+        except PtfileError:
+            return False
+        if pos >= len(data):
+            return False
+    return True
+
+
 def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     """Scan ``source`` as the loader detects it (:func:`ptfile.formats.detect`), and as a
     tar too when it has a tar header (torch tries ``tarfile`` first on every non-ZIP file)."""
@@ -295,13 +328,13 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
         _scan_tar(s, source, depth)
         if fmt is Format.TAR:
             return "tar"
-    data = source.pread(0, min(source.size, s.limits.max_pickle_bytes), "pickle stream")
+    legacy = fmt is Format.LEGACY
+    data = _stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
     if walk_zip(source, s.limits) is not None:
         s.add("archive", Verdict.UNKNOWN, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch reads "
               "the leading bytes, ZIP tools the archive")
         _scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
-    legacy = fmt is Format.LEGACY
     if _looks_like_pickle(head) or legacy:
         _scan_stream(s, data, where or "stream", depth, MAX_STREAM_PICKLES if legacy else 1)
         return "legacy" if legacy else "pickle"

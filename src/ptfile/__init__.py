@@ -52,9 +52,9 @@ from .reader import (
     open,
 )
 from .scanning import Finding, ScanResult, Verdict, scan
+from .scanning.unsafe_globals import get_unsafe_globals_in_checkpoint
 from .structural import StandIn, state_dict
 from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
-from .unsafe_globals import get_unsafe_globals_in_checkpoint
 
 __version__ = "0.1.0"
 

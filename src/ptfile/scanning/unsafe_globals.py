@@ -36,12 +36,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from ._io import FileLike
-from ._remote import StorageOptions
-from .errors import FormatError
-from .limits import Limits
-from .policy import find_allowed
-from .scanning import Finding, scan
+from .._io import FileLike
+from .._remote import StorageOptions
+from ..errors import FormatError
+from ..limits import Limits
+from ..policy import find_allowed
+from .scanner import scan
+from .verdicts import Finding
 
 __all__ = ["get_unsafe_globals_in_checkpoint"]
 

@@ -12,7 +12,8 @@ do, and this module does:
   that whole tail (the end records and, for most files, the central
   directory) in one request.  Other small reads fetch a
   :data:`BLOCK_BYTES` block, so neighbouring reads (a local header, then its
-  record) share one request.  Reads of :data:`BIG_READ_BYTES` or more are
+  record) share one request; blocks are aligned, so reads that walk back
+  share them too.  Reads of :data:`BIG_READ_BYTES` or more are
   fetched exactly and not cached.  The cache keeps at most
   :data:`CACHE_BYTES` (least recently used spans go first).
 * **Coalesced, concurrent reads.**  :meth:`RemoteSource.pread_many` merges
@@ -78,6 +79,8 @@ COALESCE_GAP_BYTES: Final = 64 << 10
 CHUNK_BYTES: Final = 8 << 20
 #: Requests in flight at once in a whole-file read (between progress updates).
 CONCURRENCY: Final = 16
+#: Requests in flight at once for small ranges (prefetched local headers).
+SMALL_CONCURRENCY: Final = 128
 #: Attempts after the first, and the first wait (doubled each time).
 RETRIES: Final = 4
 BACKOFF_SECONDS: Final = 0.05
@@ -256,7 +259,8 @@ class RemoteSource:
             return max(0, size - TAIL_BYTES), size
         if offset < HEAD_BYTES and not self._cache:
             return 0, min(size, max(HEAD_BYTES, offset + n))
-        return offset, min(size, offset + max(n, BLOCK_BYTES))
+        start = offset - offset % BLOCK_BYTES  # aligned: reads walking back share blocks too
+        return start, min(size, max(start + BLOCK_BYTES, offset + n))
 
     # -- the Source interface ----------------------------------------------------------
     def pread(self, offset: int, n: int, what: str) -> bytes:
@@ -265,7 +269,7 @@ class RemoteSource:
         if self._whole is not None:
             return bytes(self._whole[offset:offset + n])
         if n >= BIG_READ_BYTES:
-            return self._fetch(offset, offset + n)
+            return self._fetch_big(offset, n)
         with self._lock:
             found = self._cached_slice(offset, n)
             if found is not None:
@@ -275,6 +279,18 @@ class RemoteSource:
             if self._whole is None:
                 self._remember(start, data)
             return data[offset - start:offset - start + n]
+
+    def _fetch_big(self, offset: int, n: int) -> bytes:
+        """A big read, fetched exactly, less a cached span that holds its end (the
+        tail block holds the end of a big central directory)."""
+        end = offset + n
+        with self._lock:
+            held = next(((start, data) for start, data in self._cache.items()
+                         if offset < start < end <= start + len(data)), None)
+        if held is None:
+            return self._fetch(offset, end)
+        start, data = held
+        return self._fetch(offset, start) + data[:end - start]
 
     def view(self, offset: int, n: int, what: str) -> memoryview:
         return memoryview(self.pread(offset, n, what))
@@ -307,20 +323,21 @@ class RemoteSource:
                       and self._cached_slice(o, n) is None]
         spans = [s for s in _coalesce(wanted) if s[1] - s[0] < BIG_READ_BYTES]
         if spans:
-            fetched = self._fetch_concurrently(spans)
+            fetched = self._fetch_concurrently(spans, at_once=SMALL_CONCURRENCY)
             with self._lock:
                 for (start, _), data in zip(spans, fetched, strict=True):
                     self._remember(start, data)
 
     def _fetch_concurrently(self, spans: Sequence[tuple[int, int]],
                             into: memoryview | None = None,
-                            update: Callable[[int], None] | None = None) -> list[bytes]:
+                            update: Callable[[int], None] | None = None,
+                            at_once: int = CONCURRENCY) -> list[bytes]:
         """Each ``[start, end)`` span, fetched concurrently; a failed one is fetched again
         on its own (with :meth:`_fetch`'s retries and checks).  With ``into``, each span
         is copied there at its offset instead of returned."""
         out: list[bytes] = []
-        for i in range(0, len(spans), CONCURRENCY):
-            group = spans[i:i + CONCURRENCY]
+        for i in range(0, len(spans), at_once):
+            group = spans[i:i + at_once]
             got = self._call(self._fs.cat_ranges, "byte ranges", [self._path] * len(group),
                              [s for s, _ in group], [e for _, e in group], on_error="return")
             for (start, end), data in zip(group, got, strict=True):

@@ -80,7 +80,7 @@ CHUNK_BYTES: Final = 8 << 20
 #: Requests in flight at once in a whole-file read (between progress updates).
 CONCURRENCY: Final = 16
 #: Requests in flight at once for small ranges (prefetched local headers).
-SMALL_CONCURRENCY: Final = 128
+SMALL_CONCURRENCY: Final = 32
 #: Attempts after the first, and the first wait (doubled each time).
 RETRIES: Final = 4
 BACKOFF_SECONDS: Final = 0.05

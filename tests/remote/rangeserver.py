@@ -40,6 +40,12 @@ class Stats:
     ranges: list[tuple[str, str]] = field(default_factory=list)
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: a client opening many connections at once
+    # (concurrent range requests) would see its SYNs dropped and retried for seconds.
+    request_queue_size = 256
+
+
 class RangeServer:
     """``with RangeServer(folder) as server: server.url("model.pt")``."""
 
@@ -120,7 +126,7 @@ class RangeServer:
                 if cut:
                     self.close_connection = True
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 

@@ -120,9 +120,9 @@ class RangeServer:
                     self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
                 self.end_headers()
                 sent = body[: len(body) // 2] if cut else body
-                self.wfile.write(sent)
-                with server._lock:
+                with server._lock:  # counted before sending: the client may return at once
                     server.stats.body_bytes[path.name] += len(sent)
+                self.wfile.write(sent)
                 if cut:
                     self.close_connection = True
 

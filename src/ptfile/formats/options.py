@@ -8,18 +8,14 @@ arguments, so a setting has one name and one default everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
 
 from ..config import Settings, current
 from ..limits import DEFAULT_LIMITS, Limits
 from ..location import MapLocation, has_packages
-from ..policy import find_strict_class
+from ..policy import FindClass, find_strict_class
 
 __all__ = ["FindClass", "ReadOptions"]
-
-FindClass: TypeAlias = Callable[[str, str], Any]
 
 
 @dataclass(frozen=True, slots=True)

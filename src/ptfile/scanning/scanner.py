@@ -43,6 +43,7 @@ from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm import check_stream
+from ..picklevm._walk import frame_violation
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
 from .fast import fast_names
@@ -57,6 +58,8 @@ MAX_STREAM_PICKLES: Final = 5
 #: Pickles searched for inside one tar member, at most.
 MAX_TAR_PICKLES: Final = 4096
 
+#: The FRAME opcode.
+_FRAME_BYTE: Final = b"\x95"
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
 
@@ -128,6 +131,7 @@ def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int =
     except PtfileError as exc:
         s.add("stream", Verdict.UNKNOWN, where, start, message=f"not a readable pickle: {exc}")
         return -1
+    _frames(s, data, start, info.end, where)
     for use in info.names:
         _name_finding(s, use, where)
     for code, pos in info.exts:
@@ -144,6 +148,23 @@ def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int =
     for blob, pos in info.blobs:
         _scan_blob(s, blob, f"{where} > nested@{pos:#x}", depth)
     return info.end
+
+
+def _frames(s: _Scan, data: bytes, start: int, end: int, where: str) -> None:
+    """Rule 6 of :mod:`ptfile.picklevm.lexer`: an opcode that straddles a frame's end reads
+    differently in CPython's C unpickler over a ``BytesIO`` (torch.load's ZIP records), which
+    takes its argument from after the frame, than in this walk: what that unpickler would run
+    is hidden, so the stream is dangerous."""
+    if end <= start or _FRAME_BYTE not in data[start:end]:
+        return
+    try:
+        found = frame_violation(data, start, end, s.limits)
+    except PtfileError:
+        return  # a damaged stream: the walk reports it
+    if found is not None:
+        s.add("frame", Verdict.DANGEROUS, where, found[0], "", "frame-straddle", "FRAME",
+              f"{found[1]}; CPython's unpickler over a BytesIO, as torch.load reads ZIP "
+              "records, takes opcodes this walk does not see")
 
 
 def _looks_like_pickle(blob: bytes) -> bool:

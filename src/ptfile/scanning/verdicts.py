@@ -80,7 +80,8 @@ class Finding:
     kind : str
         ``global`` (a name a pickle imports), ``ext``, ``nested`` (a pickle
         inside bytes), ``numpy-object-array``, ``hazard`` (hash flooding, deep
-        keys), ``stream`` (malformed pickle, data after ``STOP``), ``archive``
+        keys), ``frame`` (an opcode straddles a frame's end: unpicklers read it
+        differently), ``stream`` (malformed pickle, data after ``STOP``), ``archive``
         (a container anomaly; ``name`` holds its code) or ``format``.
     verdict : Verdict
     location : str

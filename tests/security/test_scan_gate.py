@@ -1,0 +1,65 @@
+"""The scan as a CI gate: no file that would run code in torch or in CPython passes.
+
+Each hostile file is built by a generator here; CPython's C unpickler (in a
+child process, with an inert ``find_class``: :mod:`gate_oracle`) and real
+torch say what would really be resolved or read.
+"""
+
+from __future__ import annotations
+
+import pickletools
+
+import pytest
+from gate_oracle import c_unpickler
+from hostile import checkpoint
+
+import ptfile
+from ptfile.errors import PtfileError
+from ptfile.scanning import Verdict
+
+# --------------------------------------------------------------------------- framing
+
+
+def frame_straddle(command: str = "echo pwned") -> bytes:
+    """Protocol 5: a FRAME of 2 bytes holding ``BINBYTES`` and one byte of its length.
+
+    Static readers take the length across the frame's end (0x107: a string that
+    hides the payload); the C unpickler over a BytesIO takes it from the four
+    bytes after the frame (1), then runs ``GLOBAL os system`` and ``REDUCE``.
+    """
+    payload = b"cos\nsystem\n(S'" + command.encode() + b"'\ntR."
+    low = 7
+    after = (b"\x01\x00\x00" + b"\x00" + b"X" + payload).ljust(3 + 256 + low, b"X") + b"."
+    return b"\x80\x05\x95" + (2).to_bytes(8, "little") + b"B" + bytes([low]) + after
+
+
+def test_frame_straddle_runs_a_hidden_global_in_cpython() -> None:
+    data = frame_straddle()
+    seen = c_unpickler(data)
+    assert seen["calls"] == [["os", "system"]], seen
+    assert "GLOBAL" not in {op.name for op, _, _ in pickletools.genops(data)}
+
+
+@pytest.mark.parametrize("zipped", [False, True])
+def test_scan_flags_an_opcode_that_straddles_a_frame(zipped: bool) -> None:
+    data = checkpoint(frame_straddle()) if zipped else frame_straddle()
+    result = ptfile.scan(data)
+    assert result.is_dangerous
+    assert any(f.kind == "frame" and f.verdict is Verdict.DANGEROUS for f in result.findings)
+
+
+def test_load_refuses_an_opcode_that_straddles_a_frame() -> None:
+    with pytest.raises(PtfileError, match="straddles the end of its frame"):
+        ptfile.load(checkpoint(frame_straddle()))
+
+
+def test_real_protocol_5_frames_stay_clean() -> None:
+    import io
+
+    import torch
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(3), "names": ["x" * 70_000, b"y" * 200_000]}, buf,
+               pickle_protocol=5)
+    result = ptfile.scan(buf.getvalue())
+    assert result.is_clean, result.findings
+    assert ptfile.load(buf.getvalue())["names"][1] == b"y" * 200_000

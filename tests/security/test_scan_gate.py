@@ -7,14 +7,17 @@ torch say what would really be resolved or read.
 
 from __future__ import annotations
 
+import io
+import pickle
 import pickletools
 
 import pytest
+import torch
 from gate_oracle import c_unpickler
-from hostile import checkpoint
+from hostile import checkpoint, raw_zip
 
 import ptfile
-from ptfile.errors import PtfileError
+from ptfile.errors import ArchiveError, PtfileError
 from ptfile.scanning import Verdict
 
 # --------------------------------------------------------------------------- framing
@@ -54,12 +57,49 @@ def test_load_refuses_an_opcode_that_straddles_a_frame() -> None:
 
 
 def test_real_protocol_5_frames_stay_clean() -> None:
-    import io
-
-    import torch
     buf = io.BytesIO()
     torch.save({"w": torch.ones(3), "names": ["x" * 70_000, b"y" * 200_000]}, buf,
                pickle_protocol=5)
     result = ptfile.scan(buf.getvalue())
     assert result.is_clean, result.findings
     assert ptfile.load(buf.getvalue())["names"][1] == b"y" * 200_000
+
+
+# --------------------------------------------------------------------------- ZIP names by case
+
+EVIL = b"\x80\x02cposix\nsystem\nX\x02\x00\x00\x00hi\x85R."
+
+
+def case_colliding(payload_name: str, payload_first: bool = True) -> bytes:
+    """A payload record whose name equals ``archive/data.pkl`` but for case, and the real one."""
+    records = [(payload_name, EVIL), ("archive/data.pkl", pickle.dumps({"w": 1}, protocol=2))]
+    rest = [("archive/version", b"3\n"), ("archive/byteorder", b"little")]
+    return raw_zip([*(records if payload_first else records[::-1]), *rest])
+
+
+@pytest.mark.parametrize("name", ["archive/Data.pkl", "archive/DATA.PKL"])
+def test_torch_reads_the_first_record_whose_name_matches_ignoring_case(name: str) -> None:
+    with pytest.raises(pickle.UnpicklingError, match="system"):
+        torch.load(io.BytesIO(case_colliding(name)), weights_only=True)
+
+
+@pytest.mark.parametrize("name", ["archive/Data.pkl", "archive/DATA.PKL"])
+def test_scan_reads_the_record_torch_reads_and_calls_the_collision_dangerous(name: str) -> None:
+    result = ptfile.scan(case_colliding(name))
+    assert {f.location for f in result.findings if f.qualname == "posix.system"} == {name}
+    collisions = [f for f in result.findings if f.name == "case-colliding-names"]
+    assert collisions and all(f.verdict is Verdict.DANGEROUS for f in collisions)
+
+
+@pytest.mark.parametrize("payload_first", [True, False])
+def test_load_refuses_names_that_collide_by_case(payload_first: bool) -> None:
+    with pytest.raises(ArchiveError, match="only in case"):
+        ptfile.load(case_colliding("archive/Data.pkl", payload_first))
+
+
+def test_names_that_differ_otherwise_still_load() -> None:
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buf)
+    renamed = buf.getvalue().replace(b"archive/", b"Model_V/")
+    assert ptfile.load(renamed)["w"].numpy().tolist() == [1.0, 1.0]
+    assert ptfile.scan(renamed).is_clean

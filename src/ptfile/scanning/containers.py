@@ -12,13 +12,13 @@ the central directory (:func:`ptfile.archive._entries.parse_entries`) and each
 local header (:func:`ptfile.archive.reader.read_local_header`), whose
 docstrings list their anomaly codes: among them ``data-after-archive``,
 ``archive-in-comment``, ``several-end-records``, ``duplicate-name``,
+``case-colliding-names``,
 ``name-mismatch``, ``bad-local-header``, ``data-outside-archive``,
 ``overlapping-records`` and ``bad-central-directory``.  On top of them, what
 only a scanner asks:
 
 * ``bytes-before-first-record``: the first local header is not at offset 0
   (a prepended file: a polyglot, e.g. a pickle or an image before the ZIP);
-* ``case-colliding-names``: names that differ only in case;
 * ``overlapping-records``, also with each record's extent taken from its local
   header (name and extra field as the local header gives them);
 * ``shadow-record``: a local header in the gaps between the records the
@@ -86,14 +86,9 @@ def _pread(source: Source, offset: int, n: int) -> bytes | None:
 
 
 def _check_names(entries: list[ZipEntry], out: list[Anomaly]) -> None:
-    """Names equal but for case, and names outside the first one's folder (exact
-    duplicates are the central directory parser's ``duplicate-name``)."""
-    folded: dict[str, str] = {}
-    for e in entries:
-        first = folded.setdefault(e.name.casefold(), e.name)
-        if first != e.name:
-            out.append(Anomaly("case-colliding-names", f"differs from {first!r} only in case",
-                               e.header_offset, e.name))
+    """Names outside the first one's folder (exact duplicates and names equal but for
+    case are the central directory parser's ``duplicate-name`` and
+    ``case-colliding-names``)."""
     prefix = entries[0].name.split("/", 1)[0] + "/" if entries else ""
     out.extend(Anomaly("outside-prefix", f"not under the archive folder {prefix!r}",
                        e.header_offset, e.name) for e in entries if not e.name.startswith(prefix))

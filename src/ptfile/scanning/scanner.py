@@ -209,7 +209,8 @@ def _bytes_source(data: bytes) -> Source:
 
 
 def _is_pickle_record(name: str) -> bool:
-    return name.endswith((".pkl", ".debug_pkl"))
+    # torch looks records up ignoring case: it unpickles ``archive/DATA.PKL`` as data.pkl.
+    return name.lower().endswith((".pkl", ".debug_pkl"))
 
 
 def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
@@ -247,10 +248,15 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
     return fmt
 
 
+#: Archive anomalies that make loaders read different records for one name: dangerous,
+#: whatever each reads (the others are ``unknown``).
+DIVERGENT_ANOMALIES: Final = frozenset({"duplicate-name", "case-colliding-names"})
+
+
 def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
     label = anomaly.member or where or "archive"
-    s.add("archive", Verdict.UNKNOWN, label, anomaly.offset, "", anomaly.code,
-          message=anomaly.message)
+    verdict = Verdict.DANGEROUS if anomaly.code in DIVERGENT_ANOMALIES else Verdict.UNKNOWN
+    s.add("archive", verdict, label, anomaly.offset, "", anomaly.code, message=anomaly.message)
 
 
 def _scan_tar(s: _Scan, source: Source, depth: int) -> None:

@@ -103,3 +103,27 @@ def test_names_that_differ_otherwise_still_load() -> None:
     renamed = buf.getvalue().replace(b"archive/", b"Model_V/")
     assert ptfile.load(renamed)["w"].numpy().tolist() == [1.0, 1.0]
     assert ptfile.scan(renamed).is_clean
+
+
+# --------------------------------------------------------------------------- bare protocol 0/1
+
+CALL = b"cos\nsystem\n(S'echo pwned'\ntR"
+#: Protocol 0/1 pickles by their first opcode: each pushes something, pops it, then calls.
+BARE = {"V": b"Vhello\n0", "S": b"S'x'\n0", "I": b"I1\n0", "]": b"]0", "N": b"N0",
+        "K": b"K\x010", "}": b"}0", "F": b"F1.5\n0", "L": b"L7L\n0", "(": b"(l0"}
+
+
+@pytest.mark.parametrize("opener", sorted(BARE))
+def test_scan_reads_a_bare_pickle_whatever_its_first_opcode(opener: str) -> None:
+    data = BARE[opener] + CALL + b"."
+    assert c_unpickler(data)["calls"] == [["os", "system"]]
+    result = ptfile.scan(data)
+    assert result.is_dangerous and result.format == "pickle"
+    assert "os.system" in result.unsafe_globals
+    with pytest.raises(PtfileError):
+        ptfile.load(data)
+
+
+def test_a_file_that_is_no_pickle_is_still_an_unknown_format() -> None:
+    result = ptfile.scan(b'{"a": 1}')
+    assert (result.format, result.verdict) == ("unknown", Verdict.UNKNOWN)

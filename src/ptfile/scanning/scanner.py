@@ -10,7 +10,10 @@ What is scanned
   overlaps, data outside the archive, bytes before the first record, a second
   archive in the comment).
 * Legacy streams and plain pickles: the consecutive pickles at the start (torch
-  unpickles five: magic, protocol, sys_info, object, storage keys).
+  unpickles five: magic, protocol, sys_info, object, storage keys).  A file of
+  no known format is scanned as a pickle when it reads as one from byte 0,
+  whatever its first opcode (protocol 0/1 streams open with ``V``, ``S``,
+  ``I``, ``]``...): torch unpickles the start of every such file.
 * Legacy tar files: every pickle in every member the loader's tar reader
   lists (:mod:`ptfile.archive.tar`, tolerant mode), at the offsets the loader
   unpickles at (:func:`ptfile.formats.legacy_tar.pickle_offsets`) and wherever
@@ -44,6 +47,7 @@ from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm import check_stream
 from ..picklevm._walk import frame_violation
+from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
 from .fast import fast_names
@@ -58,6 +62,8 @@ MAX_STREAM_PICKLES: Final = 5
 #: Pickles searched for inside one tar member, at most.
 MAX_TAR_PICKLES: Final = 4096
 
+#: Bytes that are an opcode: a pickle may start with any of them.
+_OPCODE_BYTES: Final = frozenset(bytes([op.code]) for op in OPCODES)
 #: The FRAME opcode.
 _FRAME_BYTE: Final = b"\x95"
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
@@ -202,6 +208,23 @@ def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) 
               "STOP: loaders ignore them, other tools may not")
         if _looks_like_pickle(data[pos:pos + 2]):
             _scan_pickle(s, data, f"{where} (after STOP)", pos, depth)
+
+
+def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:
+    """Scan ``data`` as a pickle when it reads as one from byte 0, whatever its first opcode.
+
+    torch unpickles the start of every file that is neither a ZIP nor a tar (its
+    legacy loader's first pickle), so a protocol 0/1 stream that opens with ``V``,
+    ``S``, ``I``, ``]``, ``N``... runs as surely as one that opens with ``PROTO``.
+    """
+    if data[:1] not in _OPCODE_BYTES:
+        return False
+    probe = _Scan(s.limits)
+    _scan_stream(probe, data, where or "stream", depth)
+    if any(f.kind == "stream" and f.offset == 0 for f in probe.findings):
+        return False  # not a readable pickle at byte 0
+    s.findings.extend(probe.findings)
+    return True
 
 
 def _bytes_source(data: bytes) -> Source:
@@ -365,6 +388,8 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     if _looks_like_pickle(head) or legacy:
         _scan_stream(s, data, where or "stream", depth, MAX_STREAM_PICKLES if legacy else 1)
         return "legacy" if legacy else "pickle"
+    if _bare_pickle(s, data, where, depth):
+        return "pickle"
     s.add("format", Verdict.UNKNOWN, where or "file", 0,
           message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
     return "unknown"

@@ -7,6 +7,8 @@ torch say what would really be resolved or read.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import io
 import pickle
 import pickletools
@@ -127,3 +129,27 @@ def test_scan_reads_a_bare_pickle_whatever_its_first_opcode(opener: str) -> None
 def test_a_file_that_is_no_pickle_is_still_an_unknown_format() -> None:
     result = ptfile.scan(b'{"a": 1}')
     assert (result.format, result.verdict) == ("unknown", Verdict.UNKNOWN)
+
+
+# --------------------------------------------------------------------------- dotted names
+
+
+def stack_global(module: str, name: str) -> bytes:
+    """Protocol 4: SHORT_BINUNICODE module, name, STACK_GLOBAL."""
+    return b"".join(b"\x8c" + bytes([len(p)]) + p.encode() for p in (module, name)) + b"\x93"
+
+
+DOTTED = [("pathlib", "os.system"), ("typing", "sys.modules"),
+          ("torch", "serialization.load"), ("shlex", "os.system")]
+
+
+@pytest.mark.parametrize(("module", "name"), DOTTED)
+def test_scan_classifies_a_dotted_name_by_what_it_resolves_to(module: str, name: str) -> None:
+    fetched = pickle.loads(b"\x80\x04" + stack_global(module, name) + b".")  # nothing called
+    first = name.split(".")[0]
+    owner = getattr(importlib.import_module(module), first)
+    assert fetched is functools.reduce(getattr, name.split(".")[1:], owner)
+    data = b"\x80\x04" + stack_global(module, name) + b"\x8c\x02hi\x85R."
+    result = ptfile.scan(data)
+    assert result.is_dangerous, result.findings
+    assert f"{module}.{name}" in result.unsafe_globals

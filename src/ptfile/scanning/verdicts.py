@@ -181,21 +181,47 @@ def _module_dangerous(module: str) -> bool:
     return any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1))
 
 
+def _readings(module: str, name: str) -> Iterator[tuple[str, str]]:
+    """Every ``(module, name)`` a dotted name may resolve as.
+
+    Protocol 4+ resolves ``name`` through its attribute chain, and an
+    attribute may be a module: ``pathlib`` + ``os.system`` is ``os.system``,
+    ``torch`` + ``hub.load`` is ``torch.hub.load``.  So the name is read with
+    each run of its leading attributes appended to the module, and with each
+    run of attributes standing for a module of that name.
+    """
+    yield module, name
+    attrs = name.split(".")
+    for j in range(1, len(attrs)):
+        rest = ".".join(attrs[j:])
+        yield ".".join((module, *attrs[:j])), rest
+        for i in range(j):
+            yield ".".join(attrs[i:j]), rest
+
+
+def _dangerous(module: str, name: str) -> bool:
+    return _module_dangerous(module) or (module, name) in DANGEROUS_NAMES \
+        or (module, name.split(".")[0]) in DANGEROUS_NAMES
+
+
 def verdict_of(module: str, name: str) -> Verdict:
     """The verdict for a global ``module.name`` (tables first, then the allowlist).
+
+    A dotted ``name`` is dangerous when any object along its attribute chain may
+    be (:func:`_readings`): ``pathlib`` + ``os.system`` is ``os.system``.
 
     Examples
     --------
     >>> verdict_of("posix", "system"), verdict_of("torch", "FloatStorage")
     (<Verdict.DANGEROUS: 'dangerous'>, <Verdict.ALLOWED: 'allowed'>)
+    >>> verdict_of("pathlib", "os.system")
+    <Verdict.DANGEROUS: 'dangerous'>
     """
-    if _module_dangerous(module) or (module, name) in DANGEROUS_NAMES \
-            or (module, name.split(".")[0]) in DANGEROUS_NAMES:
+    if any(_dangerous(m, n) for m, n in _readings(module, name)):
         return Verdict.DANGEROUS
     if find_allowed(module, name) is not None or (module, name) in TORCHSCRIPT_NAMES:
         return Verdict.ALLOWED
     return Verdict.UNKNOWN
-
 
 
 def iter_dangerous(result: ScanResult) -> Iterator[Finding]:

@@ -15,7 +15,7 @@ import pickletools
 
 import pytest
 import torch
-from gate_oracle import c_unpickler
+from gate_oracle import c_unpickler, resolved
 from hostile import checkpoint, raw_zip
 
 import ptfile
@@ -153,3 +153,51 @@ def test_scan_classifies_a_dotted_name_by_what_it_resolves_to(module: str, name:
     result = ptfile.scan(data)
     assert result.is_dangerous, result.findings
     assert f"{module}.{name}" in result.unsafe_globals
+
+
+# --------------------------------------------------------------------------- names by capability
+
+#: Globals of peer scanners' malicious samples that used to be only 'unknown', and more of
+#: each family (run commands, import by name, open files or sockets, load modules).
+CAPABLE = ["torch.utils.collect_env.run", "torch._C.import_ir_module_from_buffer",
+           "torch._C._load_for_lite_interpreter", "torch._C._jit_pass_inline",
+           "uuid._get_command_stdout", "pkgutil.resolve_name", "logging.FileHandler",
+           "_pyrepl.pager.pipe_pager", "_interpreters.create", "imaplib.IMAP4_stream",
+           "poplib.POP3", "httplib.HTTPSConnection", "http.client.HTTPSConnection",
+           "nntplib.NNTP", "socketserver.TCPServer", "zipfile.ZipFile", "torch.ops.load_library",
+           "numpy.lib._npyio_impl.load", "torch.multiprocessing.spawn",
+           "torch.testing._internal.common_utils.shell", "sqlite3.connect",
+           "xmlrpc.client.ServerProxy"]
+
+
+def reduce_call(qualname: str) -> bytes:
+    module, name = qualname.rsplit(".", 1)
+    return b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\nX\x02\x00\x00\x00hi\x85R."
+
+
+@pytest.mark.parametrize("qualname", CAPABLE)
+def test_scan_calls_capable_names_dangerous(qualname: str) -> None:
+    data = reduce_call(qualname)
+    assert resolved(data) == {qualname}  # CPython would import it, then call it
+    result = ptfile.scan(data)
+    assert result.is_dangerous, result.findings
+
+
+def codec_pickle(codec: str) -> bytes:
+    """``_codecs.encode('x', codec)``, as picklers write bytes (with latin1)."""
+    return (b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00x" + b"X" + len(codec).to_bytes(4, "little")
+            + codec.encode() + b"\x86R.")
+
+
+@pytest.mark.parametrize("codec", ["rot13", "hex", "zlib", "idna", "punycode", "undefined"])
+def test_scan_calls_encode_with_a_codec_outside_the_standard_set_dangerous(codec: str) -> None:
+    data = codec_pickle(codec)
+    assert c_unpickler(data)["calls"] == [["_codecs", "encode"]]
+    result = ptfile.scan(data)
+    assert result.is_dangerous and any(f.kind == "codec" for f in result.findings)
+
+
+@pytest.mark.parametrize("codec", ["latin1", "latin-1", "utf-8", "ascii"])
+def test_encode_with_a_standard_codec_stays_clean(codec: str) -> None:
+    assert ptfile.scan(codec_pickle(codec)).is_clean
+    assert ptfile.scan(pickle.dumps({"b": b"\x00\xff" * 3}, protocol=2)).is_clean

@@ -51,7 +51,7 @@ from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
 from .fast import fast_names
-from .verdicts import Finding, ScanResult, Verdict, verdict_of
+from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
 __all__ = ["scan"]
 
@@ -64,6 +64,9 @@ MAX_TAR_PICKLES: Final = 4096
 
 #: Bytes that are an opcode: a pickle may start with any of them.
 _OPCODE_BYTES: Final = frozenset(bytes([op.code]) for op in OPCODES)
+#: ``_codecs.encode``: allowlisted (picklers write bytes with it), but its codec name is
+#: looked up, importing ``encodings.<name>``.
+_ENCODE: Final = ("_codecs", "encode")
 #: The FRAME opcode.
 _FRAME_BYTE: Final = b"\x95"
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
@@ -90,6 +93,16 @@ def _name_finding(s: _Scan, use: NameUse, where: str) -> None:
     verdict = verdict_of(use.module, use.name)
     s.add("global", verdict, where, use.pos, use.module, use.name, use.opcode,
           f"imports {use.module}.{use.name}")
+
+
+def _codec_calls(s: _Scan, info: Trace, where: str) -> None:
+    for call in info.calls:
+        func = call.func
+        if isinstance(func, GlobalRef) and (func.module, func.name) == _ENCODE \
+                and not codec_is_standard(call.args):
+            s.add("codec", Verdict.DANGEROUS, where, call.pos, func.module, func.name,
+                  call.opcode, "_codecs.encode with a codec outside the standard set: the "
+                  "lookup imports an encodings module by that name")
 
 
 def _object_arrays(s: _Scan, info: Trace, where: str) -> None:
@@ -150,6 +163,7 @@ def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int =
     if info.error is not None:
         s.add("stream", Verdict.UNKNOWN, where, None, message=f"the unpickler stops: {info.error}")
     _object_arrays(s, info, where)
+    _codec_calls(s, info, where)
     _hazards(s, info, where)
     for blob, pos in info.blobs:
         _scan_blob(s, blob, f"{where} > nested@{pos:#x}", depth)

@@ -12,6 +12,9 @@ import importlib
 import io
 import pickle
 import pickletools
+import tracemalloc
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +204,43 @@ def test_scan_calls_encode_with_a_codec_outside_the_standard_set_dangerous(codec
 def test_encode_with_a_standard_codec_stays_clean(codec: str) -> None:
     assert ptfile.scan(codec_pickle(codec)).is_clean
     assert ptfile.scan(pickle.dumps({"b": b"\x00\xff" * 3}, protocol=2)).is_clean
+
+
+# --------------------------------------------------------------------------- bounded inflation
+
+
+def deflate_bomb(path: Path, inflated: int = 256 << 20, declared: int | None = None) -> Path:
+    """A ZIP whose deflated data.pkl is a BINBYTES of ``inflated`` zero bytes (~1000x)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("archive/data.pkl", "w", force_zip64=True) as f:
+            f.write(b"\x80\x02B" + (inflated).to_bytes(4, "little"))
+            chunk = bytes(1 << 20)
+            for _ in range(inflated >> 20):
+                f.write(chunk)
+            f.write(b".")
+        zf.writestr("archive/version", "3\n")
+    if declared is not None:  # the central directory lies about the size
+        data = bytearray(path.read_bytes())
+        at = data.rfind(b"PK\x01\x02")
+        at = data.rfind(b"PK\x01\x02", 0, at)  # data.pkl's entry, the first one
+        data[at + 24:at + 28] = declared.to_bytes(4, "little")
+        path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("declared", [None, 1000])
+def test_scan_of_a_deflate_bomb_stays_within_max_inflate_ratio(tmp_path: Path,
+                                                                 declared: int | None) -> None:
+    bomb = deflate_bomb(tmp_path / "bomb.pt", declared=declared)
+    assert bomb.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        result = ptfile.scan(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 80 << 20, peak
+    found = [f for f in result.findings if f.kind == "limit"]
+    assert found and found[0].name == "max_inflate_ratio" and result.is_dangerous
+    with pytest.raises(PtfileError):
+        ptfile.load(bomb)

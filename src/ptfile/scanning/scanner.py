@@ -41,7 +41,7 @@ from typing import Any, Final
 from .._io import BytesSource, FileLike, Source, is_path
 from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
-from ..errors import PtfileError
+from ..errors import LimitExceededError, PtfileError
 from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
@@ -276,7 +276,12 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
             s.add("format", Verdict.UNKNOWN, label, entry.header_offset, "", "torchscript-code",
                   message="TorchScript code: torch.jit.load compiles and runs it")
         if _is_pickle_record(entry.name):
-            data = read_member(source, entry, s.limits.max_pickle_bytes)
+            try:
+                data = read_member(source, entry, s.limits)
+            except LimitExceededError as exc:  # a bomb: what it hides is not scanned
+                s.add("limit", Verdict.DANGEROUS, label, entry.data_offset, "",
+                      "max_inflate_ratio", message=f"not scanned: {exc}")
+                continue
             if data is None:
                 s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
                       message="record cannot be read (method or bounds)")

@@ -136,7 +136,9 @@ class Finding:
     kind : str
         ``global`` (a name a pickle imports), ``ext``, ``nested`` (a pickle
         inside bytes), ``numpy-object-array``, ``codec`` (``_codecs.encode`` with
-        a codec outside the standard set), ``hazard`` (hash flooding, deep
+        a codec outside the standard set), ``limit`` (a record not scanned
+        because a :class:`~ptfile.Limits` ceiling was hit: dangerous, as what it
+        holds is unknown), ``hazard`` (hash flooding, deep
         keys), ``frame`` (an opcode straddles a frame's end: unpicklers read it
         differently), ``stream`` (malformed pickle, data after ``STOP``), ``archive``
         (a container anomaly; ``name`` holds its code) or ``format``.

@@ -12,6 +12,8 @@ import importlib
 import io
 import pickle
 import pickletools
+import subprocess
+import sys
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -244,3 +246,77 @@ def test_scan_of_a_deflate_bomb_stays_within_max_inflate_ratio(tmp_path: Path,
     assert found and found[0].name == "max_inflate_ratio" and result.is_dangerous
     with pytest.raises(PtfileError):
         ptfile.load(bomb)
+
+
+# --------------------------------------------------------------------------- false positives
+
+
+class _Scripted(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x)).sum(dim=-1)
+
+    @torch.jit.export
+    def scale(self, x: torch.Tensor, k: float) -> torch.Tensor:
+        return x * k
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_a_benign_torchscript_model_scans_clean(how: str) -> None:
+    model = _Scripted()
+    jitted = torch.jit.script(model) if how == "script" else \
+        torch.jit.trace(model, torch.ones(1, 3))
+    buf = io.BytesIO()
+    torch.jit.save(jitted, buf)
+    result = ptfile.scan(buf.getvalue())
+    assert (result.format, result.verdict) == ("torchscript", Verdict.ALLOWED), [
+        f for f in result.findings if f.verdict is not Verdict.ALLOWED]
+    kinds = {f.kind for f in result.findings}
+    assert {"torchscript-type", "torchscript-code"} <= kinds
+    assert any("forward" in f.message for f in result.findings if f.kind == "torchscript-code")
+    ptfile.load(buf.getvalue())  # the message agrees with load: it loads
+
+
+CONSTANTS = pickle.dumps((), protocol=2)
+MODEL = b"\x80\x02c__torch__.m\nNet\n)\x81}b."
+
+
+@pytest.mark.parametrize("call", ["torch.from_file(\"/etc/passwd\", False, 10)",
+                                  "torch.ops.evil.run(x)", "torch._C._jit_pass_inline(x)",
+                                  "ops.custom.launch(x)"])
+def test_torchscript_code_that_reaches_files_or_native_ops_is_dangerous(call: str) -> None:
+    code = (f"class Net(Module):\n  __parameters__ = []\n  def forward(self, x: Tensor) -> "
+            f"Tensor:\n    return {call}\n").encode()
+    data = checkpoint(MODEL, {"constants.pkl": CONSTANTS, "code/__torch__/m.py": code})
+    result = ptfile.scan(data)
+    assert result.is_dangerous
+    assert [f.kind for f in result.findings if f.verdict is Verdict.DANGEROUS] == \
+        ["torchscript-code"]
+
+
+def test_torch_classes_outside_a_torchscript_archive_stay_unknown() -> None:
+    result = ptfile.scan(checkpoint(MODEL))
+    assert result.verdict is Verdict.UNKNOWN
+    assert "__torch__.m.Net" in result.unsafe_globals
+
+
+EXT_CHILD = ("import copyreg, pickle, sys\n"
+             "assert copyreg._extension_registry == {}, copyreg._extension_registry\n"
+             "try:\n    pickle.loads(sys.stdin.buffer.read())\n"
+             "except ValueError as e:\n    print('raises', e)\n")
+
+
+@pytest.mark.parametrize("ext", [b"\x82\x01", b"\x83\x01\x02", b"\x84\x01\x00\x00\x00"])
+def test_ext_codes_are_unknown_not_dangerous(ext: bytes) -> None:
+    data = b"\x80\x02" + ext + b")R."
+    out = subprocess.run([sys.executable, "-I", "-c", EXT_CHILD], input=data,
+                         capture_output=True, check=True).stdout
+    assert out.startswith(b"raises")  # empty registry: CPython raises, torch too
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(io.BytesIO(checkpoint(data)), weights_only=True)
+    result = ptfile.scan(data)
+    assert result.verdict is Verdict.UNKNOWN
+    assert [f.kind for f in result.findings if f.verdict is not Verdict.ALLOWED] == ["ext"]

@@ -49,8 +49,9 @@ from ..picklevm import check_stream
 from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
-from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
+from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
 from .fast import fast_names
+from .torchscript import TORCHSCRIPT_PREFIX, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
 __all__ = ["scan"]
@@ -154,8 +155,10 @@ def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int =
     for use in info.names:
         _name_finding(s, use, where)
     for code, pos in info.exts:
-        s.add("ext", Verdict.DANGEROUS, where, pos, "", str(code), "EXT",
-              f"extension code {code} resolves through copyreg's process-wide registry")
+        s.add("ext", Verdict.UNKNOWN, where, pos, "", str(code), "EXT",
+              f"extension code {code}: resolved through copyreg's process-wide registry, "
+              "which is empty in a fresh interpreter (torch and CPython then raise); a "
+              "process that registered codes would import what it maps them to")
     for use in info.global_builds:
         s.add("build-on-global", Verdict.DANGEROUS, where, use.pos, use.module, use.name,
               use.opcode, "BUILD sets attributes on an imported object (smuggles names past "
@@ -267,27 +270,49 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
         if anomaly.eocd is not None:
             _scan_zip(s, source, f"{where}({anomaly.code}@{anomaly.eocd:#x})", depth + 1,
                       anomaly.eocd)
-    fmt = "zip"
+    torchscript = any(e.name.endswith("/constants.pkl") for e in entries)
+    mark = len(s.findings)
     for entry in entries:
         label = f"{where}:{entry.name}" if where else entry.name
-        if entry.name.endswith("/constants.pkl"):
-            fmt = "torchscript"
         if entry.name.split("/", 1)[-1].startswith("code/") and entry.name.endswith(".py"):
-            s.add("format", Verdict.UNKNOWN, label, entry.header_offset, "", "torchscript-code",
-                  message="TorchScript code: torch.jit.load compiles and runs it")
+            code = _read_record(s, source, entry, label)
+            if code is not None:
+                verdict, message = judge_code(code.decode("utf-8", "replace"))
+                s.add("torchscript-code", verdict, label, entry.header_offset, "",
+                      entry.name.rsplit("/", 1)[-1], message=message)
         if _is_pickle_record(entry.name):
-            try:
-                data = read_member(source, entry, s.limits)
-            except LimitExceededError as exc:  # a bomb: what it hides is not scanned
-                s.add("limit", Verdict.DANGEROUS, label, entry.data_offset, "",
-                      "max_inflate_ratio", message=f"not scanned: {exc}")
-                continue
-            if data is None:
-                s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
-                      message="record cannot be read (method or bounds)")
-                continue
-            _scan_stream(s, data, label, depth)
-    return fmt
+            data = _read_record(s, source, entry, label)
+            if data is not None:
+                _scan_stream(s, data, label, depth)
+    if torchscript:
+        s.findings[mark:] = [_torchscript_type(f) for f in s.findings[mark:]]
+    return "torchscript" if torchscript else "zip"
+
+
+def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes | None:
+    """A record's bytes, or None with a finding (unreadable, or a limit hit)."""
+    try:
+        data = read_member(source, entry, s.limits)
+    except LimitExceededError as exc:  # a bomb: what it hides is not scanned
+        s.add("limit", Verdict.DANGEROUS, label, entry.data_offset, "",
+              "max_inflate_ratio", message=f"not scanned: {exc}")
+        return None
+    if data is None:
+        s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
+              message="record cannot be read (method or bounds)")
+    return data
+
+
+def _torchscript_type(f: Finding) -> Finding:
+    """A ``__torch__.*`` global of a TorchScript archive: a class reference that
+    torch.jit.load resolves against the archive's code, not a Python import
+    (:mod:`ptfile.scanning.torchscript`)."""
+    if f.kind != "global" or f.verdict is not Verdict.UNKNOWN or \
+            f.module.split(".")[0] != TORCHSCRIPT_PREFIX:
+        return f
+    return Finding("torchscript-type", Verdict.ALLOWED, f.location, f.offset, f.module, f.name,
+                   f.opcode, f"TorchScript class {f.module}.{f.name}: torch.jit.load resolves "
+                   "it against the archive's code/, it imports nothing")
 
 
 #: Archive anomalies that make loaders read different records for one name: dangerous,

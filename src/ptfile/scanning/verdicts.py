@@ -6,13 +6,15 @@ weights-only allowlist or in :func:`ptfile.add_safe_globals`), ``dangerous``
 :data:`DANGEROUS_PREFIXES`, by capability: run processes, evaluate or import
 by name, open files or sockets, load another pickle, archive or TorchScript
 module, reach interpreter internals; ``_codecs.encode`` with a codec outside
-:data:`STANDARD_CODECS`, which imports an ``encodings`` module; plus EXT codes,
+:data:`STANDARD_CODECS`, which imports an ``encodings`` module; plus
 unresolvable ``STACK_GLOBAL`` names, numpy object arrays and hash-flooding or
 deeply nested keys), or ``unknown`` (anything else: ``ptfile.load`` refuses it
-by default, ``torch.load(weights_only=False)`` would import and run it).
-Ambiguities that make loaders read different bytes (names that collide
-exactly or by case, opcodes that straddle a frame) are ``dangerous``; other
-anomalies (data after ``STOP``, archive oddities) are ``unknown``.
+by default, ``torch.load(weights_only=False)`` would import and run it).  EXT
+codes are ``unknown``: copyreg's registry is empty in a fresh interpreter, so
+torch and CPython raise on them.  Ambiguities that make loaders read different
+bytes (names that collide exactly or by case, opcodes that straddle a frame)
+are ``dangerous``; other anomalies (data after ``STOP``, archive oddities) are
+``unknown``.
 """
 
 from __future__ import annotations

@@ -14,10 +14,12 @@ import pickle
 import pickletools
 import subprocess
 import sys
+import tarfile
 import tracemalloc
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from gate_oracle import c_unpickler, resolved
@@ -320,3 +322,29 @@ def test_ext_codes_are_unknown_not_dangerous(ext: bytes) -> None:
     result = ptfile.scan(data)
     assert result.verdict is Verdict.UNKNOWN
     assert [f.kind for f in result.findings if f.verdict is not Verdict.ALLOWED] == ["ext"]
+
+
+def tar_with(members: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_an_object_npy_in_a_tar_is_not_dangerous() -> None:
+    buf = io.BytesIO()
+    np.save(buf, np.array([1, "a", None], dtype=object), allow_pickle=True)
+    data = tar_with({"x.npy": buf.getvalue()})
+    with pytest.raises(pickle.UnpicklingError, match="invalid load key"):
+        torch.load(io.BytesIO(data), weights_only=False)  # tarfile path fails; byte 0 is no pickle
+    result = ptfile.scan(data)
+    assert (result.format, result.verdict) == ("tar", Verdict.UNKNOWN), result.findings
+    assert any(f.kind == "numpy-object-array" for f in result.findings)
+
+
+def test_a_payload_in_a_member_torch_unpickles_stays_dangerous() -> None:
+    assert ptfile.scan(tar_with({"pickle": EVIL, "x.npy": EVIL})).is_dangerous
+    assert not ptfile.scan(tar_with({"x.npy": EVIL})).is_dangerous

@@ -18,7 +18,9 @@ What is scanned
   lists (:mod:`ptfile.archive.tar`, tolerant mode), at the offsets the loader
   unpickles at (:func:`ptfile.formats.legacy_tar.pickle_offsets`) and wherever
   one starts; and a pickle at byte 0, which torch unpickles when ``tarfile``
-  cannot read the archive.
+  cannot read the archive.  Members torch never unpickles
+  (any but :data:`TORCH_TAR_MEMBERS`: a ``.npy`` of objects, say) are at most
+  ``unknown``.
 * The format is the loader's (:func:`ptfile.formats.detect`); a file with a
   tar header is walked as a tar too, as torch tries ``tarfile`` first.
 * A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
@@ -34,6 +36,7 @@ Verdicts are decided in :mod:`ptfile.scanning.verdicts`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -336,7 +339,25 @@ def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
         data = source.pread(member.offset, member.size, f"tar member {member.name}")
         starts = [at - member.offset for at in loader.get(member.name, ())
                   if member.offset <= at < member.offset + member.size]
-        _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
+        if member.name in TORCH_TAR_MEMBERS:
+            _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
+            continue
+        probe = _Scan(s.limits)
+        _scan_tar_member(probe, data, f"tar:{member.name}", starts, depth)
+        s.findings.extend(_unread(f) for f in probe.findings)
+
+
+#: The tar members torch's legacy loader unpickles (``tarfile`` extracts them by name).
+TORCH_TAR_MEMBERS: Final = frozenset({"sys_info", "pickle", "storages", "tensors"})
+
+
+def _unread(f: Finding) -> Finding:
+    """A finding in a tar member torch never unpickles (a ``.npy`` of objects, say): at
+    most ``unknown``, as only another tool would read it."""
+    if f.verdict is not Verdict.DANGEROUS:
+        return f
+    return dataclasses.replace(f, verdict=Verdict.UNKNOWN, message=f"{f.message} (in a "
+                               "member torch.load never unpickles)")
 
 
 def _scan_tar_member(s: _Scan, data: bytes, label: str, starts: list[int], depth: int) -> None:

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptfile.cli import EXIT_DIFFERENT, EXIT_ERROR, EXIT_INVALID, EXIT_OK, EXIT_UNSAFE
+from ptfile.cli import (
+    EXIT_DIFFERENT,
+    EXIT_ERROR,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_UNKNOWN,
+    EXIT_UNSAFE,
+)
 
 ENTRY = Path(sys.executable).with_name("ptfile")
 
@@ -221,6 +228,27 @@ def test_scan_exit_codes(tmp_path: Path, files: dict[str, Path]) -> None:
     assert "system" in result.stdout
     doc = json.loads(run("scan", evil, "--json").stdout)
     assert doc["is_dangerous"] is True
+    assert doc["exit_code"] == EXIT_UNSAFE
+
+
+def test_scan_unknown_fails_the_gate_unless_allowed(tmp_path: Path,
+                                                    files: dict[str, Path]) -> None:
+    # A whole pickled module: torch.load(weights_only=False) would import its classes.
+    whole = tmp_path / "whole.pt"
+    torch.save(torch.nn.Sequential(torch.nn.Linear(2, 2)), whole)
+    result = run("scan", whole)
+    assert result.returncode == EXIT_UNKNOWN == 3, result.stdout + result.stderr
+    assert run("scan", whole, "--allow-unknown").returncode == EXIT_OK
+    assert run("scan", files["model"], whole, "--allow-unknown").returncode == EXIT_OK
+    doc = json.loads(run("scan", whole, "--json").stdout)
+    assert (doc["verdict"], doc["exit_code"]) == ("unknown", EXIT_UNKNOWN)
+    # Over several files the worst code wins: dangerous, then error, then unknown.
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"w": _Evil()}, protocol=2))
+    missing = tmp_path / "missing.pt"
+    assert run("scan", whole, missing).returncode == EXIT_ERROR
+    assert run("scan", whole, missing, evil, "--allow-unknown").returncode == EXIT_UNSAFE
+    assert run("scan", files["model"], missing).returncode == EXIT_ERROR
 
 
 def test_inspect_and_convert_legacy_formats(tmp_path: Path) -> None:

@@ -5,6 +5,23 @@ Exit codes follow ClamAV and fickling: :data:`EXIT_OK` (0) when all is well,
 global; ``verify``: damage; ``diff``: a difference), :data:`EXIT_ERROR` (2)
 when the command could not do its work (bad usage, unreadable input).
 
+``scan`` is a CI gate, so each of its verdicts has its own code, and only a
+clean file passes:
+
+=====================  ====  ==================================================
+verdict                code  meaning
+=====================  ====  ==================================================
+clean (``allowed``)    0     every finding allowed: ``load`` loads it as is
+dangerous              1     would run code, open files or sockets, or the
+                             file reads differently in different loaders
+error                  2     the file could not be scanned (unreadable, ...)
+unknown                3     :data:`EXIT_UNKNOWN`: ``torch.load`` would import
+                             or call names on no allowlist (a whole pickled
+                             ``nn.Module``); ``--allow-unknown`` makes it 0
+=====================  ====  ==================================================
+
+Over several files the code is the worst one: dangerous, then error, then unknown.
+
 Every read command takes ``--json`` and then prints one JSON document on
 stdout.  Long work (convert, verify, diff) shows a progress bar on stderr when
 stderr is a terminal and ``tqdm`` is installed (``pip install ptfile[cli]``);
@@ -30,7 +47,8 @@ from .inspection import Inspection, diff, inspect, verify
 from .reader import TensorInfo
 from .reader import open as open_checkpoint
 
-__all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNSAFE", "main"]
+__all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
+           "EXIT_UNSAFE", "main"]
 
 EXIT_OK: Final = 0
 #: ``scan`` found something dangerous.
@@ -41,10 +59,13 @@ EXIT_INVALID: Final = 1
 EXIT_DIFFERENT: Final = 1
 #: The command could not run: bad arguments, unreadable or unsupported input.
 EXIT_ERROR: Final = 2
+#: ``scan``: nothing dangerous, but names on no allowlist (0 with ``--allow-unknown``).
+EXIT_UNKNOWN: Final = 3
 
 _EPILOG: Final = """\
 exit codes: 0 ok, 1 the check failed (scan: dangerous; verify: damaged; diff: different),
-            2 error (bad arguments, unreadable input)
+            2 error (bad arguments, unreadable input),
+            3 scan: unknown globals, nothing dangerous (0 with --allow-unknown)
 
 examples:
   ptfile inspect model.pt                  what is inside (reads no tensor data)
@@ -183,22 +204,30 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
         scan = importlib.import_module("ptfile.scanning").scan
     except (ImportError, AttributeError):
         raise PtfileError("this ptfile has no scanner (ptfile.scanning)") from None
-    results, dangerous, failed = [], False, False
+    results, codes = [], {EXIT_OK}
     for path in args.files:
         try:
             result = scan(path, storage_options=_options(args))
         except (PtfileError, OSError) as exc:
-            failed = True
-            results.append({"source": path, "error": f"{type(exc).__name__}: {exc}"})
+            codes.add(EXIT_ERROR)
+            results.append({"source": path, "error": f"{type(exc).__name__}: {exc}",
+                            "exit_code": EXIT_ERROR})
             continue
-        dangerous |= bool(result.is_dangerous)
-        results.append({"source": path, **result.to_dict()})
+        code = _SCAN_CODES[result.verdict.value]
+        code = EXIT_OK if code == EXIT_UNKNOWN and args.allow_unknown else code
+        codes.add(code)
+        results.append({"source": path, **result.to_dict(), "exit_code": code})
     if args.json:
         _print_json(results if len(results) > 1 else results[0], out)
     else:
         for doc in results:
             _render_scan(doc, out, args.verbose)
-    return EXIT_UNSAFE if dangerous else EXIT_ERROR if failed else EXIT_OK
+    return min(codes - {EXIT_OK}, key=_SCAN_ORDER.index, default=EXIT_OK)
+
+
+#: ``scan``'s exit code per verdict, and which code wins over several files (worst first).
+_SCAN_CODES: Final = {"allowed": EXIT_OK, "dangerous": EXIT_UNSAFE, "unknown": EXIT_UNKNOWN}
+_SCAN_ORDER: Final = (EXIT_UNSAFE, EXIT_ERROR, EXIT_UNKNOWN)
 
 
 #: How a file's overall scan verdict reads in text output.
@@ -351,6 +380,8 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE", help="checkpoints to scan")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="also list allowed globals")
+    p.add_argument("--allow-unknown", action="store_true",
+                   help="exit 0, not 3, for files whose worst verdict is unknown")
 
 
 def _args_convert(p: argparse.ArgumentParser) -> None:

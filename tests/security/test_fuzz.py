@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import ptfile
 from ptfile._io import BytesSource
+from ptfile.limits import Limits
 from ptfile.picklevm import OPCODES
 from ptfile.scanning.containers import read_member, walk_zip
 
@@ -93,7 +94,8 @@ def _members(name: str) -> list[tuple[str, bytes]]:
     source = BytesSource(SAMPLES[name])
     walked = walk_zip(source)
     assert walked is not None
-    return [(e.name, read_member(source, e, 1 << 30) or b"") for e in walked[0]]
+    limits = Limits(max_pickle_bytes=1 << 30)
+    return [(e.name, read_member(source, e, limits) or b"") for e in walked[0]]
 
 
 ZIP_NAMES = [n for n in NAMES if SAMPLES[n][:4] == b"PK\x03\x04"]

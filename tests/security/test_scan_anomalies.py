@@ -67,7 +67,7 @@ CRAFTED: dict[str, tuple[Callable[[], bytes], bool]] = {
     "several-end-records": (lambda: raw_zip([(D, B), (V, VERSION)]) + checkpoint(A), False),
     "duplicate-name": (lambda: raw_zip([(D, A), (D, B), (V, VERSION)]), True),
     "case-colliding-names": (lambda: raw_zip([(D, A), ("archive/DATA.pkl", B),
-                                              (V, VERSION)]), False),
+                                              (V, VERSION)]), True),
     "name-mismatch": (lambda: raw_zip([(D, A), (V, VERSION)],
                                       local_names={0: "archive/other.pkl"}), True),
     "bad-local-header": (lambda: b"XXXX" + raw_zip([(D, A), (V, VERSION)])[4:], True),

@@ -36,7 +36,11 @@ Vectorised (~0.15 µs an entry)
     succeeds: it succeeds only where every sequential check passes, and then
     it reads the same fields at the same positions.
 
-After either: members must not overlap (:func:`check_overlaps`, shared).
+After either: members must not overlap (:func:`check_overlaps`, shared), and
+no two names may differ only in ASCII case (:func:`check_case_collisions`:
+torch's miniz looks names up ignoring case and takes the first match, so
+``archive/Data.pkl`` before ``archive/data.pkl`` is what torch unpickles,
+while exact-name readers take the other one).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from .records import (
     U32_MAX,
 )
 
-__all__ = ["SMALL_ENTRIES", "Entries", "check_overlaps", "parse_entries", "parse_sequential",
+__all__ = ["SMALL_ENTRIES", "Entries", "check_case_collisions", "check_overlaps", "parse_entries", "parse_sequential",
            "parse_vectorised"]
 
 _CD_FIXED: Final = CENTRAL_DIRECTORY_STRUCT.size
@@ -235,7 +239,35 @@ def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int,
     if parsed is None:
         parsed = parse_sequential(data, entries, cd_offset, max_name, anomalies)
     check_overlaps(parsed, anomalies)
+    check_case_collisions(parsed, anomalies)
     return parsed
+
+
+def check_case_collisions(parsed: Entries, anomalies: list[Anomaly] | None = None) -> None:
+    """Refuse (strict) or report (``case-colliding-names``) names equal but for ASCII case.
+
+    miniz folds ASCII letters only, as ``bytes.lower`` does.  Names without an
+    uppercase letter cannot collide: one join and one ``lower`` decide (2 ms
+    for 100,000 names); otherwise the folded names are compared (13 ms).
+    Exact duplicates are ``duplicate-name``, not this.
+    """
+    names = parsed.names
+    joined = "\0".join(names)
+    if joined.lower() == joined:
+        return
+    folded = joined.encode("utf-8", "surrogatepass").lower().split(b"\0")
+    if len(folded) != len(names):  # a name holds a NUL
+        folded = [n.encode("utf-8", "surrogatepass").lower() for n in names]
+    if len(set(folded)) == len(folded):
+        return
+    first: dict[bytes, int] = {}
+    for row, key in enumerate(folded):
+        other = first.setdefault(key, row)
+        if other != row and names[other] != names[row]:
+            report(anomalies, "case-colliding-names", ArchiveError(
+                f"name {names[row]!r} differs from {names[other]!r} only in case: torch "
+                "looks names up ignoring case and reads the first, exact readers either",
+                offset=parsed.row(row)[0], member=names[row]))
 
 
 # ---------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from ..errors import LimitExceededError, PickleStreamError
 from ..limits import Limits
 from .opcodes import BY_CODE, BY_NAME, HIGHEST_PROTOCOL, Opcode
 
-__all__ = ["CHECKS_BY_NAME", "FREE_MEMO_INDEX", "Buffer", "Walk", "new_walk", "read_opcode",
-           "step", "walk_steps"]
+__all__ = ["CHECKS_BY_NAME", "FREE_MEMO_INDEX", "Buffer", "Walk", "check_frames",
+           "frame_violation", "new_walk", "read_opcode", "step", "walk_steps"]
 
 #: What the walks accept: bytes-like data holding the pickle at ``start``.
 Buffer: TypeAlias = "bytes | bytearray | memoryview"
@@ -50,6 +50,7 @@ class Walk:
     numbers: int = 0  # wide number literals: the only keys that can flood a hash (hazards.py)
     memo_cap: int = 0  # rule 3's bound on memo indices for this walk
     memo_seen: int = -1  # largest memo index the exact gear accepted
+    frames: int = 0  # FRAME opcodes seen: rule 6 is then checked by check_frames
 
 
 def new_walk(data: Buffer, start: int, limits: Limits, length: int | None = None) -> Walk:
@@ -135,6 +136,7 @@ def _check_frame(walk: Walk, op: Opcode, pos: int, end: int) -> None:
     length = int.from_bytes(walk.data[pos + 1:end], "little")
     if end + length > walk.limit:
         _beyond(walk, pos, end + length, f"FRAME of {length} bytes")
+    walk.frames += 1
 
 
 def _check_memo_index(walk: Walk, op: Opcode, pos: int, index: int) -> None:
@@ -239,3 +241,44 @@ def walk_steps(walk: Walk) -> None:
     pos = walk.start
     while walk.end < 0:
         pos = step(walk, pos)
+
+
+_FRAME: Final = BY_NAME["FRAME"].code
+
+
+def check_frames(data: Buffer, start: int, end: int, limits: Limits) -> None:
+    """Rule 6: no opcode straddles the end of a ``FRAME``, and no frame starts inside one.
+
+    Readers disagree on such a stream: ``pickletools`` and a C unpickler
+    reading through ``peek()`` take the argument across the frame's end,
+    while the C unpickler over a file without ``peek()`` (an ``io.BytesIO``,
+    as ``torch.load`` hands it ZIP records) drops what is left of the frame
+    and reads the argument from the bytes after it, so a ``BINBYTES`` length
+    can hide opcodes from every static reader.  Picklers never write it: a
+    frame holds whole opcodes.  The walk visits every opcode of
+    ``data[start:end]`` (a stream that passed rules 1-5), so it runs only for
+    streams that have frames.
+    """
+    found = frame_violation(data, start, end, limits)
+    if found is not None:
+        raise PickleStreamError(found[1], offset=found[0])
+
+
+def frame_violation(data: Buffer, start: int, end: int, limits: Limits,
+                    ) -> tuple[int, str] | None:
+    """Where and how ``data[start:end]`` breaks rule 6 (:func:`check_frames`), or None."""
+    walk = new_walk(data, start, limits)
+    pos = frame_end = start
+    while pos < end:
+        op, after = read_opcode(walk, pos)
+        if op.code == _FRAME and pos < frame_end:
+            return pos, (f"FRAME at offset {pos:#x} starts inside the frame that ends at "
+                         f"{frame_end:#x}")
+        if pos < frame_end < after:
+            return pos, (f"{op.name} at offset {pos:#x} straddles the end of its frame at "
+                         f"{frame_end:#x}: unpicklers read it differently (with and without "
+                         "peek())")
+        if op.code == _FRAME:
+            frame_end = after + int.from_bytes(walk.data[pos + 1:after], "little")
+        pos = after
+    return None

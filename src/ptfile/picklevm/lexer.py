@@ -28,6 +28,10 @@ opcode and enforces these rules (the pickle specification is in
 5. The stream ends at a ``STOP`` within ``limits.max_pickle_bytes`` (and
    ``limits.max_opcodes`` opcodes).
 
+6. No opcode straddles the end of a ``FRAME`` and no ``FRAME`` starts inside
+   another (:func:`~ptfile.picklevm._walk.check_frames`: unpicklers read such
+   a stream differently).  Checked only for streams with frames (protocol 4+).
+
 ``EXT1``/``EXT2``/``EXT4`` are accepted here but reported in
 :attr:`StreamInfo.ext_offset` (the unpickler refuses them).
 
@@ -54,7 +58,7 @@ from ._gears import (
     walk_fast,
     walk_runs,
 )
-from ._walk import FREE_MEMO_INDEX, Buffer, new_walk
+from ._walk import FREE_MEMO_INDEX, Buffer, check_frames, new_walk
 from .hazards import check_number_keys
 
 __all__ = ["Buffer", "StreamInfo", "check_stream"]
@@ -141,4 +145,6 @@ def check_stream(data: Buffer, limits: Limits = DEFAULT_LIMITS, *, start: int = 
         gear(walk)
     if walk.numbers > limits.max_hash_collisions:  # rare: walk the keys (picklevm.hazards)
         check_number_keys(data, start, limits)
+    if walk.frames:
+        check_frames(data, start, walk.end, limits)
     return StreamInfo(start, walk.end, walk.protocol or 0, walk.max_depth, walk.ext_offset)

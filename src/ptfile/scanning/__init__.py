@@ -4,6 +4,7 @@
 ``verdicts``    :class:`Verdict`, the tables that decide it, :class:`Finding`, :class:`ScanResult`.
 ``containers``  ZIP and tar walks on the archive parsers' tolerant mode: members and anomalies.
 ``fast``        The fast path: CPython's unpickler fed inert stand-ins, for plainly clean streams.
+``torchscript`` TorchScript archives: ``__torch__`` class references and ``code/`` records.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ the central directory (:func:`ptfile.archive._entries.parse_entries`) and each
 local header (:func:`ptfile.archive.reader.read_local_header`), whose
 docstrings list their anomaly codes: among them ``data-after-archive``,
 ``archive-in-comment``, ``several-end-records``, ``duplicate-name``,
+``case-colliding-names``,
 ``name-mismatch``, ``bad-local-header``, ``data-outside-archive``,
 ``overlapping-records`` and ``bad-central-directory``.  On top of them, what
 only a scanner asks:
 
 * ``bytes-before-first-record``: the first local header is not at offset 0
   (a prepended file: a polyglot, e.g. a pickle or an image before the ZIP);
-* ``case-colliding-names``: names that differ only in case;
 * ``overlapping-records``, also with each record's extent taken from its local
   header (name and extra field as the local header gives them);
 * ``shadow-record``: a local header in the gaps between the records the
@@ -41,7 +41,7 @@ from .._io import Source
 from ..archive._entries import Entries, parse_entries
 from ..archive.anomalies import Anomaly
 from ..archive.directory import check_counts, locate_directory
-from ..archive.reader import local_header_at, read_local_header
+from ..archive.reader import INFLATE_ALLOWANCE, local_header_at, read_local_header
 from ..archive.records import (
     LOCAL_FILE_HEADER_SIGNATURE,
     LOCAL_FILE_HEADER_STRUCT,
@@ -50,7 +50,7 @@ from ..archive.records import (
     CentralDirectoryHeader,
 )
 from ..archive.tar import TarMember, read_members
-from ..errors import PtfileError
+from ..errors import LimitExceededError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "read_member", "walk_tar", "walk_zip"]
@@ -86,14 +86,9 @@ def _pread(source: Source, offset: int, n: int) -> bytes | None:
 
 
 def _check_names(entries: list[ZipEntry], out: list[Anomaly]) -> None:
-    """Names equal but for case, and names outside the first one's folder (exact
-    duplicates are the central directory parser's ``duplicate-name``)."""
-    folded: dict[str, str] = {}
-    for e in entries:
-        first = folded.setdefault(e.name.casefold(), e.name)
-        if first != e.name:
-            out.append(Anomaly("case-colliding-names", f"differs from {first!r} only in case",
-                               e.header_offset, e.name))
+    """Names outside the first one's folder (exact duplicates and names equal but for
+    case are the central directory parser's ``duplicate-name`` and
+    ``case-colliding-names``)."""
     prefix = entries[0].name.split("/", 1)[0] + "/" if entries else ""
     out.extend(Anomaly("outside-prefix", f"not under the archive folder {prefix!r}",
                        e.header_offset, e.name) for e in entries if not e.name.startswith(prefix))
@@ -196,19 +191,44 @@ def _header_ranges(parsed: Entries, start: int, size: int) -> list[tuple[int, in
     return ranges
 
 
-def read_member(source: Source, entry: ZipEntry, limit: int) -> bytes | None:
-    """A member's bytes (stored or deflated, at most ``limit``), or None when unreadable."""
+def read_member(source: Source, entry: ZipEntry, limits: Limits) -> bytes | None:
+    """A member's bytes (stored or deflated, at most ``Limits.max_pickle_bytes``), or None
+    when unreadable.
+
+    A deflated member is inflated as the loader would (:meth:`ZipReader.read
+    <ptfile.archive.ZipReader.read>`): to at most ``Limits.max_inflate_ratio``
+    times its compressed size plus :data:`~ptfile.archive.reader.INFLATE_ALLOWANCE`.
+
+    Raises
+    ------
+    LimitExceededError
+        It declares, or inflates to, more than that: a deflate bomb.
+    """
+    limit = limits.max_pickle_bytes
     if entry.method == METHOD_STORED:
         return _pread(source, entry.data_offset, min(entry.size, limit))
     if entry.method != METHOD_DEFLATED:
         return None
+    ratio = limits.max_inflate_ratio
+    most = ratio * entry.compressed_size + INFLATE_ALLOWANCE
+    if entry.size > most:
+        raise LimitExceededError("max_inflate_ratio", ratio,
+                                 entry.size // max(entry.compressed_size, 1),
+                                 f"record {entry.name!r} declares {entry.compressed_size} "
+                                 f"bytes inflating to {entry.size}")
     raw = _pread(source, entry.data_offset, min(entry.compressed_size, source.size))
     if raw is None:
         return None
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
     try:
-        return zlib.decompressobj(-zlib.MAX_WBITS).decompress(raw, limit)
+        data = inflater.decompress(raw, min(limit, most))
     except zlib.error:
         return None
+    if len(data) >= most and inflater.unconsumed_tail:
+        raise LimitExceededError("max_inflate_ratio", ratio, len(data) // max(len(raw), 1),
+                                 f"record {entry.name!r} inflates {len(raw)} bytes to more "
+                                 f"than {most}")
+    return data
 
 
 class Window:

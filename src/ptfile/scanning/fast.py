@@ -13,7 +13,8 @@ CPython sees them).
 The fast path only *clears* streams.  It gives up (returns None), and the
 scanner does the precise symbolic walk, whenever anything is off: an error of
 any kind (EXT codes, ``BUILD`` on a global, a non-string ``STACK_GLOBAL``
-operand, a hash flood, damage), a name that is not allowed, a byte string that
+operand, a hash flood, damage), a name that is not allowed, ``_codecs.encode``
+with a codec outside the standard set, a byte string that
 starts like a pickle or a ZIP, or tuples nested deeper than ``Limits.max_depth``.
 """
 
@@ -27,6 +28,7 @@ from ..limits import Limits
 from ..picklevm import unpickle
 from ..picklevm.hazards import tuple_height
 from ..structural import StandIn, make_stand_in
+from .verdicts import codec_is_standard
 
 __all__ = ["fast_names"]
 
@@ -53,10 +55,16 @@ class _Recorder:
         return self._pid(pid)
 
 
+#: ``_codecs.encode``: cleared only with a standard codec name (:func:`codec_is_standard`).
+_ENCODE: Final = ("_codecs", "encode")
 _ATOMS: Final = frozenset({int, float, bool, complex, type(None)})
 _TEXT: Final = frozenset({str, bytes, bytearray})
 #: First characters (str) and bytes that may open a pickle or a ZIP.
 _HEADS: Final = frozenset({"\x80", "P", "c", "(", b"\x80", b"P", b"c", b"("})
+
+
+class _NotPlain(Exception):
+    """A stand-in the fast path does not clear (see :func:`_children`)."""
 
 
 def _children(obj: object) -> tuple[object, ...]:
@@ -65,6 +73,8 @@ def _children(obj: object) -> tuple[object, ...]:
     if isinstance(obj, dict):
         return (*obj.keys(), *obj.values(), *getattr(obj, "__dict__", {}).values())
     if isinstance(obj, StandIn):
+        if (type(obj).module, type(obj).name) == _ENCODE and not codec_is_standard(obj.args):
+            raise _NotPlain
         return (*obj.args, *obj.kwargs.values(), obj.state, *obj.listitems,
                 *(x for pair in obj.dictitems for x in pair))
     return ()
@@ -121,6 +131,9 @@ def fast_names(data: bytes, start: int, limits: Limits, allowed: Callable[[str, 
         return None
     if not all(allowed(module, name) for module, name in recorder.names):
         return None
-    if not _walk_is_plain(result, heads, limits.max_depth):
+    try:
+        if not _walk_is_plain(result, heads, limits.max_depth):
+            return None
+    except _NotPlain:
         return None
     return recorder.names, end

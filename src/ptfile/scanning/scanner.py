@@ -10,12 +10,17 @@ What is scanned
   overlaps, data outside the archive, bytes before the first record, a second
   archive in the comment).
 * Legacy streams and plain pickles: the consecutive pickles at the start (torch
-  unpickles five: magic, protocol, sys_info, object, storage keys).
+  unpickles five: magic, protocol, sys_info, object, storage keys).  A file of
+  no known format is scanned as a pickle when it reads as one from byte 0,
+  whatever its first opcode (protocol 0/1 streams open with ``V``, ``S``,
+  ``I``, ``]``...): torch unpickles the start of every such file.
 * Legacy tar files: every pickle in every member the loader's tar reader
   lists (:mod:`ptfile.archive.tar`, tolerant mode), at the offsets the loader
   unpickles at (:func:`ptfile.formats.legacy_tar.pickle_offsets`) and wherever
   one starts; and a pickle at byte 0, which torch unpickles when ``tarfile``
-  cannot read the archive.
+  cannot read the archive.  Members torch never unpickles
+  (any but :data:`TORCH_TAR_MEMBERS`: a ``.npy`` of objects, say) are at most
+  ``unknown``.
 * The format is the loader's (:func:`ptfile.formats.detect`); a file with a
   tar header is walked as a tar too, as torch tries ``tarfile`` first.
 * A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
@@ -31,6 +36,7 @@ Verdicts are decided in :mod:`ptfile.scanning.verdicts`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -38,15 +44,18 @@ from typing import Any, Final
 from .._io import BytesSource, FileLike, Source, is_path
 from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
-from ..errors import PtfileError
+from ..errors import LimitExceededError, PtfileError
 from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm import check_stream
+from ..picklevm._walk import frame_violation
+from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
-from .containers import Anomaly, Window, read_member, walk_tar, walk_zip
+from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
 from .fast import fast_names
-from .verdicts import Finding, ScanResult, Verdict, verdict_of
+from .torchscript import TORCHSCRIPT_PREFIX, judge_code
+from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
 __all__ = ["scan"]
 
@@ -57,6 +66,13 @@ MAX_STREAM_PICKLES: Final = 5
 #: Pickles searched for inside one tar member, at most.
 MAX_TAR_PICKLES: Final = 4096
 
+#: Bytes that are an opcode: a pickle may start with any of them.
+_OPCODE_BYTES: Final = frozenset(bytes([op.code]) for op in OPCODES)
+#: ``_codecs.encode``: allowlisted (picklers write bytes with it), but its codec name is
+#: looked up, importing ``encodings.<name>``.
+_ENCODE: Final = ("_codecs", "encode")
+#: The FRAME opcode.
+_FRAME_BYTE: Final = b"\x95"
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
 
@@ -81,6 +97,16 @@ def _name_finding(s: _Scan, use: NameUse, where: str) -> None:
     verdict = verdict_of(use.module, use.name)
     s.add("global", verdict, where, use.pos, use.module, use.name, use.opcode,
           f"imports {use.module}.{use.name}")
+
+
+def _codec_calls(s: _Scan, info: Trace, where: str) -> None:
+    for call in info.calls:
+        func = call.func
+        if isinstance(func, GlobalRef) and (func.module, func.name) == _ENCODE \
+                and not codec_is_standard(call.args):
+            s.add("codec", Verdict.DANGEROUS, where, call.pos, func.module, func.name,
+                  call.opcode, "_codecs.encode with a codec outside the standard set: the "
+                  "lookup imports an encodings module by that name")
 
 
 def _object_arrays(s: _Scan, info: Trace, where: str) -> None:
@@ -128,11 +154,14 @@ def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int =
     except PtfileError as exc:
         s.add("stream", Verdict.UNKNOWN, where, start, message=f"not a readable pickle: {exc}")
         return -1
+    _frames(s, data, start, info.end, where)
     for use in info.names:
         _name_finding(s, use, where)
     for code, pos in info.exts:
-        s.add("ext", Verdict.DANGEROUS, where, pos, "", str(code), "EXT",
-              f"extension code {code} resolves through copyreg's process-wide registry")
+        s.add("ext", Verdict.UNKNOWN, where, pos, "", str(code), "EXT",
+              f"extension code {code}: resolved through copyreg's process-wide registry, "
+              "which is empty in a fresh interpreter (torch and CPython then raise); a "
+              "process that registered codes would import what it maps them to")
     for use in info.global_builds:
         s.add("build-on-global", Verdict.DANGEROUS, where, use.pos, use.module, use.name,
               use.opcode, "BUILD sets attributes on an imported object (smuggles names past "
@@ -140,10 +169,28 @@ def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int =
     if info.error is not None:
         s.add("stream", Verdict.UNKNOWN, where, None, message=f"the unpickler stops: {info.error}")
     _object_arrays(s, info, where)
+    _codec_calls(s, info, where)
     _hazards(s, info, where)
     for blob, pos in info.blobs:
         _scan_blob(s, blob, f"{where} > nested@{pos:#x}", depth)
     return info.end
+
+
+def _frames(s: _Scan, data: bytes, start: int, end: int, where: str) -> None:
+    """Rule 6 of :mod:`ptfile.picklevm.lexer`: an opcode that straddles a frame's end reads
+    differently in CPython's C unpickler over a ``BytesIO`` (torch.load's ZIP records), which
+    takes its argument from after the frame, than in this walk: what that unpickler would run
+    is hidden, so the stream is dangerous."""
+    if end <= start or _FRAME_BYTE not in data[start:end]:
+        return
+    try:
+        found = frame_violation(data, start, end, s.limits)
+    except PtfileError:
+        return  # a damaged stream: the walk reports it
+    if found is not None:
+        s.add("frame", Verdict.DANGEROUS, where, found[0], "", "frame-straddle", "FRAME",
+              f"{found[1]}; CPython's unpickler over a BytesIO, as torch.load reads ZIP "
+              "records, takes opcodes this walk does not see")
 
 
 def _looks_like_pickle(blob: bytes) -> bool:
@@ -183,12 +230,30 @@ def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) 
             _scan_pickle(s, data, f"{where} (after STOP)", pos, depth)
 
 
+def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:
+    """Scan ``data`` as a pickle when it reads as one from byte 0, whatever its first opcode.
+
+    torch unpickles the start of every file that is neither a ZIP nor a tar (its
+    legacy loader's first pickle), so a protocol 0/1 stream that opens with ``V``,
+    ``S``, ``I``, ``]``, ``N``... runs as surely as one that opens with ``PROTO``.
+    """
+    if data[:1] not in _OPCODE_BYTES:
+        return False
+    probe = _Scan(s.limits)
+    _scan_stream(probe, data, where or "stream", depth)
+    if any(f.kind == "stream" and f.offset == 0 for f in probe.findings):
+        return False  # not a readable pickle at byte 0
+    s.findings.extend(probe.findings)
+    return True
+
+
 def _bytes_source(data: bytes) -> Source:
     return BytesSource(data)
 
 
 def _is_pickle_record(name: str) -> bool:
-    return name.endswith((".pkl", ".debug_pkl"))
+    # torch looks records up ignoring case: it unpickles ``archive/DATA.PKL`` as data.pkl.
+    return name.lower().endswith((".pkl", ".debug_pkl"))
 
 
 def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
@@ -208,28 +273,60 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
         if anomaly.eocd is not None:
             _scan_zip(s, source, f"{where}({anomaly.code}@{anomaly.eocd:#x})", depth + 1,
                       anomaly.eocd)
-    fmt = "zip"
+    torchscript = any(e.name.endswith("/constants.pkl") for e in entries)
+    mark = len(s.findings)
     for entry in entries:
         label = f"{where}:{entry.name}" if where else entry.name
-        if entry.name.endswith("/constants.pkl"):
-            fmt = "torchscript"
         if entry.name.split("/", 1)[-1].startswith("code/") and entry.name.endswith(".py"):
-            s.add("format", Verdict.UNKNOWN, label, entry.header_offset, "", "torchscript-code",
-                  message="TorchScript code: torch.jit.load compiles and runs it")
+            code = _read_record(s, source, entry, label)
+            if code is not None:
+                verdict, message = judge_code(code.decode("utf-8", "replace"))
+                s.add("torchscript-code", verdict, label, entry.header_offset, "",
+                      entry.name.rsplit("/", 1)[-1], message=message)
         if _is_pickle_record(entry.name):
-            data = read_member(source, entry, s.limits.max_pickle_bytes)
-            if data is None:
-                s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
-                      message="record cannot be read (method or bounds)")
-                continue
-            _scan_stream(s, data, label, depth)
-    return fmt
+            data = _read_record(s, source, entry, label)
+            if data is not None:
+                _scan_stream(s, data, label, depth)
+    if torchscript:
+        s.findings[mark:] = [_torchscript_type(f) for f in s.findings[mark:]]
+    return "torchscript" if torchscript else "zip"
+
+
+def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes | None:
+    """A record's bytes, or None with a finding (unreadable, or a limit hit)."""
+    try:
+        data = read_member(source, entry, s.limits)
+    except LimitExceededError as exc:  # a bomb: what it hides is not scanned
+        s.add("limit", Verdict.DANGEROUS, label, entry.data_offset, "",
+              "max_inflate_ratio", message=f"not scanned: {exc}")
+        return None
+    if data is None:
+        s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
+              message="record cannot be read (method or bounds)")
+    return data
+
+
+def _torchscript_type(f: Finding) -> Finding:
+    """A ``__torch__.*`` global of a TorchScript archive: a class reference that
+    torch.jit.load resolves against the archive's code, not a Python import
+    (:mod:`ptfile.scanning.torchscript`)."""
+    if f.kind != "global" or f.verdict is not Verdict.UNKNOWN or \
+            f.module.split(".")[0] != TORCHSCRIPT_PREFIX:
+        return f
+    return Finding("torchscript-type", Verdict.ALLOWED, f.location, f.offset, f.module, f.name,
+                   f.opcode, f"TorchScript class {f.module}.{f.name}: torch.jit.load resolves "
+                   "it against the archive's code/, it imports nothing")
+
+
+#: Archive anomalies that make loaders read different records for one name: dangerous,
+#: whatever each reads (the others are ``unknown``).
+DIVERGENT_ANOMALIES: Final = frozenset({"duplicate-name", "case-colliding-names"})
 
 
 def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
     label = anomaly.member or where or "archive"
-    s.add("archive", Verdict.UNKNOWN, label, anomaly.offset, "", anomaly.code,
-          message=anomaly.message)
+    verdict = Verdict.DANGEROUS if anomaly.code in DIVERGENT_ANOMALIES else Verdict.UNKNOWN
+    s.add("archive", verdict, label, anomaly.offset, "", anomaly.code, message=anomaly.message)
 
 
 def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
@@ -242,7 +339,25 @@ def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
         data = source.pread(member.offset, member.size, f"tar member {member.name}")
         starts = [at - member.offset for at in loader.get(member.name, ())
                   if member.offset <= at < member.offset + member.size]
-        _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
+        if member.name in TORCH_TAR_MEMBERS:
+            _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
+            continue
+        probe = _Scan(s.limits)
+        _scan_tar_member(probe, data, f"tar:{member.name}", starts, depth)
+        s.findings.extend(_unread(f) for f in probe.findings)
+
+
+#: The tar members torch's legacy loader unpickles (``tarfile`` extracts them by name).
+TORCH_TAR_MEMBERS: Final = frozenset({"sys_info", "pickle", "storages", "tensors"})
+
+
+def _unread(f: Finding) -> Finding:
+    """A finding in a tar member torch never unpickles (a ``.npy`` of objects, say): at
+    most ``unknown``, as only another tool would read it."""
+    if f.verdict is not Verdict.DANGEROUS:
+        return f
+    return dataclasses.replace(f, verdict=Verdict.UNKNOWN, message=f"{f.message} (in a "
+                               "member torch.load never unpickles)")
 
 
 def _scan_tar_member(s: _Scan, data: bytes, label: str, starts: list[int], depth: int) -> None:
@@ -338,6 +453,8 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     if _looks_like_pickle(head) or legacy:
         _scan_stream(s, data, where or "stream", depth, MAX_STREAM_PICKLES if legacy else 1)
         return "legacy" if legacy else "pickle"
+    if _bare_pickle(s, data, where, depth):
+        return "pickle"
     s.add("format", Verdict.UNKNOWN, where or "file", 0,
           message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
     return "unknown"

@@ -2,12 +2,19 @@
 
 Each :class:`Finding` has a :class:`Verdict`: ``allowed`` (on torch's
 weights-only allowlist or in :func:`ptfile.add_safe_globals`), ``dangerous``
-(the tables :data:`DANGEROUS_MODULES` and :data:`DANGEROUS_NAMES`: code
-execution, file or network access, a nested unpickler; plus EXT codes,
+(the tables :data:`DANGEROUS_MODULES`, :data:`DANGEROUS_NAMES` and
+:data:`DANGEROUS_PREFIXES`, by capability: run processes, evaluate or import
+by name, open files or sockets, load another pickle, archive or TorchScript
+module, reach interpreter internals; ``_codecs.encode`` with a codec outside
+:data:`STANDARD_CODECS`, which imports an ``encodings`` module; plus
 unresolvable ``STACK_GLOBAL`` names, numpy object arrays and hash-flooding or
 deeply nested keys), or ``unknown`` (anything else: ``ptfile.load`` refuses it
-by default, ``torch.load(weights_only=False)`` would import and run it).
-Ambiguities (archive anomalies, data after ``STOP``) are ``unknown``.
+by default, ``torch.load(weights_only=False)`` would import and run it).  EXT
+codes are ``unknown``: copyreg's registry is empty in a fresh interpreter, so
+torch and CPython raise on them.  Ambiguities that make loaders read different
+bytes (names that collide exactly or by case, opcodes that straddle a frame)
+are ``dangerous``; other anomalies (data after ``STOP``, archive oddities) are
+``unknown``.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from typing import Any, Final
 
 from ..policy import BLOCKED_MODULES, find_allowed
 
-__all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "TORCHSCRIPT_NAMES", "Finding", "ScanResult",
-           "Verdict", "iter_dangerous", "verdict_of"]
+__all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "DANGEROUS_PREFIXES", "STANDARD_CODECS",
+           "TORCHSCRIPT_NAMES", "Finding", "ScanResult", "Verdict", "codec_is_standard",
+           "iter_dangerous", "verdict_of"]
 
 
 class Verdict(str, Enum):
@@ -44,6 +52,23 @@ DANGEROUS_MODULES: Final = frozenset({
     "numpy.ctypeslib", "numpy.testing", "sysconfig", "ntpath", "posixpath", "glob",
     "tempfile", "io", "_io", "types", "gc", "inspect", "operator", "profile", "cProfile",
     "trace", "doctest", "idlelib", "lib2to3", "pickletools",
+    # import by name, or run a REPL, a pager or a subinterpreter
+    "pkgutil", "_pyrepl", "pyrepl", "_interpreters", "interpreters", "_xxsubinterpreters",
+    "_interpqueues", "_interpchannels", "concurrent.interpreters", "site", "_thread",
+    # open files, databases or memory maps
+    "logging.config", "logging.handlers", "zipfile", "tarfile", "fileinput", "linecache",
+    "mmap", "sqlite3", "_sqlite3", "dbm", "_winapi", "msvcrt", "winreg",
+    # open sockets (network clients and servers)
+    "httplib", "imaplib", "poplib", "nntplib", "xmlrpc", "xmlrpclib", "socketserver",
+    "SocketServer", "ssl", "_ssl", "_socket", "asyncore", "asynchat", "smtpd", "select",
+    "selectors",
+    # torch's and numpy's loaders, compilers and helpers that run commands
+    "torch.utils.collect_env", "torch.utils.model_zoo", "torch.utils.hipify",
+    "torch.utils.data.datapipes", "torch.testing", "torch.multiprocessing",
+    "torch.distributed.elastic", "torch.distributed.launch", "torch.distributed.run",
+    "torch.jit._serialization", "torch.jit.mobile", "torch._export", "torch.export",
+    "numpy.lib.npyio", "numpy.lib._npyio_impl", "numpy.lib.format", "numpy.core._internal",
+    "numpy._core._internal",
 })
 
 #: Single globals that are dangerous: evaluation, attribute access, nested loaders, exits.
@@ -63,7 +88,40 @@ DANGEROUS_NAMES: Final = frozenset({
     ("numpy", "load"), ("numpy.lib.npyio", "load"), ("numpy.lib.format", "read_array"),
     ("numpy", "fromfile"), ("numpy", "memmap"), ("numpy", "loadtxt"),
     ("_operator", "attrgetter"), ("_operator", "methodcaller"),
+    *(("uuid", n) for n in ("_get_command_stdout", "_popen", "_find_mac",
+                            "_find_mac_near_keyword", "_find_mac_under_heading",
+                            "_ifconfig_getnode", "_ip_getnode", "_arp_getnode",
+                            "_lanscan_getnode", "_netstat_getnode", "_unix_getnode", "getnode")),
+    *(("logging", n) for n in ("FileHandler", "basicConfig", "config", "handlers")),
+    ("torch.ops", "load_library"), ("torch._ops", "load_library"),
+    ("torch.classes", "load_library"), ("torch._classes", "load_library"),
+    ("torch.jit", "_load_for_lite_interpreter"),
+    *(("numpy", n) for n in ("genfromtxt", "fromregex", "save", "savez", "savez_compressed",
+                             "savetxt", "DataSource")),
 })
+
+#: Name prefixes that are dangerous in a module whose other names need not be: torch._C's
+#: loaders of TorchScript and mobile modules, JIT internals and global state setters
+#: (whole-model pickles hold plain functions of torch._C, such as ``torch._C._nn.gelu``).
+DANGEROUS_PREFIXES: Final = {
+    "torch._C": ("import_ir_module", "_import_ir_module", "_load_for_lite_interpreter",
+                 "_load_mobile", "_jit_", "_set_", "_save", "_load", "CompilationUnit",
+                 "_get_model_bytecode", "_backport", "_get_mobile_model", "_dlopen"),
+}
+
+#: Codec names ``_codecs.encode`` resolves without importing an ``encodings`` module
+#: (normalised: lower case, ``-`` and spaces as ``_``): what picklers write for bytes.
+STANDARD_CODECS: Final = frozenset({"latin1", "latin_1", "iso_8859_1", "iso8859_1", "l1",
+                                    "utf_8", "utf8", "ascii", "us_ascii"})
+
+
+def codec_is_standard(args: object) -> bool:
+    """True when ``_codecs.encode(*args)`` names a standard codec (or none: UTF-8)."""
+    if not isinstance(args, tuple) or len(args) < 2:
+        return isinstance(args, tuple)
+    codec = args[1]
+    return isinstance(codec, str) and \
+        codec.lower().replace("-", "_").replace(" ", "_") in STANDARD_CODECS
 
 #: TorchScript's typed-container constructors (``constants.pkl``/``data.pkl``): data only.
 TORCHSCRIPT_NAMES: Final = frozenset(("torch.jit._pickle", n) for n in (
@@ -79,8 +137,12 @@ class Finding:
     ----------
     kind : str
         ``global`` (a name a pickle imports), ``ext``, ``nested`` (a pickle
-        inside bytes), ``numpy-object-array``, ``hazard`` (hash flooding, deep
-        keys), ``stream`` (malformed pickle, data after ``STOP``), ``archive``
+        inside bytes), ``numpy-object-array``, ``codec`` (``_codecs.encode`` with
+        a codec outside the standard set), ``limit`` (a record not scanned
+        because a :class:`~ptfile.Limits` ceiling was hit: dangerous, as what it
+        holds is unknown), ``hazard`` (hash flooding, deep
+        keys), ``frame`` (an opcode straddles a frame's end: unpicklers read it
+        differently), ``stream`` (malformed pickle, data after ``STOP``), ``archive``
         (a container anomaly; ``name`` holds its code) or ``format``.
     verdict : Verdict
     location : str
@@ -180,21 +242,48 @@ def _module_dangerous(module: str) -> bool:
     return any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1))
 
 
+def _readings(module: str, name: str) -> Iterator[tuple[str, str]]:
+    """Every ``(module, name)`` a dotted name may resolve as.
+
+    Protocol 4+ resolves ``name`` through its attribute chain, and an
+    attribute may be a module: ``pathlib`` + ``os.system`` is ``os.system``,
+    ``torch`` + ``hub.load`` is ``torch.hub.load``.  So the name is read with
+    each run of its leading attributes appended to the module, and with each
+    run of attributes standing for a module of that name.
+    """
+    yield module, name
+    attrs = name.split(".")
+    for j in range(1, len(attrs)):
+        rest = ".".join(attrs[j:])
+        yield ".".join((module, *attrs[:j])), rest
+        for i in range(j):
+            yield ".".join(attrs[i:j]), rest
+
+
+def _dangerous(module: str, name: str) -> bool:
+    return _module_dangerous(module) or (module, name) in DANGEROUS_NAMES \
+        or (module, name.split(".")[0]) in DANGEROUS_NAMES \
+        or name.startswith(DANGEROUS_PREFIXES.get(module, ()))
+
+
 def verdict_of(module: str, name: str) -> Verdict:
     """The verdict for a global ``module.name`` (tables first, then the allowlist).
+
+    A dotted ``name`` is dangerous when any object along its attribute chain may
+    be (:func:`_readings`): ``pathlib`` + ``os.system`` is ``os.system``.
 
     Examples
     --------
     >>> verdict_of("posix", "system"), verdict_of("torch", "FloatStorage")
     (<Verdict.DANGEROUS: 'dangerous'>, <Verdict.ALLOWED: 'allowed'>)
+    >>> verdict_of("pathlib", "os.system")
+    <Verdict.DANGEROUS: 'dangerous'>
     """
-    if _module_dangerous(module) or (module, name) in DANGEROUS_NAMES \
-            or (module, name.split(".")[0]) in DANGEROUS_NAMES:
+    if any(_dangerous(m, n) for m, n in _readings(module, name)):
         return Verdict.DANGEROUS
     if find_allowed(module, name) is not None or (module, name) in TORCHSCRIPT_NAMES:
         return Verdict.ALLOWED
     return Verdict.UNKNOWN
-
 
 
 def iter_dangerous(result: ScanResult) -> Iterator[Finding]:

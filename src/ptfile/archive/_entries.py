@@ -48,7 +48,7 @@ from __future__ import annotations
 import itertools
 import operator
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Final, cast
 
 import numpy as np
@@ -66,8 +66,8 @@ from .records import (
     U32_MAX,
 )
 
-__all__ = ["SMALL_ENTRIES", "Entries", "check_case_collisions", "check_overlaps", "parse_entries", "parse_sequential",
-           "parse_vectorised"]
+__all__ = ["SMALL_ENTRIES", "Entries", "check_case_collisions", "check_overlaps", "parse_entries",
+           "parse_sequential", "parse_vectorised"]
 
 _CD_FIXED: Final = CENTRAL_DIRECTORY_STRUCT.size
 _LOCAL_FIXED: Final = LOCAL_FILE_HEADER_STRUCT.size
@@ -243,17 +243,31 @@ def parse_entries(data: bytes, entries: int, cd_offset: int, max_name: int,
     return parsed
 
 
+def _lower_under_one_folder(joined: str, names: Sequence[str]) -> bool:
+    """Every name is under the first name's folder, exactly, and the rest of every name
+    has no uppercase letter: torch's archives (the folder is the file's stem, ``B/``),
+    decided with a few passes over the joined names (~3 ms for 100,000)."""
+    folder = names[0][:names[0].find("/") + 1] if names and "/" in names[0] else ""
+    if not folder or not joined.startswith(folder) \
+            or joined.count("\0" + folder) != len(names) - 1 or joined.count("\0") != len(names) - 1:
+        return False
+    rest = joined[len(folder):].replace("\0" + folder, "\0")
+    return rest.lower() == rest
+
+
 def check_case_collisions(parsed: Entries, anomalies: list[Anomaly] | None = None) -> None:
     """Refuse (strict) or report (``case-colliding-names``) names equal but for ASCII case.
 
     miniz folds ASCII letters only, as ``bytes.lower`` does.  Names without an
     uppercase letter cannot collide: one join and one ``lower`` decide (2 ms
-    for 100,000 names); otherwise the folded names are compared (13 ms).
+    for 100,000 names), or the same on the names less their common folder (torch's
+    folder is the file's stem, often capitalised: ~3 ms); otherwise the folded names
+    are compared (13 ms).
     Exact duplicates are ``duplicate-name``, not this.
     """
     names = parsed.names
     joined = "\0".join(names)
-    if joined.lower() == joined:
+    if joined.lower() == joined or _lower_under_one_folder(joined, names):
         return
     folded = joined.encode("utf-8", "surrogatepass").lower().split(b"\0")
     if len(folded) != len(names):  # a name holds a NUL

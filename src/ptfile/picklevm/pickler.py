@@ -112,6 +112,7 @@ from ptfile.errors import SaveError
 
 from ._codes import encode_int
 from .emitter import BATCH_SIZE, Emitter
+from .framing import FramedEmitter
 from .nodes import (
     Global,
     PersistentId,
@@ -137,8 +138,10 @@ __all__ = [
     "global_",
 ]
 
-#: Protocols this writer reproduces.  torch.save's default is 2.
-SUPPORTED_PROTOCOLS: Final = frozenset({2, 3})
+#: The emitter of each protocol this writer reproduces.  torch.save's default is 2.
+EMITTERS: Final[dict[int, type[Emitter]]] = {2: Emitter, 3: Emitter, 4: FramedEmitter,
+                                             5: FramedEmitter}
+SUPPORTED_PROTOCOLS: Final = frozenset(EMITTERS)
 
 
 class Pickler:
@@ -196,7 +199,7 @@ class Pickler:
         SaveError
             If the graph holds an object that cannot be written.
         """
-        return Emitter(
+        return EMITTERS[self.protocol](
             self.protocol, self._reducer, self._persistent_id, self._persistent_types
         ).run(obj)
 

@@ -175,15 +175,15 @@ class FramedEmitter(Emitter):
             self.pieces.append((self.cut, end, True))
             self.cut = end
 
-    def write_payload(self, header: bytes, data: bytes | memoryview) -> None:
+    def write_payload(self, header: bytes, data: bytes | bytearray) -> None:
         """``header`` and ``data``; outside any frame when ``data`` is FRAME_SIZE_TARGET or more."""
         if len(data) < FRAME_SIZE_TARGET:
             self.write(header)
-            self.write(data)
+            self.out.write(data)
             return
         self.commit()
         self.write(header)
-        self.write(data)
+        self.out.write(data)
         end = self.out.tell()
         self.pieces.append((self.cut, end, False))
         self.cut = end
@@ -225,8 +225,7 @@ class FramedEmitter(Emitter):
     def save_bytearray5(self, obj: bytearray) -> None:
         if self.fetch_memoized(obj):
             return
-        with memoryview(obj) as data:
-            self.write_payload(OP_U64.pack(BYTEARRAY8, len(obj)), data)
+        self.write_payload(OP_U64.pack(BYTEARRAY8, len(obj)), obj)
         self.memoize(obj)
 
     def save_set4(self, obj: set[object]) -> None:

@@ -68,6 +68,28 @@ def test_framing_many_small_objects_cross_frames_like_c(count: int, protocol: in
     assert 2 + sum(lengths) + 9 * len(lengths) == len(data)  # everything after PROTO framed
 
 
+#: One object of each kind the handlers write, built afresh from a number.
+KINDS: dict[str, Any] = {
+    "none": lambda i: None, "bool": lambda i: i % 2 == 0, "int": lambda i: i * 7919,
+    "float": lambda i: i / 3, "str": lambda i: str(i), "bytes": lambda i: str(i).encode(),
+    "bytearray": lambda i: bytearray(str(i).encode()), "tuple": lambda i: (i, i + 1, i + 2, i),
+    "list": lambda i: [i], "dict": lambda i: {"k": i}, "set": lambda i: {i},
+    "frozenset": lambda i: frozenset({i}), "complex": lambda i: complex(i, 1),
+    "ordered_dict": lambda i: OrderedDict(k=i), "counter": lambda i: Counter(k=i),
+}
+
+
+@pytest.mark.parametrize("protocol", FRAMED)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_framing_runs_of_every_kind_cross_frames_like_c(kind: str, protocol: int) -> None:
+    # Every handler starts with a frame boundary: a run of its objects, fresh or shared
+    # (GETs), crosses frames where the C pickler's do.
+    make = KINDS[kind]
+    fresh = [make(i) for i in range(70_000)]  # a byte or more each: 64 KiB crossed
+    assert len(frames(assert_same_as_c(fresh, protocol))) > 1
+    assert_same_as_c([fresh[0], *[fresh[1]] * 40_000], protocol)
+
+
 def test_framing_frames_shorter_than_the_minimum_have_no_header() -> None:
     atoms: tuple[object, ...] = (None, 1, (), "", [], b"")
     for obj in atoms:
@@ -129,8 +151,12 @@ def test_framing_non_ascii_globals_are_utf8_strs() -> None:
     assert strings == ["modulé", "näme"]
 
 
-_LEAVES = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
-           | st.text(max_size=20) | st.binary(max_size=20))
+_ATOMS = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
+          | st.text(max_size=20) | st.binary(max_size=20))
+#: Runs of these fill frames: each handler must start with a boundary, as C save() does.
+_LEAVES = _ATOMS | st.sampled_from([
+    1 + 2j, OrderedDict(a=1), Counter("ab"), bytearray(b"ba"), {3}, frozenset({4}), [5], {"d": 6},
+    (7, 8, 9, 10), (), "", b""])
 _PAYLOADS = st.sampled_from(SIZES[3:]).flatmap(
     lambda n: st.sampled_from(["x" * n, b"y" * n, bytearray(n), "é" * (n // 2)]))
 
@@ -149,7 +175,7 @@ def _framed_graphs(draw: st.DrawFn) -> Any:
         elif kind == "tuple" and pool:
             pool.append(tuple(draw(st.lists(st.sampled_from(pool), max_size=5))))
         elif kind == "dict":
-            pool.append({str(i): draw(_LEAVES) for i in range(draw(st.integers(0, 3000)))})
+            pool.append({str(i): draw(_ATOMS) for i in range(draw(st.integers(0, 3000)))})
         else:
             pool.append(frozenset(draw(st.lists(st.integers(), max_size=50))))
     return pool

@@ -66,6 +66,8 @@ from ._codes import (
     BINUNICODE,
     BINUNICODE8,
     BYTEARRAY8,
+    EMPTY_DICT,
+    EMPTY_LIST,
     EMPTY_SET,
     EMPTY_TUPLE,
     FRAME,
@@ -79,6 +81,7 @@ from ._codes import (
     POP,
     POP_MARK,
     REDUCE,
+    SETITEMS,
     SHORT_BINBYTES,
     SHORT_BINUNICODE,
     SMALL_TUPLE_CODES,
@@ -87,8 +90,8 @@ from ._codes import (
     U32_MAX,
 )
 from .emitter import BATCH_SIZE, Emitter
-from .nodes import Global, PersistentIdHook, Reduce, Reducer, ViewReduce
-from .reductions import check_args
+from .nodes import Global, PersistentId, PersistentIdHook, Reduce, Reducer, ViewReduce
+from .reductions import BUILTIN_REDUCTIONS, check_args
 
 __all__ = ["FRAME_SIZE_MIN", "FRAME_SIZE_TARGET", "FramedEmitter"]
 
@@ -97,6 +100,9 @@ __all__ = ["FRAME_SIZE_MIN", "FRAME_SIZE_TARGET", "FramedEmitter"]
 FRAME_SIZE_TARGET: Final = 64 * 1024
 #: Shorter frames are written without their FRAME header (C ``FRAME_SIZE_MIN``).
 FRAME_SIZE_MIN: Final = 4
+#: The types whose (inherited) handlers :meth:`FramedEmitter.bounded` wraps; every
+#: other handler of the table is a method of FramedEmitter that starts with a boundary.
+_WRAPPED_TYPES: Final = (type(None), bool, int, float, Global, PersistentId)
 #: What undoes the items of a recursive tuple of 1-3 items (C writes one POP each).
 _SMALL_TUPLE_DISCARD: Final = (b"", POP, POP * 2, POP * 3)
 
@@ -147,8 +153,15 @@ class FramedEmitter(Emitter):
     def _lookup(
         self, hook: PersistentIdHook | None, persistent_types: Collection[type] | None
     ) -> tuple[Callable[..., Callable[[Any], None]], Callable[[Any], None]]:
-        """Every handler starts with a frame boundary, as the C ``save()`` does."""
-        self.table = {kind: self.bounded(handler) for kind, handler in self.table.items()}
+        """Every handler starts with a frame boundary, as the C ``save()`` does.
+
+        The handlers of this class call :meth:`boundary` first themselves (no
+        Python frame more per level of nesting); the inherited ones, of objects
+        that hold no others, are wrapped.
+        """
+        for kind in _WRAPPED_TYPES:
+            if kind in self.table:
+                self.table[kind] = self.bounded(self.table[kind])
         return super()._lookup(hook, persistent_types)
 
     def bounded(self, handler: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -210,6 +223,7 @@ class FramedEmitter(Emitter):
     # -- builtins ----------------------------------------------------------------
 
     def save_str4(self, obj: str) -> None:
+        self.boundary()
         if self.fetch_memoized(obj):
             return
         data = _utf8(obj)
@@ -217,18 +231,21 @@ class FramedEmitter(Emitter):
         self.memoize(obj)
 
     def save_bytes4(self, obj: bytes) -> None:
+        self.boundary()
         if self.fetch_memoized(obj):
             return
         self.write_payload(_bytes_header(len(obj)), obj)
         self.memoize(obj)
 
     def save_bytearray5(self, obj: bytearray) -> None:
+        self.boundary()
         if self.fetch_memoized(obj):
             return
         self.write_payload(OP_U64.pack(BYTEARRAY8, len(obj)), obj)
         self.memoize(obj)
 
     def save_set4(self, obj: set[object]) -> None:
+        self.boundary()
         if self.fetch_memoized(obj):
             return
         self.write(EMPTY_SET)
@@ -246,6 +263,7 @@ class FramedEmitter(Emitter):
                 return
 
     def save_frozenset4(self, obj: frozenset[object]) -> None:
+        self.boundary()
         if self.fetch_memoized(obj):
             return
         self.write(MARK)
@@ -260,6 +278,7 @@ class FramedEmitter(Emitter):
         self.memoize(obj)
 
     def save_tuple(self, obj: tuple[object, ...]) -> None:
+        self.boundary()
         size = len(obj)
         if not size:
             self.write(EMPTY_TUPLE)
@@ -278,10 +297,49 @@ class FramedEmitter(Emitter):
         self.write(SMALL_TUPLE_CODES[size] if size < 4 else TUPLE)
         self.memoize(obj)
 
+    def save_list(self, obj: list[object]) -> None:
+        self.boundary()
+        if self.fetch_memoized(obj):
+            return
+        self.write(EMPTY_LIST)
+        self.memoize(obj)
+        if obj:  # batch_list_exact: only a whole list of one item uses APPEND
+            self.save_appends(obj, single=len(obj) == 1)
+
+    def save_dict(self, obj: dict[object, object]) -> None:
+        self.boundary()
+        if self.fetch_memoized(obj):
+            return
+        self.write(EMPTY_DICT)
+        self.memoize(obj)
+        if obj:  # batch_dict_exact: SETITEM for one item, a trailing empty batch
+            self.save_setitems(obj.items(), single=len(obj) == 1)
+            if len(obj) % BATCH_SIZE == 0:
+                self.write(MARK + SETITEMS)
+
+    def save_builtin_reduction(self, obj: object) -> None:
+        self.boundary()
+        if self.fetch_memoized(obj):
+            return
+        self.save_reduce(BUILTIN_REDUCTIONS[type(obj)](obj, self.builtins), obj)
+
+    def save_view(self, node: ViewReduce, key: object = None) -> None:
+        """A :class:`ViewReduce` is written as its Reduce (the frames need every save)."""
+        self.boundary()
+        if key is None:
+            key = node
+        if not self.fetch_memoized(key):
+            self.save_reduce(node.as_reduce(), key)
+
     # -- reduce and globals ------------------------------------------------------
 
     def save_reduce(self, spec: Reduce, key: object = None) -> None:
-        """C ``save_reduce``, MEMOIZE for the memo (see the emitter's)."""
+        """C ``save_reduce``, MEMOIZE for the memo (see the emitter's).
+
+        Its boundary is its save's (the reducer writes nothing): a second one
+        at the same place, which does nothing.
+        """
+        self.boundary()
         if key is None:
             key = spec
         if self.fetch_memoized(key):
@@ -333,8 +391,13 @@ class FramedEmitter(Emitter):
 
     def save_other(self, obj: object) -> None:
         self.boundary()
-        super().save_other(obj)
+        if not self.fetch_memoized(obj):
+            self.save_reduced(None if self.reducer is None else self.reducer(obj), obj)
 
     def save_hooked(self, obj: object) -> None:
         self.boundary()
-        super().save_hooked(obj)
+        pid = self.hook(obj)
+        if pid is None:
+            self.table.get(type(obj), self.save_other)(obj)
+        else:
+            self.save_persistent(pid)

@@ -133,7 +133,7 @@ def _bytes_header(size: int) -> bytes:
 class FramedEmitter(Emitter):
     """The emitter of protocols 4 and 5 (see the module docstring)."""
 
-    __slots__ = ("asks_str", "cut", "modules", "pieces")
+    __slots__ = ("asks_str", "cut", "modules", "pieces", "tell")
 
     def __init__(
         self,
@@ -146,6 +146,7 @@ class FramedEmitter(Emitter):
         self.pieces: list[tuple[int, int, bool]] = [(0, 2, False)]  # (start, end, framed)
         self.modules: dict[tuple[str, str], int] = {}  # (module, owner) -> memo index of its str
         super().__init__(protocol, reducer, hook, persistent_types)
+        self.tell = self.out.tell
         self.asks_str = hook is not None and (persistent_types is None or str in persistent_types)
         self.views = False  # every save through the handlers: each is a frame boundary
         self.results[ViewReduce] = self.save_result_view
@@ -178,7 +179,7 @@ class FramedEmitter(Emitter):
 
     def boundary(self) -> None:
         """The start of a save: commit the open frame once it holds FRAME_SIZE_TARGET bytes."""
-        if self.out.tell() - self.cut >= FRAME_SIZE_TARGET:
+        if self.tell() - self.cut >= FRAME_SIZE_TARGET:
             self.commit()
 
     def commit(self) -> None:
@@ -211,6 +212,10 @@ class FramedEmitter(Emitter):
                 parts.append(OP_U64.pack(FRAME, end - start))
             parts.append(body[start:end])
         return b"".join(parts)
+
+    def release(self) -> None:
+        super().release()
+        self.modules.clear()
 
     # -- memo --------------------------------------------------------------------
 
@@ -287,8 +292,9 @@ class FramedEmitter(Emitter):
             return
         if size > 3:
             self.write(MARK)
+        get, fallback = self.lookup, self.fallback
         for item in obj:
-            self.save(item)
+            get(type(item), fallback)(item)
         index = self.memo.get(id(obj))
         if index is not None:  # an item memoised the tuple: a cycle
             self.write(_SMALL_TUPLE_DISCARD[size] if size < 4 else POP_MARK)
@@ -349,8 +355,9 @@ class FramedEmitter(Emitter):
             args = check_args(args, spec.newobj)
         elif spec.newobj and args:
             args = (*args,)  # a new tuple object, like the C pickler's argtup[1:]
-        self.save(spec.func)
-        self.save(args)
+        get, fallback, func = self.lookup, self.fallback, spec.func
+        get(type(func), fallback)(func)
+        get(type(args), fallback)(args)
         code = NEWOBJ if spec.newobj else REDUCE
         index = self.memo.get(id(key))
         if index is not None:  # the arguments memoised the object: a cycle

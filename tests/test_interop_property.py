@@ -123,6 +123,20 @@ def test_resave_of_random_torch_objects_is_byte_identical(obj: Any) -> None:
     assert _ptfile_bytes(ptfile.load(io.BytesIO(raw))) == _torch_bytes(_torch_load(raw))
 
 
+@settings(max_examples=40, deadline=None)
+@given(torch_objects(), st.sampled_from([4, 5]))
+def test_resave_of_random_torch_objects_at_protocols_4_and_5_is_byte_identical(
+        obj: Any, protocol: int) -> None:
+    # Files torch wrote with protocol 4 or 5 (framed, MEMOIZE, STACK_GLOBAL) load, and
+    # ptfile's resave with that protocol is torch's.
+    raw = _torch_bytes(obj, pickle_protocol=protocol)
+    loaded = ptfile.load(io.BytesIO(raw))
+    expected = torch.load(io.BytesIO(raw), weights_only=False)  # weights_only knows no FRAME
+    assert_same(loaded, expected)
+    assert _ptfile_bytes(loaded, pickle_protocol=protocol) == _torch_bytes(
+        expected, pickle_protocol=protocol)
+
+
 def test_tensors_sharing_an_empty_storage_keep_sharing_it() -> None:
     base = torch.arange(0).float()
     raw = _torch_bytes({"a": base, "b": base[0:0], "c": base[::2]})
@@ -208,7 +222,7 @@ def test_skip_data_save_of_random_torch_objects_is_byte_identical(obj: Any) -> N
 
 @settings(max_examples=30, deadline=None)
 @given(torch_objects(), st.booleans(), st.sampled_from([1, 8, 64, 4096]), st.booleans(),
-       st.sampled_from([2, 3]))
+       st.sampled_from([2, 3, 4, 5]))
 def test_save_options_match_torch_on_random_objects(obj: Any, crc: bool, alignment: int,
                                                     no_byteorder: bool, protocol: int) -> None:
     # CRC on/off, storage alignment, the byteorder record and the pickle protocol, set

@@ -228,7 +228,9 @@ def save(
         A path, a writable binary file object, or a URL whose fsspec backend
         writes (``s3://``, ``gs://``, ``memory://``…), with ``storage_options``.
     pickle_protocol
-        torch's default 2.
+        2 (torch's default), 3, 4 or 5: the bytes are ``torch.save``'s with the
+        same protocol.  torch 2.13 reads protocols 4 and 5 back only with
+        ``weights_only=False`` (its weights-only unpickler refuses ``FRAME``).
     _use_new_zipfile_serialization, _disable_byteorder_record
         torch's keywords.  ``_use_new_zipfile_serialization=False`` writes the
         legacy (pre-1.6) stream format, which torch reads back (storages are

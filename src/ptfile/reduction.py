@@ -57,6 +57,9 @@ _DEVICE: Final = global_("torch", "device")
 _LAYOUT: Final = global_("torch.serialization", "_get_layout")
 _UNTYPED: Final = global_("torch.storage", "UntypedStorage")
 _STORAGE_LITERAL: Final = "storage"
+#: torch.dtype's ``__module__``: a ``'torch'`` str of its own, which every dtype shares
+#: (protocols 4 and 5 memoise the module strs of globals by identity).
+_DTYPE_MODULE: Final = "torch.dtype"
 #: torch's CPU location tag: one constant object, memoised once (location.pid_location).
 _CPU: Final = "cpu"
 
@@ -277,7 +280,7 @@ _REDUCERS: Final[dict[type, Callable[[Reducer, Any], Any]]] = {
     SparseTensor: Reducer.sparse,
     Size: lambda _, s: Reduce(_SIZE, (tuple(s),)),
     Device: _device,
-    DType: lambda _, d: global_("torch", d.name),
+    DType: lambda _, d: global_("torch", d.name, _DTYPE_MODULE),
     QScheme: lambda _, q: global_("torch", q.name),
     Layout: lambda _, lay: Reduce(_LAYOUT, (f"torch.{lay.name}",)),
     StorageType: lambda _, st: global_(st.module, st.name),

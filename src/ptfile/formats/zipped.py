@@ -5,7 +5,8 @@ Layout (see ``pt-format.md`` §2 to §6; verified against torch 2.13):
 * All records live under one folder, the *prefix*: the target file's stem, or
   ``archive`` for file objects and non-ASCII paths.  Readers MUST take the
   prefix from the first central-directory entry and MUST ignore extra records.
-* ``data.pkl`` — a protocol-2 pickle of the object; every storage is a
+* ``data.pkl`` — a pickle of the object (protocol 2 by default, 2 to 5 when
+  asked, as written by CPython's C pickler); every storage is a
   persistent id ``('storage', <storage class>, key, location, numel)`` where
   ``numel`` counts elements of a typed storage and bytes of ``UntypedStorage``.
 * ``data/<key>`` — the raw bytes of each storage, exactly ``numel * itemsize``.

@@ -60,10 +60,23 @@ BINPUT: Final = _op("BINPUT")
 LONG_BINPUT: Final = _op("LONG_BINPUT")
 BINGET: Final = _op("BINGET")
 LONG_BINGET: Final = _op("LONG_BINGET")
+# Protocol 4 and 5 only (:mod:`~ptfile.picklevm.framing`).
+FRAME: Final = _op("FRAME")
+MEMOIZE: Final = _op("MEMOIZE")
+STACK_GLOBAL: Final = _op("STACK_GLOBAL")
+SHORT_BINUNICODE: Final = _op("SHORT_BINUNICODE")
+BINUNICODE8: Final = _op("BINUNICODE8")
+BINBYTES8: Final = _op("BINBYTES8")
+BYTEARRAY8: Final = _op("BYTEARRAY8")
+EMPTY_SET: Final = _op("EMPTY_SET")
+ADDITEMS: Final = _op("ADDITEMS")
+FROZENSET: Final = _op("FROZENSET")
 
 U32_MAX: Final = 0xFFFFFFFF
 #: Opcode + little-endian u32 (LONG_BINPUT, LONG_BINGET, BINUNICODE, BINBYTES).
 OP_U32: Final = struct.Struct("<cI")
+#: Opcode + little-endian u64 (FRAME, BINUNICODE8, BINBYTES8, BYTEARRAY8).
+OP_U64: Final = struct.Struct("<cQ")
 #: Two opcodes + little-endian u32 (TUPLE1 LONG_BINPUT, REDUCE LONG_BINPUT, ...).
 OP_OP_U32: Final = struct.Struct("<ccI")
 OP_U16: Final = struct.Struct("<cH")

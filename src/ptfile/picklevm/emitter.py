@@ -74,9 +74,9 @@ BATCH_SIZE: Final = 1000
 #: What undoes the items of a recursive tuple of 1-3 items (C writes one POP each).
 _SMALL_TUPLE_DISCARD: Final = (b"", POP, POP * 2, POP * 3)
 #: How ``builtins`` is spelled in GLOBAL lines (fix_imports below protocol 3).
-_BUILTINS_MODULE: Final = {2: "__builtin__", 3: "builtins"}
-#: How GLOBAL module and name are encoded (C ``save_global``).
-_GLOBAL_ENCODING: Final = {2: "ascii", 3: "utf-8"}
+_BUILTINS_MODULE: Final = {2: "__builtin__", 3: "builtins", 4: "builtins", 5: "builtins"}
+#: How GLOBAL module and name are encoded (C ``save_global``; 4 and 5 save strs).
+_GLOBAL_ENCODING: Final = {2: "ascii", 3: "utf-8", 4: "utf-8", 5: "utf-8"}
 
 
 #: Exact type -> Emitter method (C ``save``'s type tests, as a table).
@@ -95,10 +95,14 @@ HANDLERS: Final[dict[type, str]] = {
     ViewReduce: "save_view",
     **dict.fromkeys(BUILTIN_REDUCTIONS, "save_builtin_reduction"),
 }
-#: Per-protocol overrides of HANDLERS.
+#: Per-protocol overrides of HANDLERS (those of 4 and 5 are methods of
+#: :class:`~ptfile.picklevm.framing.FramedEmitter`).
 PROTOCOL_HANDLERS: Final[dict[int, dict[type, str]]] = {
     2: {},
     3: {bytes: "save_bytes"},
+    4: {str: "save_str4", bytes: "save_bytes4", set: "save_set4", frozenset: "save_frozenset4"},
+    5: {str: "save_str4", bytes: "save_bytes4", set: "save_set4", frozenset: "save_frozenset4",
+        bytearray: "save_bytearray5"},
 }
 
 

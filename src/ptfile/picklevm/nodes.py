@@ -48,6 +48,14 @@ class Global:
     ----------
     module, name : str
         Written verbatim; neither may be empty or contain a newline.
+    module_owner : str, optional
+        Which str object names the module, for protocols 4 and 5: there the
+        module and the name are pickled as strs (``STACK_GLOBAL``), memoised by
+        identity, so two globals of one module share the module's str when the
+        C pickler finds the same object for both.  ``""`` (the default) stands
+        for the module's own ``__name__``, which its functions and Python
+        classes carry; any other value for a ``__module__`` str of its own that
+        every global with that owner shares (torch's dtypes have one).
 
     Raises
     ------
@@ -57,6 +65,7 @@ class Global:
 
     module: str
     name: str
+    module_owner: str = ""
 
     def __post_init__(self) -> None:
         for part in (self.module, self.name):
@@ -67,16 +76,18 @@ class Global:
                 )
 
 
-_INTERNED_GLOBALS: dict[tuple[str, str], Global] = {}
+_INTERNED_GLOBALS: dict[tuple[str, str, str], Global] = {}
 
 
-def global_(module: str, name: str) -> Global:
-    """Return the one :class:`Global` node for ``(module, name)``.
+def global_(module: str, name: str, module_owner: str = "") -> Global:
+    """Return the one :class:`Global` node for ``(module, name, module_owner)``.
 
     Parameters
     ----------
     module, name : str
         The global's module and qualified name, written verbatim.
+    module_owner : str, optional
+        As for :class:`Global`.
 
     Returns
     -------
@@ -93,10 +104,10 @@ def global_(module: str, name: str) -> Global:
     >>> global_("collections", "OrderedDict") is global_("collections", "OrderedDict")
     True
     """
-    key = (module, name)
+    key = (module, name, module_owner)
     node = _INTERNED_GLOBALS.get(key)
     if node is None:
-        node = _INTERNED_GLOBALS.setdefault(key, Global(module, name))
+        node = _INTERNED_GLOBALS.setdefault(key, Global(module, name, module_owner))
     return node
 
 

@@ -22,9 +22,11 @@ them against ``pickle.dumps(x, protocol)``.
 
 The rules
 ---------
-A pickle MUST start with ``PROTO <protocol>`` and end with ``STOP``.  Protocol 2
-(torch's default) and protocol 3 are supported.  Each object is saved as follows,
-in this order (C ``save``):
+A pickle MUST start with ``PROTO <protocol>`` and end with ``STOP``.  Protocols 2
+(torch's default) to 5 are supported; the rules below are those of 2 and 3, and
+:mod:`~ptfile.picklevm.framing` says how 4 and 5 differ (MEMOIZE, SHORT_BINUNICODE,
+STACK_GLOBAL, their set and bytearray opcodes, 64 KiB frames).  Each object is
+saved as follows, in this order (C ``save``):
 
 1. **persistent_id.** When a ``persistent_id`` hook is given it is called with
    every object about to be saved (only those of ``persistent_types`` when
@@ -112,6 +114,7 @@ from ptfile.errors import SaveError
 
 from ._codes import encode_int
 from .emitter import BATCH_SIZE, Emitter
+from .framing import FramedEmitter
 from .nodes import (
     Global,
     PersistentId,
@@ -137,8 +140,10 @@ __all__ = [
     "global_",
 ]
 
-#: Protocols this writer reproduces.  torch.save's default is 2.
-SUPPORTED_PROTOCOLS: Final = frozenset({2, 3})
+#: The emitter of each protocol this writer reproduces.  torch.save's default is 2.
+EMITTERS: Final[dict[int, type[Emitter]]] = {2: Emitter, 3: Emitter, 4: FramedEmitter,
+                                             5: FramedEmitter}
+SUPPORTED_PROTOCOLS: Final = frozenset(EMITTERS)
 
 
 class Pickler:
@@ -147,7 +152,7 @@ class Pickler:
     Parameters
     ----------
     protocol : int, optional
-        2 (torch.save's default) or 3.
+        2 (torch.save's default), 3, 4 or 5.
     reducer : callable, optional
         Called with each object of a type this module does not handle; returns a
         :class:`Reduce`, :class:`ViewReduce`, :class:`PersistentId` or
@@ -196,7 +201,7 @@ class Pickler:
         SaveError
             If the graph holds an object that cannot be written.
         """
-        return Emitter(
+        return EMITTERS[self.protocol](
             self.protocol, self._reducer, self._persistent_id, self._persistent_types
         ).run(obj)
 

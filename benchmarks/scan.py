@@ -1,0 +1,138 @@
+"""ptfile scan side by side with picklescan and fickling: time per file and what each flags.
+
+Usage::
+
+    python benchmarks/scan.py            # needs: pip install picklescan fickling
+
+The corpus is generated here, nothing is downloaded: the hostile checkpoints of
+``tests/security/hostile.py`` (each payload would only create a marker file)
+plus benign files torch writes (state dicts, a whole pickled module, a
+TorchScript model, a legacy file, a protocol-4 file).  Each scanner reads every
+file from disk in this process; a file counts as *flagged* when the scanner
+reports it unsafe (ptfile: dangerous or unknown; picklescan: any dangerous
+global or a scan error; fickling: any record not judged safe, at its default
+severity) and as an *error* when the scanner raised.
+A hostile file that is not flagged is a miss; a benign file that torch loads
+with ``weights_only=True`` and that is flagged is a false positive.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "security"))
+
+from hostile import corpus  # noqa: E402 - the tests' generators, by path
+
+
+def _benign(folder: Path) -> dict[str, tuple[Path, bool]]:
+    """name -> (path, torch loads it with weights_only=True)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+    made: dict[str, tuple[Path, bool]] = {}
+
+    def put(name: str, weights_only: bool, write: Callable[[Path], None]) -> None:
+        path = folder / name
+        write(path)
+        made[name] = (path, weights_only)
+
+    put("state_dict.pt", True, lambda p: torch.save(model.state_dict(), p))
+    put("many.pt", True, lambda p: torch.save({f"w{i}": torch.randn(4) for i in range(2000)}, p))
+    put("legacy.pt", True, lambda p: torch.save(model.state_dict(), p,
+                                               _use_new_zipfile_serialization=False))
+    put("proto4.pt", False, lambda p: torch.save(model.state_dict(), p, pickle_protocol=4))
+    put("whole_module.pt", False, lambda p: torch.save(model, p))
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(model.eval()), buf)
+    put("torchscript.pt", False, lambda p: p.write_bytes(buf.getvalue()))
+    return made
+
+
+def _ptfile(path: Path) -> bool:
+    import ptfile
+
+    result = ptfile.scan(path)
+    return result.is_dangerous or result.verdict is not ptfile.Verdict.ALLOWED
+
+
+def _picklescan(path: Path) -> bool:
+    from picklescan.scanner import scan_file_path
+
+    result = scan_file_path(str(path))
+    return bool(result.infected_files or result.scan_err)
+
+
+def _fickling(path: Path) -> bool:
+    """fickling's own verdict, ZIP archives record by record (its scan_zip_archive)."""
+    import zipfile
+
+    import fickling
+
+    if zipfile.is_zipfile(path):
+        results = fickling.scan_zip_archive(str(path), graceful=True).values()
+    else:
+        results = [fickling.scan_file(str(path), graceful=True)]
+    return not all(r.is_safe for r in results)
+
+
+SCANNERS: dict[str, Callable[[Path], bool]] = {
+    "ptfile": _ptfile, "picklescan": _picklescan, "fickling": _fickling,
+}
+
+
+def _run(scanner: Callable[[Path], bool], path: Path) -> tuple[str, float]:
+    start = time.perf_counter()
+    try:
+        flagged = "flag" if scanner(path) else "pass"
+    except Exception:  # noqa: BLE001 - a scanner's crash on a hostile file is a result
+        flagged = "error"
+    return flagged, time.perf_counter() - start
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        markers = folder / "markers"
+        markers.mkdir()
+        files: dict[str, tuple[Path, bool | None]] = {}
+        for case in corpus(markers):
+            path = folder / f"{case.name}.pt"
+            path.write_bytes(case.data)
+            files[case.name] = (path, None if not case.dangerous else False)
+        hostile = {k for k, (_, v) in files.items() if v is False}
+        benign = _benign(folder)
+        files.update({k: (p, w) for k, (p, w) in benign.items()})
+        totals = {name: {"miss": 0, "false+": 0, "error": 0, "seconds": 0.0}
+                  for name in SCANNERS}
+        print(f"{'file':26} " + " ".join(f"{n:>18}" for n in SCANNERS))
+        for name, (path, weights_only) in files.items():
+            cells = []
+            for scanner_name, scanner in SCANNERS.items():
+                flagged, seconds = _run(scanner, path)
+                row = totals[scanner_name]
+                row["seconds"] += seconds
+                row["error"] += flagged == "error"
+                row["miss"] += name in hostile and flagged == "pass"
+                row["false+"] += bool(weights_only) and flagged != "pass"
+                cells.append(f"{flagged:>6} {seconds * 1000:8.1f} ms")
+            kind = "hostile" if name in hostile else "benign" if name in benign else "resource"
+            print(f"{name[:18]:18} {kind:7} " + " ".join(f"{c:>18}" for c in cells))
+        print(f"\n{len(hostile)} hostile files that must be flagged; "
+              f"{sum(1 for _, w in benign.values() if w)} benign files torch loads with "
+              "weights_only=True, which must pass")
+        for scanner_name, row in totals.items():
+            print(f"{scanner_name:11} misses {row['miss']:3}  false positives {row['false+']:2}  "
+                  f"errors {row['error']:3}  total {row['seconds']:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

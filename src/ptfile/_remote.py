@@ -225,7 +225,7 @@ class RemoteSource:
         with progress_bar(size or 0, "download") as update, \
                 self._call(self._fs.open, "the file", self._path, "rb", block_size=0) as fp:
             self.requests += 1
-            while chunk := fp.read(CHUNK_BYTES):
+            while chunk := self._read_chunk(fp):
                 out += chunk
                 if len(out) > cap:
                     raise RemoteError(f"{self.name}: more than Limits.max_whole_download_bytes"
@@ -237,6 +237,16 @@ class RemoteSource:
                               f"{len(out)}", url=self.name)
         return out
 
+    def _read_chunk(self, fp: Any) -> bytes:
+        """The next chunk of a streamed read; a broken stream is a RemoteError (a streamed
+        read cannot resume, so it is not retried)."""
+        try:
+            chunk: bytes = fp.read(CHUNK_BYTES)
+        except Exception as exc:
+            raise RemoteError(f"{self.name}: the streamed read broke: {type(exc).__name__}: "
+                              f"{exc}", url=self.name, status=_status(exc)) from exc
+        return chunk
+
     # -- the cache ---------------------------------------------------------------------
     def _cached_slice(self, offset: int, n: int) -> bytes | None:
         for start, data in reversed(self._cache.items()):
@@ -246,8 +256,9 @@ class RemoteSource:
         return None
 
     def _remember(self, start: int, data: bytes) -> None:
+        old = self._cache.pop(start, None)
+        self._cached += len(data) - (len(old) if old is not None else 0)
         self._cache[start] = data
-        self._cached += len(data)
         while self._cached > CACHE_BYTES and len(self._cache) > 1:
             _, dropped = self._cache.popitem(last=False)
             self._cached -= len(dropped)

@@ -287,3 +287,9 @@ def test_remote_save_and_convert_to_writable_urls(folder: Path, tmp_path: Path) 
     with RangeServer(folder) as srv, \
             pytest.raises(ptfile.UnsupportedFeatureError, match="cannot be written"):
         ptfile.save(obj, srv.url("new.pt"))
+
+
+def test_remote_broken_streamed_read_is_a_remote_error(folder: Path) -> None:
+    with RangeServer(folder, Behaviour(ranges="none", truncate_first=1)) as srv, \
+            pytest.raises(ptfile.RemoteError):
+        ptfile.open(srv.url("zip.pt"))

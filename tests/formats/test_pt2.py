@@ -253,22 +253,40 @@ def _edit_config(data: bytes, change: Callable[[dict[str, Any]], None]) -> bytes
     return _rewrite(data, edit)
 
 
-def test_a_pickled_tensor_is_read_with_the_strict_policy(archives: dict[str, bytes]) -> None:
-    """``use_pickle`` records (tensor subclasses) are nested torch.save archives."""
-    replacement = torch.arange(6.0).reshape(2, 3)
-    buf = io.BytesIO()
-    torch.save(torch.nn.Parameter(replacement), buf)
-
+def _with_pickled_weight(data: bytes, payload: bytes) -> bytes:
     def edit(name: str, raw: bytes) -> bytes:
         if name.endswith("data/weights/weight_0"):
-            return buf.getvalue()
+            return payload
         if name.endswith("_weights_config.json"):
             doc = json.loads(raw)
             doc["config"]["lin.weight"]["use_pickle"] = True
             return json.dumps(doc).encode()
         return raw
-    data = _rewrite(archives["linear"], edit)
+    return _rewrite(data, edit)
+
+
+def test_a_pickled_tensor_is_read_with_the_strict_policy(archives: dict[str, bytes]) -> None:
+    """``use_pickle`` records (tensor subclasses) are nested torch.save archives."""
+    replacement = torch.arange(6.0).reshape(2, 3)
+    buf = io.BytesIO()
+    torch.save(torch.nn.Parameter(replacement), buf)
+    data = _with_pickled_weight(archives["linear"], buf.getvalue())
     _assert_matches_torch(ptfile.load(io.BytesIO(data)), data)
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (print, ("ran",))
+
+
+def test_a_pickled_payload_outside_the_allowlist_or_not_a_zip_is_refused(
+        archives: dict[str, bytes]) -> None:
+    buf = io.BytesIO()
+    torch.save(_Evil(), buf)
+    with pytest.raises(ptfile.UnsafeGlobalError):
+        ptfile.load(io.BytesIO(_with_pickled_weight(archives["linear"], buf.getvalue())))
+    with pytest.raises(ptfile.FormatError, match=r"must be a torch\.save archive"):
+        ptfile.load(io.BytesIO(_with_pickled_weight(archives["linear"], b"\x80\x02K\x01.")))
 
 
 def test_a_view_past_its_record_is_refused(archives: dict[str, bytes]) -> None:

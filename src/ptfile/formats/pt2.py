@@ -36,9 +36,10 @@ metadata records as :mod:`.zipped`: ``.data/version`` is ``6``, ``byteorder``,
   ``strides`` / ``storage_offset`` (in elements) of that record viewed as
   ``dtype``.  An empty record stands for zeros of ``sizes`` (torch writes one
   for an empty tensor).  With ``use_pickle`` true (tensor subclasses) the record
-  is a whole nested ``torch.save`` archive: ptfile reads it with the reader of
-  its detected format and the caller's global policy (by default torch's
-  weights-only allowlist), so a subclass outside it is refused.
+  is a whole nested ``torch.save`` archive: ptfile reads it with the ZIP
+  reader (:mod:`.zipped`) and the caller's global policy (by default torch's
+  weights-only allowlist), so a subclass outside it is refused; a payload in
+  another format is damage.
 * Older archives kept the state dict as one ``data/weights/<model>.pt``: refused.
 
 What :func:`read_pt2` returns (and so :func:`ptfile.load`): one flat dict, the
@@ -61,10 +62,11 @@ from .._io import BytesSource, Source
 from ..archive import Record, ZipReader
 from ..errors import FormatError, UnsupportedFeatureError
 from ..tensor import Parameter, Storage, Tensor
-from .detection import Detected, detect_source
+from .detection import Detected, Format, detect_source
 from .options import ReadOptions
 from .storages import MappedLocator, record_bytes
 from .zipinfo import ZipInfo, read_info
+from .zipped import read_zip
 
 __all__ = ["SCALAR_TYPES", "read_pt2"]
 
@@ -247,10 +249,14 @@ class _Folder:
                 f"{where} is a pickled TorchBind or opaque object ({path!r}); ptfile reads "
                 "tensors only")
         data = self.archive.reader.read(self.archive.record(self.folder + path))
-        nested = BytesSource(data, name=self.archive.name(self.folder + path))
-        from . import read_detected  # the one dispatch table (imports this module)
+        name = self.archive.name(self.folder + path)
+        nested = BytesSource(data, name=name)
         options = self.archive.options
-        return read_detected(nested, detect_source(nested, options.limits), options)
+        detected = detect_source(nested, options.limits)
+        if detected.format is not Format.ZIP:
+            raise FormatError(f"{where}: a pickled payload must be a torch.save archive, "
+                              f"found {detected.format.value}", member=name)
+        return read_zip(nested, detected, options)
 
 
 def _read_config(archive: _Archive, folder: str, config_path: str,
@@ -274,7 +280,7 @@ def _model(archive: _Archive) -> str:
     return names[0]
 
 
-_READERS: Final[tuple[tuple[str, str], ...]] = (
+_CONFIGS: Final[tuple[tuple[str, str], ...]] = (
     (_WEIGHTS, _WEIGHTS + "{}_weights_config.json"),
     (_CONSTANTS, _CONSTANTS + "{}_constants_config.json"),
 )
@@ -304,7 +310,7 @@ def read_pt2(source: Source, detected: Detected, options: ReadOptions) -> dict[s
         raise UnsupportedFeatureError(f"the .pt2 archive keeps its weights in the legacy "
                                       f"{_WEIGHTS}{model}.pt form; re-save it with torch 2.13")
     out: dict[str, Any] = {}
-    for folder, config in _READERS:
+    for folder, config in _CONFIGS:
         _read_config(archive, folder, config.format(model), out)
     return out
 

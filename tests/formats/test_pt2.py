@@ -232,15 +232,26 @@ def test_cli_convert(archives: dict[str, bytes], tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- edited archives
 
-def _rewrite(data: bytes, edit: Callable[[str, bytes], bytes | None]) -> bytes:
+def _rewrite(data: bytes, edit: Callable[[str, bytes], bytes | None],
+             compression: int = zipfile.ZIP_STORED) -> bytes:
     """The archive with each record's bytes replaced by ``edit(name, bytes)`` (None drops it)."""
     out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+    with zipfile.ZipFile(io.BytesIO(data)) as src, \
+            zipfile.ZipFile(out, "w", compression=compression) as dst:
         for info in src.infolist():
             new = edit(info.filename, src.read(info))
             if new is not None:
                 dst.writestr(info.filename, new)
     return out.getvalue()
+
+
+def test_a_repacked_deflated_archive_is_inflated(archives: dict[str, bytes],
+                                                 tmp_path: Path) -> None:
+    data = _rewrite(archives["conv_bn"], lambda n, b: b, zipfile.ZIP_DEFLATED)
+    path = tmp_path / "z.pt2"
+    path.write_bytes(data)
+    _assert_matches_torch(ptfile.load(io.BytesIO(data)), archives["conv_bn"])
+    _assert_matches_torch(ptfile.load(path, mmap=True), archives["conv_bn"])
 
 
 def _edit_config(data: bytes, change: Callable[[dict[str, Any]], None]) -> bytes:

@@ -177,6 +177,13 @@ def test_an_empty_tensor() -> None:
     _assert_matches_torch(ptfile.load(io.BytesIO(data)), data)
 
 
+def test_map_location_applies_to_every_record(archives: dict[str, bytes]) -> None:
+    got = ptfile.load(io.BytesIO(archives["tied"]), map_location={"cpu": "cuda:1"})
+    assert {t.storage.location for t in got.values()} == {"cuda:1"}
+    assert str(got["a.weight"].device) == "cuda:1"
+    assert got["a.weight"].storage is got["b.weight"].storage
+
+
 def test_open_reads_metadata_then_data(archives: dict[str, bytes], tmp_path: Path) -> None:
     path = tmp_path / "m.pt2"
     path.write_bytes(archives["conv_bn"])

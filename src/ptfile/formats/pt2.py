@@ -48,7 +48,10 @@ state dict entries (``torch.export.load(f).state_dict``: a
 (``.constants``), by FQN; a name in both is damage.  An archive with several
 models is refused.  The bytes of a mapped source are sliced on first use
 (so :func:`ptfile.open` of a path reads metadata only); otherwise each tensor
-is a view of the source's bytes, read when the archive is.
+is a view of the source's bytes, read when the archive is.  ``map_location`` and
+the :func:`ptfile.register_package` handlers apply to each record's storage, at
+the device the tensor meta records (``cpu``, ``cuda:0``...), as for ``torch.save``
+archives.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from .. import dtypes
 from .._io import BytesSource, Source
 from ..archive import Record, ZipReader
 from ..errors import FormatError, UnsupportedFeatureError
+from ..location import has_packages, restore_location
 from ..tensor import Parameter, Storage, Tensor
 from .detection import Detected, Format, detect_source
 from .options import ReadOptions
@@ -222,6 +226,9 @@ class _Folder:
         if path.startswith(_PICKLED_OBJECTS) or "/" in path:
             raise FormatError(f"{where}: {path!r:.80} is not a tensor record")
         storage = self.archive.storage(self.folder, path, dtype, location)
+        options = self.archive.options
+        if options.map_location is not None or has_packages():
+            storage = restore_location(storage, location, options.map_location)
         if storage.nbytes % dtype.itemsize:
             raise FormatError(f"{where}: record of {storage.nbytes} bytes is not a whole number "
                               f"of {dtype!r} elements", member=self.archive.name(self.folder + path))

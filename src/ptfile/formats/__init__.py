@@ -13,6 +13,7 @@ them ``inspect``, ``verify`` and ``convert``) goes the same way:
 
 The readers: :mod:`.zipped` (``torch.save`` ≥ 1.6), :mod:`.torchscript`
 (``torch.jit.save``; :func:`ptfile.load` returns its state dict),
+:mod:`.pt2` (``torch.export.save``; its weights and constants),
 :mod:`.legacy_pickle` (pre-1.6 stream) and :mod:`.legacy_tar` (pre-0.4).
 Their storages come from one loader per container kind
 (:mod:`.storages` for every ZIP kind).
@@ -29,6 +30,7 @@ from .detection import Detected, Format, detect, detect_source
 from .legacy_pickle import read_legacy
 from .legacy_tar import read_tar
 from .options import ReadOptions
+from .pt2 import read_pt2
 from .torchscript import read_script_state_dict
 from .zipped import read_zip
 
@@ -43,12 +45,8 @@ READERS: Final[dict[Format, Reader]] = {
     Format.TORCHSCRIPT: read_script_state_dict,
     Format.LEGACY: read_legacy,
     Format.TAR: read_tar,
+    Format.PT2: read_pt2,
 }
-
-PT2_MESSAGE: Final = (
-    "this is a torch.export .pt2 archive (torch.export.save: an exported program with a "
-    "graph, not a torch.save checkpoint); ptfile does not read .pt2 archives, load it with "
-    "torch.export.load")
 
 
 def refuse(detected: Detected) -> NoReturn:
@@ -59,14 +57,12 @@ def refuse(detected: Detected) -> NoReturn:
     UnknownFormatError
         No sniffer recognised the leading bytes.
     UnsupportedFeatureError
-        A recognised format ptfile does not read (``.pt2``).
+        A recognised format without a reader.
     """
     if detected.format is Format.UNKNOWN:
         raise UnknownFormatError(
             f"not a PyTorch checkpoint: the file starts with {detected.head[:8].hex(' ')}; "
             "expected a ZIP (PK 03 04), a legacy pickle stream or a tar archive")
-    if detected.format is Format.PT2:
-        raise UnsupportedFeatureError(PT2_MESSAGE)
     raise UnsupportedFeatureError(f"the {detected.format.value} format is not supported yet")
 
 

@@ -5,7 +5,7 @@ format           leading bytes / records                              reader
 ===============  ==================================================  =====================
 ``zip``          ``PK\\x03\\x04`` (torch ≥ 1.6) with a ``data.pkl``     :mod:`.zipped`
 ``torchscript``  a ZIP with a ``constants.pkl`` record                :mod:`.torchscript`
-``pt2``          a ZIP with an ``archive_format`` record              refused (named)
+``pt2``          a ZIP with an ``archive_format`` record              :mod:`.pt2`
 ``legacy``       pickle of the magic number ``0x1950A86A20F9469CFC6C``  :mod:`.legacy_pickle`
 ``tar``          a POSIX tar header (``ustar`` at offset 257)          :mod:`.legacy_tar`
 ===============  ==================================================  =====================

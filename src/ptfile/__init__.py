@@ -9,7 +9,7 @@ np.float32(6.0)
 
 from __future__ import annotations
 
-from .api import detect_format, load, load_torchscript, save
+from .api import detect_format, load, load_dcp, load_torchscript, save
 from .config import (
     MAP_PRIVATE,
     MAP_SHARED,
@@ -108,6 +108,7 @@ __all__ = [
     "get_unsafe_globals_in_checkpoint",
     "inspect",
     "load",
+    "load_dcp",
     "load_torchscript",
     "open",
     "register_package",
@@ -128,6 +129,6 @@ for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict
               "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
               "TorchScriptArchive", "LoadEndianness", "skip_data",
               "get_unsafe_globals_in_checkpoint",
-              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection"):
+              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection", "load_dcp"):
     globals()[_name].__module__ = "ptfile"
 del _name

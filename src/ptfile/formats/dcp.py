@@ -1,0 +1,251 @@
+"""Read a ``torch.distributed.checkpoint`` (DCP) directory into one state dict, torch-free.
+
+The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp-format.md``):
+
+* ``DIR/.metadata`` is a pickle of torch's ``Metadata`` (:mod:`.dcp_metadata`, read with
+  :func:`.policies.dcp`).  With ``use_collectives=False`` there is none: each rank wrote
+  ``__{r}.metadata`` listing its own items, and all of them are merged (an item several
+  ranks hold is kept once, from the lowest rank).
+* ``state_dict_metadata`` maps each flattened FQN to a tensor (dtype, full size, chunks)
+  or a bytes item; ``planner_data`` maps it to its object path (str keys, int list
+  indices), from which the nesting is rebuilt as torch's ``_EmptyStateDictLoadPlanner``
+  does: a ``dict`` where the next component is a str, a ``list`` padded with None where it
+  is an int.  Without ``planner_data`` (``flatten_state_dict=False``) the FQN is the key.
+* ``storage_data`` maps ``(fqn, chunk offsets)`` (None for bytes items) to
+  ``(relative_path, offset, length)``: the item is those bytes of ``DIR/relative_path``
+  (any ``__{r}_{n}.distcp``: every writer variant of thread count and files per rank
+  names its files there).  Every item is a complete ``torch.save`` ZIP, read with
+  :func:`ptfile.load` under ptfile's default policy: a chunk is a tensor of exactly the
+  chunk's sizes and the tensor's dtype (strides as saved), a bytes item any object.
+* A tensor is the union of its chunks, each the box ``full[offsets : offsets + sizes]``;
+  they must tile the full size exactly (in bounds, no overlap, no gap; zero-size chunks
+  allowed).  Tensors come back contiguous, ``requires_grad=False``, as
+  ``dcp_to_torch_save`` makes them.
+
+Not read yet (:class:`~ptfile.errors.UnsupportedFeatureError`): extensions such as zstd
+(``transform_descriptors``), the SAFETENSORS serialization format, HuggingFace-writer
+directories (no ``.metadata``).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import re
+from typing import Any, Final
+
+import numpy as np
+
+from ..errors import FormatError, PtfileError, UnsupportedFeatureError
+from ..limits import DEFAULT_LIMITS, Limits
+from ..picklevm.unpickler import unpickle
+from ..tensor import Storage, Tensor
+from . import policies
+from .dcp_metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    ItemKey,
+    Metadata,
+    StorageInfo,
+    TensorStorageMetadata,
+    convert,
+)
+
+__all__ = ["read_dcp", "read_metadata"]
+
+_RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
+
+
+def read_metadata(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Metadata:
+    """The :class:`~.dcp_metadata.Metadata` in the bytes of a ``.metadata`` file.
+
+    Raises
+    ------
+    UnsafeGlobalError
+        The pickle names a global a DCP ``.metadata`` does not hold.
+    FormatError
+        The pickle is damaged or not a DCP ``Metadata``.
+    """
+    root, _ = unpickle(data, find_class=policies.dcp(), persistent_load=None, limits=limits)
+    return convert(root)
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError as exc:
+        raise FormatError(f"DCP checkpoint file {path!r} is missing") from exc
+    except OSError as exc:
+        raise FormatError(f"DCP checkpoint file {path!r} cannot be read: {exc}") from exc
+
+
+def _merge(parts: list[Metadata]) -> Metadata:
+    """One :class:`Metadata` from every rank's own (``use_collectives=False``)."""
+    items: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
+    planner: dict[str, tuple[str | int, ...]] = {}
+    storage: dict[ItemKey, StorageInfo] = {}
+    for part in parts:
+        for fqn, item in part.state_dict_metadata.items():
+            known = items.get(fqn)
+            if known is None or isinstance(known, BytesStorageMetadata):
+                items.setdefault(fqn, item)
+            elif isinstance(item, TensorStorageMetadata):
+                if (item.dtype, item.size) != (known.dtype, known.size):
+                    raise FormatError(f"ranks disagree on the dtype or size of {fqn!r}")
+                have = {c.offsets for c in known.chunks}
+                extra = tuple(c for c in item.chunks if c.offsets not in have)
+                items[fqn] = TensorStorageMetadata(known.dtype, known.size,
+                                                   known.chunks + extra, known.requires_grad)
+        planner.update({k: v for k, v in (part.planner_data or {}).items() if k not in planner})
+        storage.update({k: v for k, v in part.storage_data.items() if k not in storage})
+    return Metadata(items, planner, storage, parts[0].version if parts else None)
+
+
+def _load_metadata(directory: str, limits: Limits) -> Metadata:
+    path = os.path.join(directory, ".metadata")
+    if os.path.isfile(path):
+        return read_metadata(_read_file(path), limits)
+    ranks = sorted((int(m.group(1)), name) for name in os.listdir(directory)
+                   if (m := _RANK_METADATA.fullmatch(name)))
+    if not ranks:
+        raise FormatError(f"{directory!r} has no .metadata (nor __<rank>.metadata): "
+                          "not a torch.distributed.checkpoint directory")
+    return _merge([read_metadata(_read_file(os.path.join(directory, name)), limits)
+                   for _, name in ranks])
+
+
+class _Files:
+    """The checkpoint's data files, each read once, and the items' bytes in them."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._data: dict[str, bytes] = {}
+
+    def item(self, fqn: str, info: StorageInfo) -> bytes:
+        name = info.relative_path
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise FormatError(f"item {fqn!r} names the file {name!r}, not one in the directory")
+        if info.transforms:
+            raise UnsupportedFeatureError(
+                f"item {fqn!r} is stored through {list(info.transforms)}: DCP extensions "
+                "(zstd) are not read yet")
+        data = self._data.get(name)
+        if data is None:
+            data = self._data[name] = _read_file(os.path.join(self._directory, name))
+        end = info.offset + info.length
+        if info.offset < 0 or info.length < 0 or end > len(data):
+            raise FormatError(f"item {fqn!r} at [{info.offset}, {end}) lies outside {name!r} "
+                              f"({len(data)} bytes)")
+        return data[info.offset:end]
+
+
+def _load_item(data: bytes, what: str, limits: Limits) -> Any:
+    from ..api import load  # the front door; imported late as it imports formats
+
+    try:
+        return load(io.BytesIO(data), limits=limits)
+    except PtfileError as exc:
+        if type(exc) is FormatError:
+            raise FormatError(f"{what}: {exc}") from exc
+        raise
+
+
+def _check_tiling(fqn: str, size: tuple[int, ...], chunks: tuple[ChunkStorageMetadata, ...]
+                  ) -> None:
+    """Chunks in bounds, with no overlap, and covering ``size`` exactly."""
+    total = 0
+    for chunk in chunks:
+        if len(chunk.offsets) != len(size) or len(chunk.sizes) != len(size) or any(
+                o + s > d for o, s, d in zip(chunk.offsets, chunk.sizes, size, strict=True)):
+            raise FormatError(f"a chunk of {fqn!r} at {chunk.offsets} of sizes {chunk.sizes} "
+                              f"does not fit its size {size}")
+        total += int(np.prod(chunk.sizes, dtype=np.int64))
+    boxes = [c for c in chunks if all(chunk_size > 0 for chunk_size in c.sizes)]
+    if len(boxes) > 1:
+        lo = np.array([c.offsets for c in boxes], np.int64)
+        hi = lo + np.array([c.sizes for c in boxes], np.int64)
+        meets = ((lo[:, None, :] < hi[None, :, :]) & (lo[None, :, :] < hi[:, None, :])).all(-1)
+        if (meets & ~np.eye(len(boxes), dtype=bool)).any():
+            raise FormatError(f"chunks of {fqn!r} overlap")
+    if total != int(np.prod(size, dtype=np.int64)):
+        raise FormatError(f"the chunks of {fqn!r} cover {total} of its "
+                          f"{int(np.prod(size, dtype=np.int64))} elements")
+
+
+def _raw(value: Tensor, raw: np.dtype) -> np.ndarray:
+    """The chunk's values as little-endian raw elements (conj/neg bits applied)."""
+    if value.dtype.numpy is None:
+        return value._raw_view(raw)
+    values = value.numpy()
+    if values.dtype.byteorder == ">":
+        values = values.astype(values.dtype.newbyteorder("<"))
+    return values.view(raw)
+
+
+def _tensor(fqn: str, item: TensorStorageMetadata, meta: Metadata, files: _Files,
+            limits: Limits) -> Tensor:
+    _check_tiling(fqn, item.size, item.chunks)
+    raw = np.dtype(f"V{item.dtype.itemsize}")
+    full = np.empty(item.size, raw)
+    for chunk in item.chunks:
+        info = meta.storage_data.get((fqn, chunk.offsets))
+        if info is None:
+            raise FormatError(f"the chunk of {fqn!r} at {chunk.offsets} has no storage entry")
+        what = f"chunk {chunk.offsets} of {fqn!r}"
+        value = _load_item(files.item(fqn, info), what, limits)
+        if not isinstance(value, Tensor) or value.dtype != item.dtype \
+                or tuple(value.shape) != chunk.sizes:
+            raise FormatError(f"{what} holds {value!r:.120}, not a {item.dtype} tensor of "
+                              f"size {chunk.sizes}")
+        box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
+        if value.numel():
+            full[box] = _raw(value, raw)
+    storage = Storage(full.reshape(-1).view(np.uint8).data, item.dtype)
+    stride = np.cumprod((1, *item.size[:0:-1]))[::-1] if item.size else ()
+    return Tensor(storage, 0, item.size, tuple(int(s) for s in stride), dtype=item.dtype)
+
+
+def _child(node: Any, step: str | int, fresh: Any, path: tuple[str | int, ...]) -> Any:
+    """``node[step]``, made ``fresh`` where absent (lists padded with None, as torch does)."""
+    if isinstance(node, dict) and isinstance(step, str):
+        return node.setdefault(step, fresh)
+    if isinstance(node, list) and isinstance(step, int) and step >= 0:
+        node.extend([None] * (step + 1 - len(node)))
+        if node[step] is None:
+            node[step] = fresh
+        return node[step]
+    raise FormatError(f"the planner_data path {path!r:.120} crosses a value")
+
+
+def _place(root: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None:
+    """``root[path[0]][path[1]]... = value``, making dicts and lists on the way."""
+    node: Any = root
+    for step, following in itertools.pairwise(path):
+        node = _child(node, step, {} if isinstance(following, str) else [], path)
+    last = path[-1]
+    _child(node, last, None, path)
+    node[last] = value
+
+
+def read_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None) -> Any:
+    """The state dict of a DCP directory (see :func:`ptfile.load_dcp`)."""
+    path = os.fspath(directory)
+    if not os.path.isdir(path):
+        raise FormatError(f"{path!r} is not a directory: a DCP checkpoint is one")
+    limits = DEFAULT_LIMITS if limits is None else limits
+    meta = _load_metadata(path, limits)
+    files = _Files(path)
+    root: dict[str, Any] = {}
+    for fqn, item in meta.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            value = _tensor(fqn, item, meta, files, limits)
+        else:
+            info = meta.storage_data.get((fqn, None))
+            if info is None:
+                raise FormatError(f"the bytes item {fqn!r} has no storage entry")
+            value = _load_item(files.item(fqn, info), f"item {fqn!r}", limits)
+        path_of = (meta.planner_data or {}).get(fqn, (fqn,))
+        _place(root, path_of or (fqn,), value)
+    return root

@@ -471,7 +471,7 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None)
         The checkpoint directory: ``.metadata`` (or one ``__<rank>.metadata`` per
         rank, ``use_collectives=False``, all merged) and its ``__<rank>_<n>.distcp``
         files, as ``FileSystemWriter`` writes them (any ``thread_count``, one or
-        many files per rank).
+        many files per rank, the TORCH_SAVE or SAFETENSORS serialization format).
     limits
         Ceilings for untrusted input, applied to the metadata and every item.
 
@@ -490,7 +490,7 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None)
         ``.metadata`` names a global a DCP checkpoint does not hold, or a
         non-tensor item one outside ptfile's allowlist (:func:`add_safe_globals`).
     UnsupportedFeatureError
-        Items stored through an extension (zstd), or the SAFETENSORS format.
+        Items stored through an extension (zstd).
     LimitExceededError
         A ceiling of ``limits`` was hit.
 

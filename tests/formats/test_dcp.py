@@ -92,6 +92,32 @@ def test_writer_variants(tmp_path: Path, options: dict[str, Any]) -> None:
     assert_same(ptfile.load_dcp(directory), torch.load(tmp_path / "out.pt", weights_only=False))
 
 
+def _safetensors_state() -> dict[str, Any]:
+    """_state() without what safetensors cannot hold: complex, non-contiguous tensors."""
+    state = _state()
+    del state["dtypes"]["complex64"], state["transposed"], state["channels_last"]
+    return state
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_safetensors_serialization_format(tmp_path: Path, threads: int) -> None:
+    """dcp_to_torch_save cannot read these: the oracle is the TORCH_SAVE-format checkpoint."""
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    expected = _save(tmp_path / "ref", _safetensors_state())
+    writer = dcp.FileSystemWriter(tmp_path / "st", thread_count=threads,
+                                  serialization_format=SerializationFormat.SAFETENSORS)
+    dcp.save(_safetensors_state(), storage_writer=writer)
+    assert_same(ptfile.load_dcp(tmp_path / "st"), expected)
+    data = (tmp_path / "st" / "__0_0.distcp").read_bytes()
+    start = min(v.offset for k, v in _metadata(tmp_path / "st").storage_data.items()
+                if k.offset is not None and v.relative_path == "__0_0.distcp")
+    for at, byte in ((start + 9, b"!"), (start + 2, b"\x7f")):
+        (tmp_path / "st" / "__0_0.distcp").write_bytes(data[:at] + byte + data[at + 1:])
+        with pytest.raises(ptfile.FormatError, match="safetensors"):
+            ptfile.load_dcp(tmp_path / "st")
+
+
 def test_use_collectives_false_merges_rank_metadata(tmp_path: Path) -> None:
     directory = tmp_path / "ckpt"
     expected = _save(tmp_path / "ref", _state())

@@ -17,20 +17,25 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
   names its files there).  Every item is a complete ``torch.save`` ZIP, read with
   :func:`ptfile.load` under ptfile's default policy: a chunk is a tensor of exactly the
   chunk's sizes and the tensor's dtype (strides as saved), a bytes item any object.
+* ``serialization_format=SAFETENSORS``: a tensor's ``offset`` is instead the start of its
+  file's one safetensors blob (u64-LE header length, JSON header, data) and ``length`` its
+  own byte count; the tensor is the blob's entry named by its FQN, whose dtype, shape,
+  ``DCP_SHARDING_INFO`` offsets and byte count must agree with the chunk.
 * A tensor is the union of its chunks, each the box ``full[offsets : offsets + sizes]``;
   they must tile the full size exactly (in bounds, no overlap, no gap; zero-size chunks
   allowed).  Tensors come back contiguous, ``requires_grad=False``, as
   ``dcp_to_torch_save`` makes them.
 
-Not read yet (:class:`~ptfile.errors.UnsupportedFeatureError`): extensions such as zstd
-(``transform_descriptors``), the SAFETENSORS serialization format, HuggingFace-writer
-directories (no ``.metadata``).
+Not read yet: extensions such as zstd (``transform_descriptors``:
+:class:`~ptfile.errors.UnsupportedFeatureError`), HuggingFace-writer directories (no
+``.metadata``: :class:`~ptfile.errors.FormatError`).
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 import re
 from typing import Any, Final
@@ -38,6 +43,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import FormatError, PtfileError, UnsupportedFeatureError
+from ..export.safetensors import CODES
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm.unpickler import unpickle
 from ..tensor import Storage, Tensor
@@ -55,6 +61,8 @@ from .dcp_metadata import (
 __all__ = ["read_dcp", "read_metadata"]
 
 _RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
+#: How a torch.save item starts; anything else at a tensor's offset is a safetensors blob.
+_ZIP: Final = b"PK\x03\x04"
 
 
 def read_metadata(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Metadata:
@@ -122,8 +130,10 @@ class _Files:
     def __init__(self, directory: str) -> None:
         self._directory = directory
         self._data: dict[str, bytes] = {}
+        self._headers: dict[tuple[str, int], tuple[dict[str, Any], int]] = {}
 
-    def item(self, fqn: str, info: StorageInfo) -> bytes:
+    def file(self, fqn: str, info: StorageInfo) -> bytes:
+        """The whole file ``info`` names, checked to be one of the directory's."""
         name = info.relative_path
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             raise FormatError(f"item {fqn!r} names the file {name!r}, not one in the directory")
@@ -134,11 +144,59 @@ class _Files:
         data = self._data.get(name)
         if data is None:
             data = self._data[name] = _read_file(os.path.join(self._directory, name))
+        return data
+
+    def item(self, fqn: str, info: StorageInfo) -> bytes:
+        """The bytes ``[offset, offset + length)`` of the item's file."""
+        data = self.file(fqn, info)
         end = info.offset + info.length
         if info.offset < 0 or info.length < 0 or end > len(data):
-            raise FormatError(f"item {fqn!r} at [{info.offset}, {end}) lies outside {name!r} "
-                              f"({len(data)} bytes)")
+            raise FormatError(f"item {fqn!r} at [{info.offset}, {end}) lies outside "
+                              f"{info.relative_path!r} ({len(data)} bytes)")
         return data[info.offset:end]
+
+    def blob(self, fqn: str, info: StorageInfo) -> tuple[dict[str, Any], int]:
+        """The header of the safetensors blob at the item's offset, and where its data starts."""
+        key = (info.relative_path, info.offset)
+        found = self._headers.get(key)
+        if found is None:
+            data = self.file(fqn, info)
+            start = info.offset + 8
+            size = int.from_bytes(data[info.offset:start], "little") if start <= len(data) else -1
+            if size < 0 or start + size > len(data):
+                raise FormatError(f"the safetensors blob of {fqn!r} at {info.offset} is cut")
+            try:
+                header = json.loads(data[start:start + size])
+                sharding = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+                header = {k: {**v, "saved": sharding[k]["saved_offsets"]}
+                          for k, v in header.items() if k != "__metadata__"}
+            except (ValueError, KeyError, TypeError) as exc:
+                raise FormatError(f"the safetensors blob of {fqn!r} has a bad header: "
+                                  f"{exc!s:.200}") from exc
+            found = self._headers[key] = (header, start + size)
+        return found
+
+
+def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
+                info: StorageInfo, files: _Files) -> np.ndarray:
+    """A chunk in a SAFETENSORS-format file: its entry, by FQN, in the blob at the offset."""
+    header, data_start = files.blob(fqn, info)
+    entry: Any = header.get(fqn)
+    nbytes = int(np.prod(chunk.sizes, dtype=np.int64)) * item.dtype.itemsize
+    try:
+        begin, end = (data_start + int(x) for x in entry["data_offsets"])
+        agrees = (CODES.get(entry["dtype"]) == item.dtype.name
+                  and tuple(entry["shape"]) == chunk.sizes
+                  and tuple(entry["saved"]) == chunk.offsets
+                  and end - begin == nbytes == info.length)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise FormatError(f"the safetensors entry of {fqn!r} is damaged") from exc
+    data = files.file(fqn, info)
+    if not agrees or begin < data_start or end > len(data):
+        raise FormatError(f"the safetensors entry of {fqn!r} {entry!r:.160} disagrees with "
+                          f"its chunk at {chunk.offsets} of sizes {chunk.sizes}")
+    raw = np.dtype(f"V{item.dtype.itemsize}")
+    return np.frombuffer(data, raw, nbytes // raw.itemsize, begin).reshape(chunk.sizes)
 
 
 def _load_item(data: bytes, what: str, limits: Limits) -> Any:
@@ -184,6 +242,22 @@ def _raw(value: Tensor, raw: np.dtype) -> np.ndarray:
     return values.view(raw)
 
 
+def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
+           info: StorageInfo, files: _Files, limits: Limits) -> np.ndarray:
+    """A chunk's values as raw elements: a torch.save ZIP, or an entry of a safetensors blob."""
+    data = files.item(fqn, info)
+    if not data.startswith(_ZIP):
+        return _blob_chunk(fqn, chunk, item, info, files)
+    what = f"chunk {chunk.offsets} of {fqn!r}"
+    value = _load_item(data, what, limits)
+    if not isinstance(value, Tensor) or value.dtype != item.dtype \
+            or tuple(value.shape) != chunk.sizes:
+        raise FormatError(f"{what} holds {value!r:.120}, not a {item.dtype} tensor of "
+                          f"size {chunk.sizes}")
+    raw = np.dtype(f"V{item.dtype.itemsize}")
+    return _raw(value, raw) if value.numel() else np.empty(chunk.sizes, raw)
+
+
 def _tensor(fqn: str, item: TensorStorageMetadata, meta: Metadata, files: _Files,
             limits: Limits) -> Tensor:
     _check_tiling(fqn, item.size, item.chunks)
@@ -193,15 +267,8 @@ def _tensor(fqn: str, item: TensorStorageMetadata, meta: Metadata, files: _Files
         info = meta.storage_data.get((fqn, chunk.offsets))
         if info is None:
             raise FormatError(f"the chunk of {fqn!r} at {chunk.offsets} has no storage entry")
-        what = f"chunk {chunk.offsets} of {fqn!r}"
-        value = _load_item(files.item(fqn, info), what, limits)
-        if not isinstance(value, Tensor) or value.dtype != item.dtype \
-                or tuple(value.shape) != chunk.sizes:
-            raise FormatError(f"{what} holds {value!r:.120}, not a {item.dtype} tensor of "
-                              f"size {chunk.sizes}")
         box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
-        if value.numel():
-            full[box] = _raw(value, raw)
+        full[box] = _chunk(fqn, chunk, item, info, files, limits)
     storage = Storage(full.reshape(-1).view(np.uint8).data, item.dtype)
     stride = np.cumprod((1, *item.size[:0:-1]))[::-1] if item.size else ()
     return Tensor(storage, 0, item.size, tuple(int(s) for s in stride), dtype=item.dtype)

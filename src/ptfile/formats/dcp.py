@@ -36,6 +36,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import mmap
 import os
 import re
 from typing import Any, Final
@@ -80,9 +81,22 @@ def read_metadata(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Metadata:
 
 
 def _read_file(path: str) -> bytes:
+    """The bytes of ``path``."""
+    data = _map_file(path)
+    try:
+        return bytes(data)
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
+
+
+def _map_file(path: str) -> bytes | mmap.mmap:
+    """``path`` mapped read-only (an empty file is ``b""``, which cannot be mapped)."""
     try:
         with open(path, "rb") as f:
-            return f.read()
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError as exc:
         raise FormatError(f"DCP checkpoint file {path!r} is missing") from exc
     except OSError as exc:
@@ -129,10 +143,18 @@ class _Files:
 
     def __init__(self, directory: str) -> None:
         self._directory = directory
-        self._data: dict[str, bytes] = {}
+        self._data: dict[str, bytes | mmap.mmap] = {}
         self._headers: dict[tuple[str, int], tuple[dict[str, Any], int]] = {}
 
-    def file(self, fqn: str, info: StorageInfo) -> bytes:
+    def __enter__(self) -> _Files:  # noqa: PYI034 (typing.Self is 3.11+)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for data in self._data.values():
+            if isinstance(data, mmap.mmap):
+                data.close()
+
+    def file(self, fqn: str, info: StorageInfo) -> bytes | mmap.mmap:
         """The whole file ``info`` names, checked to be one of the directory's."""
         name = info.relative_path
         if not name or "/" in name or "\\" in name or name in (".", ".."):
@@ -143,7 +165,7 @@ class _Files:
                 "(zstd) are not read yet")
         data = self._data.get(name)
         if data is None:
-            data = self._data[name] = _read_file(os.path.join(self._directory, name))
+            data = self._data[name] = _map_file(os.path.join(self._directory, name))
         return data
 
     def item(self, fqn: str, info: StorageInfo) -> bytes:
@@ -303,16 +325,20 @@ def read_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None)
         raise FormatError(f"{path!r} is not a directory: a DCP checkpoint is one")
     limits = DEFAULT_LIMITS if limits is None else limits
     meta = _load_metadata(path, limits)
-    files = _Files(path)
     root: dict[str, Any] = {}
-    for fqn, item in meta.state_dict_metadata.items():
-        if isinstance(item, TensorStorageMetadata):
-            value = _tensor(fqn, item, meta, files, limits)
-        else:
-            info = meta.storage_data.get((fqn, None))
-            if info is None:
-                raise FormatError(f"the bytes item {fqn!r} has no storage entry")
-            value = _load_item(files.item(fqn, info), f"item {fqn!r}", limits)
-        path_of = (meta.planner_data or {}).get(fqn, (fqn,))
-        _place(root, path_of or (fqn,), value)
+    with _Files(path) as files:
+        for fqn, item in meta.state_dict_metadata.items():
+            path_of = (meta.planner_data or {}).get(fqn, (fqn,))
+            _place(root, path_of or (fqn,), _value(fqn, item, meta, files, limits))
     return root
+
+
+def _value(fqn: str, item: TensorStorageMetadata | BytesStorageMetadata, meta: Metadata,
+           files: _Files, limits: Limits) -> Any:
+    """The whole tensor, or the object, that ``fqn`` names."""
+    if isinstance(item, TensorStorageMetadata):
+        return _tensor(fqn, item, meta, files, limits)
+    info = meta.storage_data.get((fqn, None))
+    if info is None:
+        raise FormatError(f"the bytes item {fqn!r} has no storage entry")
+    return _load_item(files.item(fqn, info), f"item {fqn!r}", limits)

@@ -9,7 +9,7 @@ np.float32(6.0)
 
 from __future__ import annotations
 
-from .api import detect_format, load, load_dcp, load_torchscript, save
+from .api import detect_format, load, load_torchscript, save
 from .config import (
     MAP_PRIVATE,
     MAP_SHARED,
@@ -24,6 +24,7 @@ from .config import (
     settings,
     skip_data,
 )
+from .dcp import load_dcp
 from .dtypes import DTYPES, DType
 from .errors import (
     ArchiveError,

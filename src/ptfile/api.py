@@ -17,7 +17,6 @@ from ._remote import StorageOptions, local_path, open_any, open_target
 from .archive.sink import DirectSink
 from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_source, policies, read
-from .formats.dcp import read_dcp
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import write_zip
@@ -25,7 +24,7 @@ from .limits import DEFAULT_LIMITS, Limits
 from .location import MapLocation
 from .policy import loads_structurally
 
-__all__ = ["detect_format", "load", "load_dcp", "load_torchscript", "save"]
+__all__ = ["detect_format", "load", "load_torchscript", "save"]
 
 _MMAP_MODES: Final = {"r": "r", "c": "private", "r+": "shared"}
 
@@ -455,53 +454,3 @@ def load_torchscript(
     finally:
         source.close()
 
-
-def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None) -> Any:
-    """The full state dict of a ``torch.distributed.checkpoint`` directory, without torch.
-
-    What ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` writes, as
-    :func:`load` would return it: every tensor whole (its chunks placed at their
-    offsets, contiguous, ``requires_grad=False``), non-tensor values as saved, the
-    nesting rebuilt from the checkpoint's ``planner_data`` (plain dicts and lists,
-    int dict keys as strs, in the checkpoint's item order).
-
-    Parameters
-    ----------
-    directory
-        The checkpoint directory: ``.metadata`` (or one ``__<rank>.metadata`` per
-        rank, ``use_collectives=False``, all merged) and its ``__<rank>_<n>.distcp``
-        files, as ``FileSystemWriter`` writes them (any ``thread_count``, one or
-        many files per rank, the TORCH_SAVE or SAFETENSORS serialization format).
-    limits
-        Ceilings for untrusted input, applied to the metadata and every item.
-
-    Returns
-    -------
-    dict
-        The state dict.
-
-    Raises
-    ------
-    FormatError
-        The directory is not a DCP checkpoint, or is damaged: a file missing or
-        short, chunks that overlap, leave a gap or leave the tensor, an item whose
-        bytes are not the tensor or value the metadata says.
-    UnsafeGlobalError
-        ``.metadata`` names a global a DCP checkpoint does not hold, or a
-        non-tensor item one outside ptfile's allowlist (:func:`add_safe_globals`).
-    UnsupportedFeatureError
-        Items stored through an extension (zstd).
-    LimitExceededError
-        A ceiling of ``limits`` was hit.
-
-    Examples
-    --------
-    >>> import ptfile, tempfile
-    >>> with tempfile.TemporaryDirectory() as empty:
-    ...     try:
-    ...         ptfile.load_dcp(empty)
-    ...     except ptfile.FormatError:
-    ...         print("not a DCP checkpoint")
-    not a DCP checkpoint
-    """
-    return read_dcp(directory, limits=limits)

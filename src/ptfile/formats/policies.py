@@ -20,10 +20,10 @@ policy              resolves                                                    
 :func:`structural`  the allowlist and registry, else an inert per-load          ``load(structural=True)``
                     stand-in class (:mod:`ptfile.structural`)
 :func:`plain`       nothing: any global is damage                               legacy header pickles
-:func:`dcp`         exactly the names of a DCP ``.metadata`` (:mod:`.dcp_metadata`:  ``load_dcp``
-                    torch's dataclasses as per-load records, ``torch.Size``,
-                    dtypes, layout, ``pathlib.PosixPath``); else
-                    ``UnsafeGlobalError``
+:func:`dcp`         exactly the names a DCP ``.metadata`` holds                 ``ptfile.load_dcp``
+                    (:mod:`.dcp_metadata`: torch's dataclasses as per-load
+                    records, ``torch.Size``, dtypes, the layout,
+                    ``pathlib.PosixPath``); else ``UnsafeGlobalError``
 ==================  ==========================================================  ======================
 
 Whatever a policy returns, a stream can call and ``BUILD`` on it: policies only

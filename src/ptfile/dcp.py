@@ -2,8 +2,8 @@
 
 The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp-format.md``):
 
-* ``DIR/.metadata`` is a pickle of torch's ``Metadata`` (:mod:`.dcp_metadata`, read with
-  :func:`.policies.dcp`).  With ``use_collectives=False`` there is none: each rank wrote
+* ``DIR/.metadata`` is a pickle of torch's ``Metadata`` (:mod:`.formats.dcp_metadata`, read
+  with :func:`.formats.policies.dcp`).  With ``use_collectives=False`` there is none: each rank wrote
   ``__{r}.metadata`` listing its own items, and all of them are merged (an item several
   ranks hold is kept once, from the lowest rank).
 * ``state_dict_metadata`` maps each flattened FQN to a tensor (dtype, full size, chunks)
@@ -43,13 +43,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..errors import FormatError, PtfileError, UnsupportedFeatureError
-from ..export.safetensors import CODES
-from ..limits import DEFAULT_LIMITS, Limits
-from ..picklevm.unpickler import unpickle
-from ..tensor import Storage, Tensor
-from . import policies
-from .dcp_metadata import (
+from .api import load
+from .errors import FormatError, PtfileError, UnsupportedFeatureError
+from .export.safetensors import CODES
+from .formats import policies
+from .formats.dcp_metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
     ItemKey,
@@ -58,8 +56,11 @@ from .dcp_metadata import (
     TensorStorageMetadata,
     convert,
 )
+from .limits import DEFAULT_LIMITS, Limits
+from .picklevm.unpickler import unpickle
+from .tensor import Storage, Tensor
 
-__all__ = ["read_dcp", "read_metadata"]
+__all__ = ["load_dcp", "read_metadata"]
 
 _RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
 #: How a torch.save item starts; anything else at a tensor's offset is a safetensors blob.
@@ -222,8 +223,6 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
 
 
 def _load_item(data: bytes, what: str, limits: Limits) -> Any:
-    from ..api import load  # the front door; imported late as it imports formats
-
     try:
         return load(io.BytesIO(data), limits=limits)
     except PtfileError as exc:
@@ -318,8 +317,54 @@ def _place(root: dict[str, Any], path: tuple[str | int, ...], value: Any) -> Non
     node[last] = value
 
 
-def read_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None) -> Any:
-    """The state dict of a DCP directory (see :func:`ptfile.load_dcp`)."""
+def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None) -> Any:
+    """The full state dict of a ``torch.distributed.checkpoint`` directory, without torch.
+
+    What ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` writes, as
+    :func:`load` would return it: every tensor whole (its chunks placed at their
+    offsets, contiguous, ``requires_grad=False``), non-tensor values as saved, the
+    nesting rebuilt from the checkpoint's ``planner_data`` (plain dicts and lists,
+    int dict keys as strs, in the checkpoint's item order).
+
+    Parameters
+    ----------
+    directory
+        The checkpoint directory: ``.metadata`` (or one ``__<rank>.metadata`` per
+        rank, ``use_collectives=False``, all merged) and its ``__<rank>_<n>.distcp``
+        files, as ``FileSystemWriter`` writes them (any ``thread_count``, one or
+        many files per rank, the TORCH_SAVE or SAFETENSORS serialization format).
+    limits
+        Ceilings for untrusted input, applied to the metadata and every item.
+
+    Returns
+    -------
+    dict
+        The state dict.
+
+    Raises
+    ------
+    FormatError
+        The directory is not a DCP checkpoint, or is damaged: a file missing or
+        short, chunks that overlap, leave a gap or leave the tensor, an item whose
+        bytes are not the tensor or value the metadata says.
+    UnsafeGlobalError
+        ``.metadata`` names a global a DCP checkpoint does not hold, or a
+        non-tensor item one outside ptfile's allowlist (:func:`add_safe_globals`).
+    UnsupportedFeatureError
+        Items stored through an extension (zstd).
+    LimitExceededError
+        A ceiling of ``limits`` was hit.
+
+    Examples
+    --------
+    >>> import ptfile, tempfile
+    >>> with tempfile.TemporaryDirectory() as empty:
+    ...     try:
+    ...         ptfile.load_dcp(empty)
+    ...     except ptfile.FormatError:
+    ...         print("not a DCP checkpoint")
+    not a DCP checkpoint
+    """
     path = os.fspath(directory)
     if not os.path.isdir(path):
         raise FormatError(f"{path!r} is not a directory: a DCP checkpoint is one")

@@ -282,17 +282,30 @@ def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
 def _tensor(fqn: str, item: TensorStorageMetadata, meta: Metadata, files: _Files,
             limits: Limits) -> Tensor:
     _check_tiling(fqn, item.size, item.chunks)
+    infos = [meta.storage_data.get((fqn, chunk.offsets)) for chunk in item.chunks]
+    for chunk, info in zip(item.chunks, infos, strict=True):
+        # Each chunk's bytes fit in its item: what is allocated is bounded by the files.
+        nbytes = int(np.prod(chunk.sizes, dtype=np.int64)) * item.dtype.itemsize
+        if info is None or info.length < nbytes:
+            raise FormatError(f"the chunk of {fqn!r} at {chunk.offsets} has no storage entry "
+                              f"of its {nbytes} bytes")
     raw = np.dtype(f"V{item.dtype.itemsize}")
     full = np.empty(item.size, raw)
-    for chunk in item.chunks:
-        info = meta.storage_data.get((fqn, chunk.offsets))
-        if info is None:
-            raise FormatError(f"the chunk of {fqn!r} at {chunk.offsets} has no storage entry")
+    for chunk, info in zip(item.chunks, infos, strict=True):
+        assert info is not None  # checked above
         box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
         full[box] = _chunk(fqn, chunk, item, info, files, limits)
     storage = Storage(full.reshape(-1).view(np.uint8).data, item.dtype)
-    stride = np.cumprod((1, *item.size[:0:-1]))[::-1] if item.size else ()
-    return Tensor(storage, 0, item.size, tuple(int(s) for s in stride), dtype=item.dtype)
+    return Tensor(storage, 0, item.size, _contiguous_stride(item.size), dtype=item.dtype)
+
+
+def _contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
+    """torch's contiguous strides: a size-0 dimension counts as 1."""
+    stride, step = [], 1
+    for dim in reversed(size):
+        stride.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(stride))
 
 
 def _child(node: Any, step: str | int, fresh: Any, path: tuple[str | int, ...]) -> Any:

@@ -39,7 +39,7 @@ def _state() -> dict[str, Any]:
                                 "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")},
         "transposed": torch.arange(15.0).reshape(3, 5).t(),
         "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
-        "empty": torch.zeros(0, 3),
+        "empty": torch.zeros(0, 3), "empty_cols": torch.zeros(3, 0, 2),
         "scalar": torch.tensor(7.5),
         "param": torch.nn.Parameter(torch.ones(2, 2)),
         "nested": {"deep": {"er": torch.ones(3), 7: torch.zeros(1)}, "dotted.key": torch.ones(1)},
@@ -75,6 +75,7 @@ def test_values_are_what_was_saved(checkpoint: tuple[Path, Any]) -> None:
     state = _state()
     assert np.array_equal(got["transposed"].numpy(), state["transposed"].numpy())
     assert got["transposed"].stride() == (3, 1)
+    assert got["empty_cols"].stride() == state["empty_cols"].stride() == (2, 2, 1)
     assert np.array_equal(got["channels_last"].numpy(), state["channels_last"].numpy())
     assert got["param"].requires_grad is False
     assert got["nested"]["deep"]["7"].numpy().tolist() == [0.0]
@@ -259,7 +260,7 @@ def test_chunks_that_overlap_or_leave_gaps(checkpoint: tuple[Path, Any], tmp_pat
 
 
 def test_items_that_disagree_with_metadata(checkpoint: tuple[Path, Any], tmp_path: Path) -> None:
-    from torch.distributed.checkpoint.metadata import TensorProperties
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties
 
     bad = _copy(checkpoint[0], tmp_path / "dtype")
     metadata = _metadata(bad)
@@ -275,6 +276,16 @@ def test_items_that_disagree_with_metadata(checkpoint: tuple[Path, Any], tmp_pat
     storage[keys[0]], storage[keys[1]] = storage[keys[1]], storage[keys[0]]
     _write_metadata(bad, metadata)
     with pytest.raises(ptfile.FormatError, match="holds"):
+        ptfile.load_dcp(bad)
+    bad = _copy(checkpoint[0], tmp_path / "huge")
+    metadata = _metadata(bad)
+    fqn, item = _first_tensor(metadata)
+    index = next(k for k in metadata.storage_data if k.fqn == fqn)
+    item.size = torch.Size([2**40])
+    item.chunks = [ChunkStorageMetadata(torch.Size([0]), torch.Size([2**40]))]
+    metadata.storage_data[type(index)(fqn, torch.Size([0]), 0)] = metadata.storage_data[index]
+    _write_metadata(bad, metadata)
+    with pytest.raises(ptfile.FormatError, match="no storage entry"):
         ptfile.load_dcp(bad)
     bad = _copy(checkpoint[0], tmp_path / "escape")
     metadata = _metadata(bad)

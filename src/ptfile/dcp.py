@@ -36,6 +36,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import mmap
 import os
 import re
@@ -205,7 +206,7 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
     """A chunk in a SAFETENSORS-format file: its entry, by FQN, in the blob at the offset."""
     header, data_start = files.blob(fqn, info)
     entry: Any = header.get(fqn)
-    nbytes = int(np.prod(chunk.sizes, dtype=np.int64)) * item.dtype.itemsize
+    nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
     try:
         begin, end = (data_start + int(x) for x in entry["data_offsets"])
         agrees = (CODES.get(entry["dtype"]) == item.dtype.name
@@ -240,7 +241,7 @@ def _check_tiling(fqn: str, size: tuple[int, ...], chunks: tuple[ChunkStorageMet
                 o + s > d for o, s, d in zip(chunk.offsets, chunk.sizes, size, strict=True)):
             raise FormatError(f"a chunk of {fqn!r} at {chunk.offsets} of sizes {chunk.sizes} "
                               f"does not fit its size {size}")
-        total += int(np.prod(chunk.sizes, dtype=np.int64))
+        total += math.prod(chunk.sizes)
     boxes = [c for c in chunks if all(chunk_size > 0 for chunk_size in c.sizes)]
     if len(boxes) > 1:
         lo = np.array([c.offsets for c in boxes], np.int64)
@@ -248,9 +249,9 @@ def _check_tiling(fqn: str, size: tuple[int, ...], chunks: tuple[ChunkStorageMet
         meets = ((lo[:, None, :] < hi[None, :, :]) & (lo[None, :, :] < hi[:, None, :])).all(-1)
         if (meets & ~np.eye(len(boxes), dtype=bool)).any():
             raise FormatError(f"chunks of {fqn!r} overlap")
-    if total != int(np.prod(size, dtype=np.int64)):
+    if total != math.prod(size):
         raise FormatError(f"the chunks of {fqn!r} cover {total} of its "
-                          f"{int(np.prod(size, dtype=np.int64))} elements")
+                          f"{math.prod(size)} elements")
 
 
 def _raw(value: Tensor, raw: np.dtype) -> np.ndarray:
@@ -285,7 +286,7 @@ def _tensor(fqn: str, item: TensorStorageMetadata, meta: Metadata, files: _Files
     infos = [meta.storage_data.get((fqn, chunk.offsets)) for chunk in item.chunks]
     for chunk, info in zip(item.chunks, infos, strict=True):
         # Each chunk's bytes fit in its item: what is allocated is bounded by the files.
-        nbytes = int(np.prod(chunk.sizes, dtype=np.int64)) * item.dtype.itemsize
+        nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
         if info is None or info.length < nbytes:
             raise FormatError(f"the chunk of {fqn!r} at {chunk.offsets} has no storage entry "
                               f"of its {nbytes} bytes")

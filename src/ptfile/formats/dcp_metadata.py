@@ -85,9 +85,9 @@ DCP_CLASSES: Final = (
 
 
 def size(dims: Any) -> tuple[int, ...]:
-    """``torch.Size(dims)``: a tuple of non-negative ints."""
+    """``torch.Size(dims)``: a tuple of non-negative ints below 2**62 (torch's are int64)."""
     if not isinstance(dims, (tuple, list)) or not all(
-            type(d) is int and d >= 0 for d in dims):
+            type(d) is int and 0 <= d < 2**62 for d in dims):
         raise FormatError(f"torch.Size in .metadata takes non-negative ints, not {dims!r:.80}")
     return tuple(dims)
 

@@ -453,4 +453,3 @@ def load_torchscript(
                 map_location=map_location, limits=limits, skip_data=skip_data))
     finally:
         source.close()
-

@@ -24,6 +24,7 @@ from .config import (
     settings,
     skip_data,
 )
+from .dcp import load_dcp
 from .dtypes import DTYPES, DType
 from .errors import (
     ArchiveError,
@@ -108,6 +109,7 @@ __all__ = [
     "get_unsafe_globals_in_checkpoint",
     "inspect",
     "load",
+    "load_dcp",
     "load_torchscript",
     "open",
     "register_package",
@@ -128,6 +130,6 @@ for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict
               "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
               "TorchScriptArchive", "LoadEndianness", "skip_data",
               "get_unsafe_globals_in_checkpoint",
-              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection"):
+              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection", "load_dcp"):
     globals()[_name].__module__ = "ptfile"
 del _name

@@ -20,6 +20,10 @@ policy              resolves                                                    
 :func:`structural`  the allowlist and registry, else an inert per-load          ``load(structural=True)``
                     stand-in class (:mod:`ptfile.structural`)
 :func:`plain`       nothing: any global is damage                               legacy header pickles
+:func:`dcp`         exactly the names a DCP ``.metadata`` holds                 ``ptfile.load_dcp``
+                    (:mod:`.dcp_metadata`: torch's dataclasses as per-load
+                    records, ``torch.Size``, dtypes, the layout,
+                    ``pathlib.PosixPath``); else ``UnsafeGlobalError``
 ==================  ==========================================================  ======================
 
 Whatever a policy returns, a stream can call and ``BUILD`` on it: policies only
@@ -34,16 +38,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import dtypes
-from ..errors import FormatError, PickleStreamError, UnsupportedFeatureError
+from ..errors import FormatError, PickleStreamError, UnsafeGlobalError, UnsupportedFeatureError
 from ..policy import CallOnly, find_allowed, find_strict_class
 from ..rebuild import StorageType
 from ..structural import StandInType, make_stand_in
+from . import dcp_metadata
 from .options import FindClass
 from .script_model import JIT_GLOBALS, ScriptObject
 from .storages import fast_tensor_builders
 
-__all__ = ["Lenient", "Overlay", "StructuralFindClass", "fast", "plain", "script", "strict",
-           "structural"]
+__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "plain", "script",
+           "strict", "structural"]
 
 #: A handler for the names of one module root: an object, or None to defer to the base.
 RootHandler = Callable[[str, str], Any]
@@ -198,3 +203,38 @@ def structural() -> FindClass:
     """The structural policy, fresh for one load."""
     return StructuralFindClass()
 
+
+
+def _not_dcp(module: str, name: str) -> Any:
+    raise UnsafeGlobalError(
+        f"{module}.{name} is not one of the names a torch.distributed.checkpoint .metadata "
+        "file holds; ptfile refuses it", module=module, name=name)
+
+
+def dcp() -> FindClass:
+    """The ``.metadata`` policy of DCP directories, fresh for one load: torch's DCP dataclasses
+    as :class:`~.dcp_metadata.Record` classes made for this load, and its few helpers.
+
+    Examples
+    --------
+    >>> find = dcp()
+    >>> find("torch", "Size")((2, 3))
+    (2, 3)
+    >>> try:
+    ...     find("os", "system")
+    ... except UnsafeGlobalError as error:
+    ...     print(error.module, error.name)
+    os system
+    """
+    names: dict[tuple[str, str], Any] = {
+        key: type(key[1], (dcp_metadata.Record,), {"__slots__": (), "name": key[1]})
+        for key in dcp_metadata.DCP_CLASSES}
+    names.update({("torch", d.name): d for d in dtypes.DTYPES.values()})
+    names.update({
+        ("torch", "Size"): CallOnly(dcp_metadata.size),
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"):
+            CallOnly(dcp_metadata.mem_format),
+        ("torch.serialization", "_get_layout"): CallOnly(dcp_metadata.layout),
+        ("pathlib", "PosixPath"): CallOnly(dcp_metadata.posix_path),
+    })
+    return Overlay(_not_dcp, names=names)

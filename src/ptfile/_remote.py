@@ -418,7 +418,8 @@ def open_any(f: FileLike, *, storage_options: Mapping[str, Any] | None = None,
              limits: Limits = DEFAULT_LIMITS) -> Source:
     """:func:`ptfile._io.open_source`, for URLs too: a URL is a :class:`RemoteSource`
     when ``lazy`` (metadata work: only the bytes asked for are fetched), else its
-    whole file is fetched concurrently into memory.  ``mmap`` applies to local files.
+    whole file is fetched concurrently into memory.  ``mmap`` applies to local files,
+    ``storage_options`` to URLs.
 
     Raises
     ------
@@ -432,8 +433,8 @@ def open_any(f: FileLike, *, storage_options: Mapping[str, Any] | None = None,
         if lazy:
             return remote
         return BytesSource(remote.read_all(), name=remote.name)
-    if storage_options:
-        raise TypeError("storage_options apply to URLs only")
+    # storage_options apply to URLs only: a local path (a shell loop over mixed inputs with
+    # one --storage-option) opens as it is.
     return open_source(local_path(f), mmap=mmap, access=access, lazy=lazy)  # type: ignore[arg-type]
 
 

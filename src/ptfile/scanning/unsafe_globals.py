@@ -17,7 +17,10 @@ clean ZIP                ``[]``                       ``[]``
 (protocol 4 and up)      (unsupported opcode)         symbolic stack); a name computed while
                                                       unpickling is listed as the scanner
                                                       shows it (``os.<result of ...>``)
-TorchScript, PT2         ``ValueError``               :class:`FormatError` (a ValueError)
+TorchScript              ``ValueError``               :class:`FormatError` (a ValueError)
+PT2 (``torch.export``)   ``RuntimeError`` (no         ``[]``: a ``.pt2`` has no ``.pkl`` record
+                         ``data.pkl``)                (its weights are raw records; the nested
+                                                      archives of pickled weights are not listed)
 legacy (< 1.6), tar      ``ValueError``               the unsafe names of every pickle the
                                                       loader unpickles (torch's load refuses
                                                       the same names in them)
@@ -108,7 +111,7 @@ def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = Non
     Raises
     ------
     FormatError
-        ``f`` is not a checkpoint of ``torch.save`` (a TorchScript or PT2 archive,
+        ``f`` is not a checkpoint of ``torch.save`` (a TorchScript archive,
         or an unknown format): a ValueError, as torch raises.
 
     Examples

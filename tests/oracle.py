@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections import OrderedDict
 from typing import Any
@@ -100,3 +101,17 @@ def assert_sharing(p: Any, t: Any) -> None:
             same_t = tts[i].untyped_storage().data_ptr() == tts[j].untyped_storage().data_ptr()
             same_p = pts[i].storage is pts[j].storage
             assert same_t == same_p, (i, j)
+
+
+def torch_bytes(obj: Any, **options: Any) -> bytes:
+    """What ``torch.save(obj, buffer, **options)`` writes."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer, **options)
+    return buffer.getvalue()
+
+
+def ptfile_bytes(obj: Any, **options: Any) -> bytes:
+    """What ``ptfile.save(obj, buffer, **options)`` writes."""
+    buffer = io.BytesIO()
+    ptfile.save(obj, buffer, **options)
+    return buffer.getvalue()

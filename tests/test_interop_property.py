@@ -29,7 +29,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import ptfile
-from oracle import assert_same, assert_sharing
+from oracle import assert_same, assert_sharing, ptfile_bytes, torch_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -86,20 +86,6 @@ def torch_objects(draw: st.DrawFn) -> Any:
     return out
 
 
-def _torch_bytes(obj: Any, **options: Any) -> bytes:
-    """What ``torch.save(obj, buffer, **options)`` writes."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer, **options)
-    return buffer.getvalue()
-
-
-def _ptfile_bytes(obj: Any, **options: Any) -> bytes:
-    """What ``ptfile.save(obj, buffer, **options)`` writes."""
-    buffer = io.BytesIO()
-    ptfile.save(obj, buffer, **options)
-    return buffer.getvalue()
-
-
 def _torch_load(raw: bytes) -> Any:
     return torch.load(io.BytesIO(raw), weights_only=True)
 
@@ -119,8 +105,8 @@ def test_resave_of_random_torch_objects_is_byte_identical(obj: Any) -> None:
     # The oracle is torch's own resave of what it loaded: the pickle memoises by
     # identity, and a loaded "cpu" value is no longer torch's interned location
     # literal, so both write it out again where the original has a GET.
-    raw = _torch_bytes(obj)
-    assert _ptfile_bytes(ptfile.load(io.BytesIO(raw))) == _torch_bytes(_torch_load(raw))
+    raw = torch_bytes(obj)
+    assert ptfile_bytes(ptfile.load(io.BytesIO(raw))) == torch_bytes(_torch_load(raw))
 
 
 @settings(max_examples=40, deadline=None)
@@ -129,20 +115,20 @@ def test_resave_of_random_torch_objects_at_protocols_4_and_5_is_byte_identical(
         obj: Any, protocol: int) -> None:
     # Files torch wrote with protocol 4 or 5 (framed, MEMOIZE, STACK_GLOBAL) load, and
     # ptfile's resave with that protocol is torch's.
-    raw = _torch_bytes(obj, pickle_protocol=protocol)
+    raw = torch_bytes(obj, pickle_protocol=protocol)
     loaded = ptfile.load(io.BytesIO(raw))
     expected = torch.load(io.BytesIO(raw), weights_only=False)  # weights_only knows no FRAME
     assert_same(loaded, expected)
-    assert _ptfile_bytes(loaded, pickle_protocol=protocol) == _torch_bytes(
+    assert ptfile_bytes(loaded, pickle_protocol=protocol) == torch_bytes(
         expected, pickle_protocol=protocol)
 
 
 def test_tensors_sharing_an_empty_storage_keep_sharing_it() -> None:
     base = torch.arange(0).float()
-    raw = _torch_bytes({"a": base, "b": base[0:0], "c": base[::2]})
+    raw = torch_bytes({"a": base, "b": base[0:0], "c": base[::2]})
     loaded = ptfile.load(io.BytesIO(raw))
     assert loaded["a"].storage is loaded["b"].storage is loaded["c"].storage
-    assert _ptfile_bytes(loaded) == raw  # torch's own resave has one record per tensor
+    assert ptfile_bytes(loaded) == raw  # torch's own resave has one record per tensor
 
 
 def _raw(array: Any) -> bytes:
@@ -154,7 +140,7 @@ def _raw(array: Any) -> bytes:
 def test_open_agrees_with_load_on_random_torch_objects(obj: Any) -> None:
     # The metadata ptfile.open lists (its own fast paths) is that of the tensors
     # ptfile.load builds, and each data_offset points at the storage's bytes.
-    raw = _torch_bytes(obj)
+    raw = torch_bytes(obj)
     expected = ptfile.reader.flatten(ptfile.load(io.BytesIO(raw)))
     with _on_disk(raw) as path:
         for source in (path, io.BytesIO(raw)):
@@ -178,7 +164,7 @@ def test_open_agrees_with_load_on_random_torch_objects(obj: Any) -> None:
 def test_load_equals_torch_load_on_random_torch_objects(obj: Any) -> None:
     # Every way of loading (the fast path from memory and from a map, the reference
     # path that map_location takes) gives torch.load's values, metadata and sharing.
-    raw = _torch_bytes(obj)
+    raw = torch_bytes(obj)
     expected = _torch_load(raw)
     with _on_disk(raw) as path:
         for loaded in (ptfile.load(io.BytesIO(raw)), ptfile.load(path, mmap=True),
@@ -192,7 +178,7 @@ def test_load_equals_torch_load_on_random_torch_objects(obj: Any) -> None:
 def test_legacy_format_load_equals_torch_load(obj: Any) -> None:
     # The pre-1.6 pickle-stream format, written by torch for the same random objects;
     # resaved, it becomes what torch.save writes for what torch.load read.
-    raw = _torch_bytes(obj, _use_new_zipfile_serialization=False)
+    raw = torch_bytes(obj, _use_new_zipfile_serialization=False)
     try:
         expected = _torch_load(raw)
     except AttributeError:  # torch 2.13 cannot read the untyped (float8) storages it wrote
@@ -201,7 +187,7 @@ def test_legacy_format_load_equals_torch_load(obj: Any) -> None:
     assert_same(loaded, obj if expected is None else expected)
     assert_sharing(loaded, obj if expected is None else expected)
     if expected is not None:  # converted to the ZIP format, as torch converts it
-        assert _ptfile_bytes(loaded) == _torch_bytes(expected)
+        assert ptfile_bytes(loaded) == torch_bytes(expected)
 
 
 @settings(max_examples=30, deadline=None)
@@ -209,7 +195,7 @@ def test_legacy_format_load_equals_torch_load(obj: Any) -> None:
 def test_skip_data_save_of_random_torch_objects_is_byte_identical(obj: Any) -> None:
     # save(skip_data=True) writes torch's serialization.skip_data() layout: same records,
     # zero-filled payloads, CRC 0.  Both files get the same name (it names the archive).
-    raw = _torch_bytes(obj)
+    raw = torch_bytes(obj)
     with tempfile.TemporaryDirectory() as folder:
         ours, theirs = Path(folder) / "ptfile", Path(folder) / "torch"
         ours.mkdir()
@@ -229,18 +215,18 @@ def test_save_options_match_torch_on_random_objects(obj: Any, crc: bool, alignme
     # the torch way on one side and the ptfile way on the other: the same bytes.
     from torch.utils.serialization import config as torch_config
 
-    raw = _torch_bytes(obj)
+    raw = torch_bytes(obj)
     options = {"pickle_protocol": protocol, "_disable_byteorder_record": no_byteorder}
     default_alignment = torch_config.save.storage_alignment
     torch.serialization.set_crc32_options(crc)
     torch_config.save.storage_alignment = alignment
     try:
-        expected = _torch_bytes(_torch_load(raw), **options)
+        expected = torch_bytes(_torch_load(raw), **options)
     finally:
         torch.serialization.set_crc32_options(True)
         torch_config.save.storage_alignment = default_alignment
     with ptfile.config.settings(crc32=crc, storage_alignment=alignment):
-        assert _ptfile_bytes(ptfile.load(io.BytesIO(raw)), **options) == expected
+        assert ptfile_bytes(ptfile.load(io.BytesIO(raw)), **options) == expected
 
 
 @st.composite
@@ -340,7 +326,7 @@ def _basic_index(draw: st.DrawFn, ndim: int) -> tuple[Any, ...]:
 @given(torch_objects(), st.data())
 def test_get_slice_equals_numpy_indexing_on_random_objects(obj: Any, data: st.DataObject) -> None:
     # ptfile.open(...).get_slice(name)[index] reads what numpy's basic indexing selects.
-    raw = _torch_bytes(obj)
+    raw = torch_bytes(obj)
     loaded = ptfile.reader.flatten(ptfile.load(io.BytesIO(raw)))
     with ptfile.open(io.BytesIO(raw)) as ck:
         for name, tensor in loaded.items():
@@ -379,7 +365,7 @@ def test_mapped_load_used_whole_fails_exactly_when_the_in_memory_load_fails(
     # load(mmap=True) checks a storage's local header on first use of its bytes; used
     # whole, it must fail exactly when load(mmap=False), which checks them all up front,
     # fails, and otherwise give the same bytes (1,000 examples pass locally).
-    damaged = _damaged(_torch_bytes(obj), data)
+    damaged = _damaged(torch_bytes(obj), data)
 
     def outcome(read: Any) -> Any:
         try:
@@ -399,7 +385,7 @@ def test_mutated_random_torch_files_load_or_raise_ptfile_errors(obj: Any,
                                                                 data: st.DataObject) -> None:
     # The error contract on files torch wrote for random objects, then damaged: every way
     # of reading either works or raises a PtfileError (1,500 + 600 examples pass locally).
-    damaged = _damaged(_torch_bytes(obj), data)
+    damaged = _damaged(torch_bytes(obj), data)
 
     def read_all(source: Any) -> None:
         with ptfile.open(source) as ck:

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ptfile
-from oracle import assert_same
+from oracle import assert_same, ptfile_bytes, torch_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -37,23 +37,11 @@ DTYPES = [getattr(torch, name) for name in (
     "float4_e2m1fn_x2", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")]
 
 
-def _torch_bytes(obj: Any, **options: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer, **options)
-    return buffer.getvalue()
-
-
-def _ptfile_bytes(obj: Any, **options: Any) -> bytes:
-    buffer = io.BytesIO()
-    ptfile.save(obj, buffer, **options)
-    return buffer.getvalue()
-
-
 def _resaves(obj: Any, protocol: int) -> tuple[bytes, bytes]:
     """(ptfile's, torch's) saves at ``protocol`` of what each loads from torch's file."""
-    raw = _torch_bytes(obj)
-    theirs = _torch_bytes(torch.load(io.BytesIO(raw), weights_only=True), pickle_protocol=protocol)
-    return _ptfile_bytes(ptfile.load(io.BytesIO(raw)), pickle_protocol=protocol), theirs
+    raw = torch_bytes(obj)
+    theirs = torch_bytes(torch.load(io.BytesIO(raw), weights_only=True), pickle_protocol=protocol)
+    return ptfile_bytes(ptfile.load(io.BytesIO(raw)), pickle_protocol=protocol), theirs
 
 
 def _refusal(raw: bytes) -> str | None:
@@ -144,7 +132,7 @@ def test_protocol_quantized_and_sparse_tensors(protocol: int) -> None:
 def test_protocol_save_of_numpy_arrays_loads_in_torch(protocol: int) -> None:
     arrays: dict[str, np.ndarray] = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int64)}
     arrays["view"] = arrays["a"][:, 1]
-    raw = _ptfile_bytes(arrays, pickle_protocol=protocol)
+    raw = ptfile_bytes(arrays, pickle_protocol=protocol)
     loaded = torch.load(io.BytesIO(raw), weights_only=False)
     for name, array in arrays.items():
         assert np.array_equal(loaded[name].numpy(), array)
@@ -168,9 +156,9 @@ def test_protocol_legacy_format_is_torchs_but_for_its_storage_keys(protocol: int
     # strs: the headers are equal, the opcodes the same, the values torch.load's.
     obj = {"w": torch.arange(6.0), "v": torch.arange(6.0)[1:3], "n": 3, "s": "x" * 300}
     options = {"pickle_protocol": protocol, "_use_new_zipfile_serialization": False}
-    theirs = _torch_bytes(torch.load(io.BytesIO(_torch_bytes(obj)), weights_only=True),
+    theirs = torch_bytes(torch.load(io.BytesIO(torch_bytes(obj)), weights_only=True),
                           **options)
-    ours = _ptfile_bytes(ptfile.load(io.BytesIO(_torch_bytes(obj))), **options)
+    ours = ptfile_bytes(ptfile.load(io.BytesIO(torch_bytes(obj))), **options)
     mine, torchs = _pickles(ours), _pickles(theirs)
     assert mine[:3] == torchs[:3]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ptfile
-from oracle import assert_same
+from oracle import assert_same, torch_bytes
 
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
@@ -43,15 +43,9 @@ def s3() -> Iterator[dict[str, Any]]:
                 os.environ[k] = v
 
 
-def _torch_bytes(obj: object, **kwargs: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf, **kwargs)
-    return buf.getvalue()
-
-
 def test_s3_load_open_scan_equal_local(s3: dict[str, Any]) -> None:
     ref = {"w": torch.randn(256, 256), "b": torch.arange(10).to(torch.bfloat16)}
-    data = _torch_bytes(ref)
+    data = torch_bytes(ref)
     s3["fs"].pipe("models/m.pt", data)
     options = s3["options"]
     assert_same(ptfile.load("s3://models/m.pt", storage_options=options), ref)
@@ -65,7 +59,7 @@ def test_s3_load_open_scan_equal_local(s3: dict[str, Any]) -> None:
 
 def test_s3_legacy_and_missing_key(s3: dict[str, Any]) -> None:
     ref = {"w": torch.arange(6.0)}
-    s3["fs"].pipe("models/legacy.pt", _torch_bytes(ref, _use_new_zipfile_serialization=False))
+    s3["fs"].pipe("models/legacy.pt", torch_bytes(ref, _use_new_zipfile_serialization=False))
     assert_same(ptfile.load("s3://models/legacy.pt", storage_options=s3["options"]), ref)
     with pytest.raises(ptfile.RemoteError) as info:
         ptfile.load("s3://models/none.pt", storage_options=s3["options"])
@@ -74,7 +68,7 @@ def test_s3_legacy_and_missing_key(s3: dict[str, Any]) -> None:
 
 def test_s3_save_is_byte_identical_to_torch(s3: dict[str, Any], tmp_path: Path) -> None:
     obj = {"w": torch.arange(12.0).reshape(3, 4)}
-    ptfile.save(ptfile.load(io.BytesIO(_torch_bytes(obj))), "s3://models/saved.pt",
+    ptfile.save(ptfile.load(io.BytesIO(torch_bytes(obj))), "s3://models/saved.pt",
                 storage_options=s3["options"])
     torch.save(obj, tmp_path / "saved.pt")  # the archive folder is the target's stem
     ours = s3["fs"].cat_file("models/saved.pt")

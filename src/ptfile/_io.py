@@ -93,7 +93,8 @@ class Source(Protocol):
         ...
 
     def read_all(self) -> memoryview:
-        """The whole input in one buffer, read once, in order (or as it is at hand)."""
+        """The whole input in one buffer, read once, in order; a source whose bytes are at
+        hand (in memory or mapped) returns its own view, with no copy."""
         ...
 
     def detached(self) -> Source:
@@ -159,15 +160,6 @@ class _ViewSource:
     def read_all(self) -> memoryview:
         """The input's own view (no copy)."""
         return self._view
-
-    def whole(self) -> memoryview:
-        """The whole input as one flat byte view (callers check their ranges in bulk)."""
-        return self._view
-
-
-def whole_view(source: Source) -> memoryview | None:
-    """The whole input as one flat byte view, or None for sources that read on demand."""
-    return source.whole() if isinstance(source, _ViewSource) else None
 
 
 class BytesSource(_ViewSource):

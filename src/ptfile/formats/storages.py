@@ -43,7 +43,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import dtypes
-from .._io import Source, whole_view
+from .._io import Source
 from ..archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from ..archive.records import METHOD_STORED
 from ..dtypes import UINT8, DType
@@ -209,7 +209,8 @@ class FastStorages:
                  skip_data: bool = False, calculate_offsets: bool = False) -> None:
         self._slow = StorageLoader(reader, source, info, map_location=None, skip_data=skip_data,
                                    calculate_offsets=calculate_offsets)
-        self._whole = None if skip_data else whole_view(source)
+        # The whole input as one view (in memory or mapped), to slice storages from.
+        self._whole = None if skip_data or source.reads_on_demand else source.read_all()
         self._view = None if skip_data else source.view
         self._byteorder = info.byteorder
         self._prefix = f"{info.prefix}/data/"

@@ -27,7 +27,11 @@ lint: $(VENV)/.installed-test
 test: lint
 	$(BIN)/python -m pytest -q
 
-bench: $(VENV)/.installed-test
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/run.py
 
 clean:

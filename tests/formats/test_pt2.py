@@ -193,21 +193,95 @@ def test_open_reads_metadata_then_data(archives: dict[str, bytes], tmp_path: Pat
         assert list(ck.keys()) == list(expected)
         info = ck.info("conv.weight")
         assert info.shape == (4, 3, 3, 3) and info.is_parameter
-        assert info.storage_key == "weight_0"
+        assert info.storage_key == "weights/weight_0"  # its record's path under data/
+        meta = ck.metadata()
+        assert meta["format"] == "pt2" and meta["prefix"] == "archive" and meta["version"] == "6"
         for name, tensor in expected.items():
             assert np.array_equal(ck.get_tensor(name), tensor.detach().numpy())
+            assert np.array_equal(ck[name].numpy(), tensor.detach().numpy())
+        sliced = ck.get_slice("conv.weight")[1:3, :, 0]
+        assert np.array_equal(sliced, expected["conv.weight"].detach().numpy()[1:3, :, 0])
 
 
-def test_open_of_a_mapped_path_reads_no_storage_until_asked(archives: dict[str, bytes],
-                                                            tmp_path: Path) -> None:
+def _data_offsets(data: bytes) -> dict[str, tuple[int, int]]:
+    """Each record's data span, from zipfile's reading of the local headers."""
+    out = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        for info in z.infolist():
+            start = info.header_offset + 30 + len(info.filename.encode()) + \
+                int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+            out[info.filename] = (start, start + info.file_size)
+    return out
+
+
+class _Recording(io.BytesIO):
+    """A file object that records the spans read from it."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.spans: list[tuple[int, int]] = []
+
+    def read(self, n: int | None = -1) -> bytes:
+        start = self.tell()
+        out = super().read(n)
+        self.spans.append((start, start + len(out)))
+        return out
+
+    def readinto(self, b: Any) -> int:
+        start = self.tell()
+        n = super().readinto(b)
+        self.spans.append((start, start + n))
+        return n
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_open_reads_no_weight_bytes_until_asked(archives: dict[str, bytes], tmp_path: Path,
+                                                mmap: bool) -> None:
+    data = archives["linear"]
     path = tmp_path / "m.pt2"
-    path.write_bytes(archives["linear"])
-    with ptfile.open(path) as ck:
+    path.write_bytes(data)
+    spans = _data_offsets(data)
+    with ptfile.open(path, mmap=mmap) as ck:
         storage = ck.object["lin.weight"].storage
-        with pytest.raises(AttributeError):  # the slot is unset until the bytes are used
-            object.__getattribute__(storage, "data")
-        ck.get_tensor("lin.weight")
-        assert object.__getattribute__(storage, "data").nbytes == 24
+        assert storage.data is None and storage.nbytes == 24
+        start, _ = spans["archive/data/weights/weight_0"]
+        assert ck.info("lin.weight").data_offset == start
+        assert np.array_equal(ck.get_tensor("lin.weight"),
+                              _expected(data)["lin.weight"].detach().numpy())
+
+
+def test_open_of_a_file_object_reads_no_weight_bytes(tmp_path: Path) -> None:
+    """A weight away from the head (sniffed) and the tail (end records) is not read."""
+    model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(3)))
+    data = _export(model, (torch.randn(1, 256),))
+    spans = _data_offsets(data)
+    weights = {name: spans[f"archive/data/weights/weight_{i}"]
+               for i, name in enumerate(["0.weight", "0.bias", "1.weight"])}
+    low, high = weights["1.weight"]
+    assert low > 512 and high < len(data) - (1 << 16)
+    recording = _Recording(data)
+    expected = _expected(data)
+    with ptfile.open(recording) as ck:
+        assert ck.info("1.weight").data_offset == low
+        assert len(list(ck.infos())) == 6
+        assert not [s for s in recording.spans if s[0] < high and low < s[1]]
+        assert np.array_equal(ck.get_tensor("1.weight"), expected["1.weight"].detach().numpy())
+        assert np.array_equal(ck.get_slice("1.weight")[3], expected["1.weight"].detach()[3])
+        assert [s for s in recording.spans if s[0] < high and low < s[1]]
+
+
+def test_verify_checks_every_record(archives: dict[str, bytes], tmp_path: Path) -> None:
+    from ptfile.inspection import verify
+    path = tmp_path / "m.pt2"
+    path.write_bytes(archives["conv_bn"])
+    report = verify(path)
+    assert report.ok and not report.problems
+    assert report.records_checked == len(_data_offsets(archives["conv_bn"]))
+    damaged = bytearray(archives["conv_bn"])
+    start, _ = _data_offsets(archives["conv_bn"])["archive/data/weights/weight_0"]
+    damaged[start] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    assert not verify(path).ok  # the CRC-32 of the weight record
 
 
 def test_inspect_and_convert(archives: dict[str, bytes], tmp_path: Path) -> None:

@@ -261,6 +261,8 @@ def render_structure(doc: JsonDoc, raw: object, leaves: list[str], where: str,
             text = tree.node(spec, 0, where)
     except _Mismatch:
         return None
+    except RecursionError:  # json.loads allows as much nesting as the stack does: not us
+        raise doc.fail(where, "the TreeSpec is nested too deep to render") from None
     return text if tree.used == len(leaves) else None
 
 

@@ -21,8 +21,10 @@ metadata records as :mod:`.zipped`: ``.data/version`` is ``6``, ``byteorder``,
 * A payload meta is ``{"path_name": str, "is_param": bool, "use_pickle": bool,
   "tensor_meta": {...} | null}``; ``path_name`` is a record in the config's
   folder: ``weight_<i>`` (weights), ``tensor_<i>`` (tensor constants),
-  ``custom_obj_<i>``/``opaque_obj_<i>`` (TorchBind / opaque objects, pickled:
-  refused here).
+  ``custom_obj_<i>``/``opaque_obj_<i>`` (TorchBind / opaque objects, pickled,
+  ``tensor_meta`` null: :func:`ptfile.load` refuses them, unpickling them would
+  run their classes' code; a metadata read, ``skip_data``, leaves them out, so
+  :func:`ptfile.open` and ``inspect`` work: the program's signature lists them).
 * ``tensor_meta`` is ``{"dtype": <serde ScalarType int>, "sizes": [SymInt],
   "strides": [SymInt], "storage_offset": SymInt, "requires_grad": bool,
   "device": {"type": str, "index": int | null}, "layout": <serde Layout int>}``
@@ -277,7 +279,15 @@ def _read_config(archive: _Archive, folder: str, config_path: str,
         if fqn in into:
             raise FormatError(f"{fqn!r} is both a weight and a constant",
                               member=archive.name(config_path))
+        if archive.options.skip_data and _is_object(payload):
+            continue
         into[fqn] = reader.tensor(fqn, payload)
+
+
+def _is_object(payload: object) -> bool:
+    """A pickled TorchBind / opaque object's entry (not a tensor)."""
+    path = payload.get("path_name") if isinstance(payload, dict) else None
+    return isinstance(path, str) and path.startswith(_PICKLED_OBJECTS)
 
 
 def model_name(reader: ZipReader, prefix: str) -> str:

@@ -9,7 +9,7 @@ import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import sympy
@@ -118,11 +118,17 @@ def _save(ep: torch.export.ExportedProgram) -> bytes:
     return buf.getvalue()
 
 
+#: The README's example (tests/golden/make_tiny_export.py), checked with the exports.
+GOLDEN: Final = Path(__file__).resolve().parents[1] / "golden" / "tiny_export.pt2"
+NAMES: Final = [*EXPORTS, "golden"]
+
+
 @pytest.fixture(scope="module")
 def archives() -> dict[str, bytes]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {name: _save(make()) for name, make in EXPORTS.items()}
+        made = {name: _save(make()) for name, make in EXPORTS.items()}
+    return {**made, "golden": GOLDEN.read_bytes()}
 
 
 def _signature(data: bytes) -> ProgramSignature:
@@ -148,7 +154,7 @@ def _meta(node: torch.fx.Node) -> Any:
     return node.meta.get("val")
 
 
-@pytest.mark.parametrize("name", list(EXPORTS))
+@pytest.mark.parametrize("name", NAMES)
 def test_specs_equal_torch_graph_signature(archives: dict[str, bytes], name: str) -> None:
     ep = torch.export.load(io.BytesIO(archives[name]))
     got = _signature(archives[name])
@@ -164,7 +170,7 @@ def _shape(value: Any) -> tuple[int | str, ...]:
     return tuple(d if isinstance(d, int) else str(d) for d in value.shape)
 
 
-@pytest.mark.parametrize("name", list(EXPORTS))
+@pytest.mark.parametrize("name", NAMES)
 def test_dtypes_and_shapes_equal_the_graph_meta(archives: dict[str, bytes], name: str) -> None:
     ep = torch.export.load(io.BytesIO(archives[name]))
     got = _signature(archives[name])
@@ -182,7 +188,7 @@ def test_dtypes_and_shapes_equal_the_graph_meta(archives: dict[str, bytes], name
             assert value.type == "sym_int" and value.expr == str(val)
 
 
-@pytest.mark.parametrize("name", list(EXPORTS))
+@pytest.mark.parametrize("name", NAMES)
 def test_range_constraints_equal_torch(archives: dict[str, bytes], name: str) -> None:
     ep = torch.export.load(io.BytesIO(archives[name]))
     got = _signature(archives[name])
@@ -198,7 +204,7 @@ class _Leaf(str):
         return str(self)
 
 
-@pytest.mark.parametrize("name", list(EXPORTS))
+@pytest.mark.parametrize("name", NAMES)
 def test_call_structure_is_torch_pytree_of_the_user_values(archives: dict[str, bytes],
                                                            name: str) -> None:
     ep = torch.export.load(io.BytesIO(archives[name]))

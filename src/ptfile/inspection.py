@@ -70,7 +70,8 @@ def _describe(obj: object, names: dict[int, str], depth: int = 0) -> Any:
 
 @dataclass
 class Inspection:
-    """Everything :func:`inspect` found: metadata, records, tensors, the tree and totals."""
+    """Everything :func:`inspect` found: metadata, records, tensors, the tree and totals;
+    for a ``.pt2``, the exported program's signature (``program``)."""
 
     path: str | None
     format: str
@@ -160,7 +161,9 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
     -------
     Inspection
         Metadata, the record table, every tensor's dtype/shape/stride/storage
-        and file offset, the object tree, shared storages and totals.
+        and file offset, the object tree, shared storages and totals; for a
+        ``.pt2``, ``program``: its inputs, outputs, parameters, buffers,
+        constants and custom objects, read from its JSON (nothing is run).
 
     Raises
     ------

@@ -15,9 +15,10 @@ otherwise (re-zipped by another tool) falls back to reading each storage's
 local header, a few dozen bytes, on first use.  Data reads always use the
 validated local header.
 
-Formats other than the ZIP checkpoint (legacy pickle stream, tar, TorchScript)
-are read whole through :func:`ptfile.load` and offered through the same
-interface; only their metadata is then not "free".
+A ``.pt2`` (``torch.export``) is read the same way: its payload configs give
+every tensor, its records the bytes on demand.  Other formats (legacy pickle
+stream, tar, TorchScript) are read whole through :func:`ptfile.load` and offered
+through the same interface; only their metadata is then not "free".
 """
 
 from __future__ import annotations

@@ -455,6 +455,10 @@ def test_damaged_archives_raise_only_ptfile_errors(archives: dict[str, bytes],
                     tensor.numpy()
             except ptfile.PtfileError:
                 pass
+        try:  # the lazy open and the program's signature
+            ptfile.inspect(path)
+        except ptfile.PtfileError:
+            pass
 
 
 # --------------------------------------------------------------------------- weight layouts

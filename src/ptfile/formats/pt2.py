@@ -48,9 +48,13 @@ What :func:`read_pt2` returns (and so :func:`ptfile.load`): one flat dict, the
 state dict entries (``torch.export.load(f).state_dict``: a
 :class:`~ptfile.Parameter` where ``is_param``) then the constants
 (``.constants``), by FQN; a name in both is damage.  An archive with several
-models is refused.  The bytes of a mapped source are sliced on first use
-(so :func:`ptfile.open` of a path reads metadata only); otherwise each tensor
-is a view of the source's bytes, read when the archive is.  ``map_location`` and
+models is refused.  Each storage's key is its record's path under ``data/``
+(``weights/weight_0``, ``constants/tensor_0``), as a ``torch.save`` storage's key
+is, so the lazy reader (:func:`ptfile.open`, which reads with ``skip_data``: no
+storage bytes) finds its record and file offset.  The bytes of a mapped source are
+sliced on first use; otherwise each tensor is a view of the source's bytes, read
+when the archive is.  The program itself (``models/<model>.json``) is read only
+by ``inspect`` (:mod:`.pt2_program`).  ``map_location`` and
 the :func:`ptfile.register_package` handlers apply to each record's storage, at
 the device the tensor meta records (``cpu``, ``cuda:0``...), as for ``torch.save``
 archives.

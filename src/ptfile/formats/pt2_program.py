@@ -209,6 +209,8 @@ class ProgramSignature:
 
 
 _CONSTANTS: Final = frozenset({"int", "float", "str", "bool", "none"})
+#: A SymInt/SymFloat/SymBool union's concrete fields (anything else is an expression).
+_CONCRETE: Final[Mapping[str, type]] = {"as_int": int, "as_float": float, "as_bool": bool}
 
 
 # --------------------------------------------------------------------------- values
@@ -226,8 +228,11 @@ class _Values:
 
     def dim(self, value: object, where: str) -> Dim:
         key, body = self.doc.union(value, where)
-        if key in ("as_int", "as_float", "as_bool") and isinstance(body, (int, float)):
-            return body if isinstance(body, int) else str(body)
+        kind = _CONCRETE.get(key)
+        if kind is not None:
+            if not isinstance(body, kind) or (kind is int and isinstance(body, bool)):
+                raise self.doc.fail(where, f"{key} is not a {kind.__name__}: {body!r:.40}")
+            return body if isinstance(body, int) and kind is int else str(body)
         if key == "as_expr":
             text = self.doc.get(body, "expr_str", str, f"{where} as_expr")
             return render_expr(text, self.doc.limits)

@@ -438,6 +438,8 @@ def _deep_spec(depth: int) -> str:
      "not JSON|too deep|max_depth"),
     (lambda d: d["range_constraints"].update(s0={"min_val": "0"}), ptfile.FormatError,
      "min_val"),
+    (lambda d: d["graph_module"]["graph"]["tensor_values"]["x"].update(
+        sizes=[{"as_int": True}]), ptfile.FormatError, "as_int is not a int"),
 ])
 def test_malformed_programs_raise_ptfile_errors(
         archives: dict[str, bytes], change: Callable[[dict[str, Any]], Any] | bytes,

@@ -49,6 +49,8 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.structural": 2,  # any pickle as an inert tree of the model's objects
     # 3: the checkpoint formats: the one way in.
     "ptfile.formats": 3,
+    "ptfile.formats.pt2_program": 3,  # a .pt2 program's signature (inspect)
+    "ptfile.formats.pt2_json": 3,  # checked JSON and text rendering for it
     # 4: the front doors and what is built on them.
     "ptfile.api": 4,
     "ptfile.reader": 4,  # ptfile.open

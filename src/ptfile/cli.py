@@ -161,6 +161,8 @@ def _render_totals(ins: Inspection, out: TextIO) -> None:
 
 def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     _render_header(ins, out)
+    if ins.program is not None:
+        out.write("\n" + "".join(line + "\n" for line in ins.program.lines()))
     shared = set(ins.shared)
     tensors = ins.tensors if not limit else ins.tensors[:limit]
     out.write(f"\nTensors ({len(ins.tensors):,})\n")

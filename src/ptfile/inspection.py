@@ -21,7 +21,9 @@ from ._io import FileLike
 from ._remote import StorageOptions
 from .archive import ZipReader
 from .errors import PtfileError, UnsafeGlobalError
-from .limits import Limits
+from .formats import Format
+from .formats.pt2_program import ProgramSignature, read_program
+from .limits import DEFAULT_LIMITS, Limits
 from .reader import CheckpointReader, TensorInfo
 from .reader import open as open_checkpoint
 from .tensor import Tensor
@@ -68,7 +70,8 @@ def _describe(obj: object, names: dict[int, str], depth: int = 0) -> Any:
 
 @dataclass
 class Inspection:
-    """Everything :func:`inspect` found: metadata, records, tensors, the tree and totals."""
+    """Everything :func:`inspect` found: metadata, records, tensors, the tree and totals;
+    for a ``.pt2``, the exported program's signature (``program``)."""
 
     path: str | None
     format: str
@@ -78,6 +81,8 @@ class Inspection:
     tensors: list[TensorInfo]
     tree: Any
     shared: dict[str, list[str]] = field(default_factory=dict)
+    #: A ``.pt2``'s exported program: its inputs, outputs, parameters, buffers, constants.
+    program: ProgramSignature | None = None
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -101,7 +106,8 @@ class Inspection:
                 "metadata": self.metadata, "totals": self.totals,
                 "records": [r.to_dict() for r in self.records],
                 "tensors": [t.to_dict() for t in self.tensors],
-                "shared_storages": self.shared, "tree": self.tree}
+                "shared_storages": self.shared, "tree": self.tree,
+                **({} if self.program is None else {"program": self.program.to_dict()})}
 
 
 def _records(ck: CheckpointReader) -> list[RecordRow]:
@@ -112,7 +118,15 @@ def _records(ck: CheckpointReader) -> list[RecordRow]:
             for r in reader.records]
 
 
-def _inspection(ck: CheckpointReader, path: str | None, size: int) -> Inspection:
+def _program(ck: CheckpointReader, limits: Limits) -> ProgramSignature | None:
+    """The signature of a ``.pt2``'s program (read from its JSON; nothing runs)."""
+    if ck.format is not Format.PT2 or ck.zip_reader is None:
+        return None
+    return read_program(ck.zip_reader, ck.metadata()["prefix"], limits)
+
+
+def _inspection(ck: CheckpointReader, path: str | None, size: int,
+                limits: Limits = DEFAULT_LIMITS) -> Inspection:
     tensors = list(ck.infos())
     by_storage: dict[str, list[str]] = {}
     for t in tensors:
@@ -122,7 +136,8 @@ def _inspection(ck: CheckpointReader, path: str | None, size: int) -> Inspection
     return Inspection(path=path, format=ck.format.value, file_size=size,
                       metadata=ck.metadata(), records=_records(ck), tensors=tensors,
                       tree=_describe(ck.object, names),
-                      shared={k: v for k, v in by_storage.items() if len(v) > 1})
+                      shared={k: v for k, v in by_storage.items() if len(v) > 1},
+                      program=_program(ck, limits))
 
 
 def inspect(f: FileLike, *, limits: Limits | None = None,
@@ -146,7 +161,9 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
     -------
     Inspection
         Metadata, the record table, every tensor's dtype/shape/stride/storage
-        and file offset, the object tree, shared storages and totals.
+        and file offset, the object tree, shared storages and totals; for a
+        ``.pt2``, ``program``: its inputs, outputs, parameters, buffers,
+        constants and custom objects, read from its JSON (nothing is run).
 
     Raises
     ------
@@ -164,7 +181,8 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
     with open_checkpoint(f, limits=limits, storage_options=storage_options,
                          structural=structural) as ck:
         size = ck.source_size
-        return _inspection(ck, path if isinstance(path, str) else None, size)
+        return _inspection(ck, path if isinstance(path, str) else None, size,
+                           limits or DEFAULT_LIMITS)
 
 
 # --------------------------------------------------------------------------- verify
@@ -232,7 +250,7 @@ def _check_records(reader: ZipReader, report: VerifyReport, progress: Progress |
 
 def _check_layout(ck: CheckpointReader, report: VerifyReport) -> None:
     reader = ck.zip_reader
-    if reader is None:
+    if reader is None or ck.format is not Format.ZIP:  # a .pt2 keeps configs under data/
         return
     prefix = ck.metadata().get("prefix", "")
     for record in reader.records:

@@ -60,6 +60,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.bulk": 5,
     # 6: the command line.
     "ptfile.cli": 6,
+    "ptfile._cli_bulk": 6,  # the command line's bulk runs
     "ptfile.__main__": 6,
 }
 #: The torch-free mechanism packages: each may import only the base layer and itself.

@@ -63,7 +63,9 @@ Execution
   when every input is local (parsing pickles and CRCs is CPU work that holds the
   GIL; one per core by default, started by ``forkserver``: no fork of a process
   that already runs fsspec's I/O thread), nothing when there is one file or one
-  worker.  ``pool="thread" | "process" | "serial"`` decides explicitly.
+  worker; small local runs (under :data:`PROCESS_MIN_FILES` files and
+  :data:`PROCESS_MIN_BYTES` bytes) use threads, as starting processes would cost
+  more than it saves.  ``pool="thread" | "process" | "serial"`` decides.
 
 Bulk convert
 ------------
@@ -100,7 +102,7 @@ from .limits import Limits
 
 __all__ = ["CHECKPOINT_SUFFIXES", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
            "EXIT_UNSAFE", "WORST_FIRST", "Record", "convert", "expand", "expands", "inspect",
-           "ordered", "output_for", "run_one", "scan", "summarize", "verify", "worst"]
+           "ordered", "output_for", "require_dask", "run_one", "scan", "summarize", "verify", "worst"]
 
 EXIT_OK: Final = 0
 #: ``scan`` found something dangerous.
@@ -116,10 +118,12 @@ WORST_FIRST: Final = (EXIT_UNSAFE, EXIT_ERROR, EXIT_UNKNOWN)
 #: ``scan``'s code per verdict.
 SCAN_CODES: Final = {"allowed": EXIT_OK, "dangerous": EXIT_UNSAFE, "unknown": EXIT_UNKNOWN}
 
-#: File names a directory walk keeps: what torch.save, torch.jit.save, torch.export.save
-#: and plain pickles are saved under (.bin: Hugging Face; .ckpt: Lightning; .tar: legacy).
+#: File names a directory walk keeps: what the formats ptfile reads are saved under by
+#: torch.save, torch.jit.save, torch.export.save and pickle (.bin: Hugging Face; .ckpt:
+#: Lightning; .tar: pre-0.4).  Not .safetensors: no pickle to scan, and bulk convert's
+#: own outputs.
 CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
-                                        ".pkl", ".pickle", ".safetensors"})
+                                        ".pkl", ".pickle"})
 #: The file that marks a distributed checkpoint's folder.
 DCP_MARKER: Final = ".metadata"
 #: Schemes whose URLs have no folders to probe (a probe would be a GET of the page).
@@ -301,7 +305,7 @@ def _verify(url: str, o: _Options, _target: str | None) -> tuple[str, int, dict[
 
 def _convert(url: str, o: _Options, target: str | None) -> tuple[str, int, dict[str, Any]]:
     if target is None:
-        raise UnsupportedFeatureError(f"{url}: no output name for it")
+        raise UnsupportedFeatureError(f"{url}: already {o.fmt}; nothing to convert")
     if _exists(target, o.storage_options):
         return "skipped", EXIT_OK, {"output": target}
     with _atomic_output(target) as staged:
@@ -395,12 +399,32 @@ def run_one(command: str, url: str, options: _Options, target: str | None = None
 Job: TypeAlias = tuple[str, str, _Options, "str | None"]
 
 
+#: Local work big enough to pay for starting processes (about a second on a busy machine):
+#: this many files, or this many bytes in all.
+PROCESS_MIN_FILES: Final = 500
+PROCESS_MIN_BYTES: Final = 1 << 30
+
+
+def _local_bytes(jobs: Sequence[Job]) -> int:
+    total = 0
+    for job in jobs:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(job[1])
+    return total
+
+
 def _pool_kind(pool: Pool, jobs: Sequence[Job], workers: int | None) -> str:
+    """``auto``: nothing for one file or one worker; threads for URLs and for small local
+    runs; processes for local runs of :data:`PROCESS_MIN_FILES` files or
+    :data:`PROCESS_MIN_BYTES` bytes."""
     if pool != "auto":
         return pool
     if len(jobs) <= 1 or workers == 1:
         return "serial"
-    return "thread" if any(is_url(job[1]) for job in jobs) else "process"
+    if any(is_url(job[1]) for job in jobs):
+        return "thread"
+    big = len(jobs) >= PROCESS_MIN_FILES or _local_bytes(jobs) >= PROCESS_MIN_BYTES
+    return "process" if big else "thread"
 
 
 def _executor(kind: str, workers: int | None) -> cf.Executor:
@@ -448,7 +472,8 @@ def _failed(job: Job, exc: BaseException) -> Record:
             "bytes_fetched": None, "requests": None}
 
 
-def _distributed() -> Any:
+def require_dask() -> Any:
+    """The ``distributed`` module, or an error naming the extra that installs it."""
     try:
         import distributed  # type: ignore[import-untyped,unused-ignore]  # the dask extra
     except ImportError:
@@ -458,7 +483,7 @@ def _distributed() -> Any:
 
 
 def _on_dask(client: Any, jobs: Sequence[Job], retries: int) -> Iterator[Record]:
-    distributed = _distributed()
+    distributed = require_dask()
     threads = sum(client.nthreads().values()) or 1
     run = uuid.uuid4().hex[:8]
     pending = iter(enumerate(jobs))
@@ -484,10 +509,13 @@ def _on_dask(client: Any, jobs: Sequence[Job], retries: int) -> Iterator[Record]
 
 
 def _run(command: Command, inputs: Any, options: _Options, *, client: Any, workers: int | None,
-         pool: Pool, targets: Callable[[list[str]], list[str | None]] | None = None
+         pool: Pool,
+         targets: Callable[[list[str]], tuple[list[str], list[str | None]]] | None = None
          ) -> Iterator[Record]:
     urls = expand(inputs, options.storage_options)
-    outputs = targets(urls) if targets is not None else [None] * len(urls)
+    outputs: list[str | None] = [None] * len(urls)
+    if targets is not None:
+        urls, outputs = targets(urls)
     jobs = [(command, url, options, out) for url, out in zip(urls, outputs, strict=True)]
     if client is not None:
         yield from _on_dask(client, jobs, options.retries)
@@ -604,7 +632,8 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
             retries: int = RETRIES, shared: str = "dedupe",
             structural: bool = False) -> Iterator[Record]:
     """Convert every file to ``fmt`` (``safetensors``, ``npz`` or ``pt``), beside it or
-    under ``out_prefix`` (:func:`output_for`); an existing output is ``skipped``.
+    under ``out_prefix`` (:func:`output_for`; inputs under ``out_prefix`` are left out:
+    they are earlier outputs); an existing output is ``skipped``.
     (parameters)
     Examples
     --------
@@ -625,9 +654,15 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
                 targets=lambda found: _outputs(found, out_prefix, fmt))
 
 
-def _outputs(urls: list[str], out_prefix: str | None, fmt: str) -> list[str | None]:
+def _outputs(urls: list[str], out_prefix: str | None,
+             fmt: str) -> tuple[list[str], list[str | None]]:
+    """The inputs to convert (less those under ``out_prefix``: earlier outputs) and the
+    output of each."""
+    if out_prefix is not None:
+        inside = _key(out_prefix).rstrip("/") + "/"
+        urls = [url for url in urls if not _key(url).startswith(inside)]
     root = _common_folder(urls) if out_prefix is not None else ""
-    return [output_for(url, fmt, out_prefix, root) for url in urls]
+    return urls, [output_for(url, fmt, out_prefix, root) for url in urls]
 
 
 def _key(url: str) -> str:

@@ -70,8 +70,10 @@ Execution
 Bulk convert
 ------------
 Each output goes beside its input (``model.bin`` → ``model.safetensors``) or,
-with ``out_prefix``, under it, mirroring the paths relative to the inputs'
-longest common folder.  Outputs appear whole or not at all: a local output is
+with ``out_prefix``, under it, at the path relative to the input that named it
+(a directory or prefix, a glob's folder before its first wildcard, a file's
+folder): ``convert("s3://b/zoo/", "out/")`` writes ``out/bert/model.safetensors``
+for ``s3://b/zoo/bert/model.bin``.  Outputs appear whole or not at all: a local output is
 written in a temporary folder beside it and renamed into place; a URL output is
 uploaded once written (object stores show an object only once complete).  So an
 existing output is a complete one, and a rerun skips it (``skipped``): bulk
@@ -234,9 +236,8 @@ def expand(inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     >>> [os.path.relpath(p, root) for p in expand([root, os.path.join(root, "*.pt")])]
     ['a.pt', 'sub/b.bin']
     """
-    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     found: set[str] = set()
-    for item in (str(os.fspath(i)) for i in items):
+    for item in _items(inputs):
         found.update(_expand_url(item, storage_options) if is_url(item) else
                      _expand_local(item))
     return sorted(found)
@@ -650,19 +651,41 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
                                       f"{', '.join(OUTPUT_SUFFIXES)}")
     options = _Options(storage_options, limits, retries, structural=structural, fmt=fmt,
                        shared=shared)
-    return _run("convert", urls, options, client=client, workers=workers, pool=pool,
-                targets=lambda found: _outputs(found, out_prefix, fmt))
+    items = _items(urls)
+    return _run("convert", items, options, client=client, workers=workers, pool=pool,
+                targets=lambda found: _outputs(found, items, out_prefix, fmt))
 
 
-def _outputs(urls: list[str], out_prefix: str | None,
+def _items(inputs: Any) -> list[str]:
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    return [str(os.fspath(i)) for i in items]
+
+
+def _base(item: str) -> str:
+    """The folder (in :func:`_key` form) an input's files are relative to: the directory
+    or prefix itself, a glob's folder before its first wildcard, a file's folder."""
+    key = _key(item)
+    if _has_magic(key):
+        return key[:min(key.index(c) for c in "*?[" if c in key)].rpartition("/")[0]
+    folder = os.path.isdir(item) if not is_url(item) else \
+        item.endswith("/") or _suffix(item) not in CHECKPOINT_SUFFIXES
+    return key.rstrip("/") if folder else os.path.dirname(key)
+
+
+def _outputs(urls: list[str], items: list[str], out_prefix: str | None,
              fmt: str) -> tuple[list[str], list[str | None]]:
     """The inputs to convert (less those under ``out_prefix``: earlier outputs) and the
-    output of each."""
-    if out_prefix is not None:
-        inside = _key(out_prefix).rstrip("/") + "/"
-        urls = [url for url in urls if not _key(url).startswith(inside)]
-    root = _common_folder(urls) if out_prefix is not None else ""
-    return urls, [output_for(url, fmt, out_prefix, root) for url in urls]
+    output of each: under ``out_prefix``, at its path relative to the input that named it
+    (the inputs' common folder when none does)."""
+    if out_prefix is None:
+        return urls, [output_for(url, fmt) for url in urls]
+    inside = _key(out_prefix).rstrip("/") + "/"
+    urls = [url for url in urls if not _key(url).startswith(inside)]
+    bases = sorted({_base(item) for item in items}, key=len, reverse=True)
+    common = _common_folder(urls)
+    roots = [next((b for b in bases if _key(url).startswith(b + "/")), common) for url in urls]
+    return urls, [output_for(url, fmt, out_prefix, root) for url, root in zip(urls, roots,
+                                                                             strict=True)]
 
 
 def _key(url: str) -> str:

@@ -499,14 +499,30 @@ def _on_dask(client: Any, jobs: Sequence[Job], retries: int) -> Iterator[Record]
             futures.append(future)
         return futures
 
-    stream = distributed.as_completed(submit(DASK_WINDOW_PER_THREAD * threads),
-                                      with_results=True, raise_errors=False)
-    for future, result in stream:
-        job = by_key.pop(future.key)
-        yield result if isinstance(result, dict) else _failed(job, result)
+    stream = distributed.as_completed(submit(DASK_WINDOW_PER_THREAD * threads))
+    for future in stream:
+        yield _dask_result(future, by_key.pop(future.key))
         future.release()
         for more in submit(1):
             stream.add(more)
+
+
+#: Fetches of one finished task's record: a result held by a worker that then died is
+#: computed again by the scheduler, and the next fetch waits for it.
+_DASK_FETCHES: Final = 3
+
+
+def _dask_result(future: Any, job: Job) -> Record:
+    for attempt in range(_DASK_FETCHES):
+        try:
+            result = future.result()
+        except Exception as exc:  # noqa: BLE001 - the task failed (KilledWorker) or was lost
+            if future.status == "error" or attempt == _DASK_FETCHES - 1:
+                return _failed(job, exc)
+            continue
+        if isinstance(result, dict):
+            return result
+    return _failed(job, RuntimeError("no record came back"))
 
 
 def _run(command: Command, inputs: Any, options: _Options, *, client: Any, workers: int | None,

@@ -164,7 +164,7 @@ def test_transient_errors_are_retried_permanent_ones_are_not(
             raise ConnectionResetError("reset by peer")
         return "allowed", 0, {}
 
-    monkeypatch.setitem(bulk._COMMANDS, "scan", flaky)
+    monkeypatch.setitem(bulk.tasks.COMMANDS, "scan", flaky)
     records = {r["url"]: r for r in bulk.scan(["flaky.pt", "gone.pt"], pool="serial")}
     assert (records["flaky.pt"]["verdict"], records["flaky.pt"]["attempts"]) == ("allowed", 3)
     assert (records["gone.pt"]["error"]["type"], records["gone.pt"]["attempts"]) == \

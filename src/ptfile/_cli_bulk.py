@@ -5,8 +5,9 @@ finishes, then a summary record with ``"summary": true``), when:
 
 * ``--jsonl``, or a bulk option (``--workers``, ``--dask``, ``--scheduler``,
   ``--out-prefix``) is given, or
-* an input is a glob, a directory or a URL prefix ending in ``/`` (whatever it
-  matches, even one file: scripts get one shape), or
+* an input is a glob, a directory or a URL prefix (ending in ``/``, or a URL
+  without a checkpoint suffix that lists as a folder, ``hf://user/repo``):
+  whatever it matches, even one file, so scripts get one shape; or
 * ``inspect``/``verify`` get more than one input, ``convert`` gets one input
   or more than two (``convert IN OUT`` is one conversion, as before).
 
@@ -82,7 +83,8 @@ def is_bulk(args: argparse.Namespace) -> bool:
         return True
     if args.command == "convert":
         return len(inputs) != 2
-    if any(bulk.expands(item) for item in inputs):
+    options = dict(args.storage_options) or None
+    if any(bulk.expands(item, options, probe=True) for item in inputs):
         return True
     return args.command != "scan" and len(inputs) > 1
 

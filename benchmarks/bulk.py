@@ -107,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name, run in runs.items():
             _row(name, *_ptfile(run()))
-        with distributed.LocalCluster(n_workers=args.dask_workers, threads_per_worker=4,
-                                      processes=True, host="127.0.0.1",
-                                      dashboard_address=None) as cluster, \
+        with bulk.local_cluster(args.dask_workers, 4) as cluster, \
                 distributed.Client(cluster) as client:
             list(bulk.scan(url + "d00/*-clean.pt", client=client, storage_options=options))
             _row(f"ptfile scan, Dask {args.dask_workers}x4", *_ptfile(bulk.scan(

@@ -113,9 +113,7 @@ def _client(args: argparse.Namespace, remote: bool) -> Iterator[Any]:
             yield client
         return
     # Remote work waits on the network: a few threads per process keep the requests flowing.
-    with distributed.LocalCluster(n_workers=args.workers or os.cpu_count() or 1,
-                                  threads_per_worker=4 if remote else 1, processes=True,
-                                  host="127.0.0.1", dashboard_address=None) as cluster, \
+    with bulk.local_cluster(args.workers or os.cpu_count() or 1, 4 if remote else 1) as cluster, \
             distributed.Client(cluster) as client:
         yield client
 

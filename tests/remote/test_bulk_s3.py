@@ -50,9 +50,10 @@ def s3() -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  host="127.0.0.1", dashboard_address=None) as cluster, \
+    with bulk.local_cluster(n_workers=2, threads_per_worker=1) as cluster, \
             distributed.Client(cluster) as c:
+        addresses = [cluster.scheduler_address, *c.scheduler_info()["workers"]]
+        assert len(addresses) == 3 and all(a.startswith("tcp://127.0.0.1:") for a in addresses)
         yield c
 
 

@@ -93,7 +93,15 @@ from typing import Any, Final
 from .._remote import StorageOptions
 from ..errors import UnsupportedFeatureError
 from ..limits import Limits
-from .execution import PROCESS_MIN_BYTES, PROCESS_MIN_FILES, THREADS, Pool, require_dask, run
+from .execution import (
+    PROCESS_MIN_BYTES,
+    PROCESS_MIN_FILES,
+    THREADS,
+    Pool,
+    local_cluster,
+    require_dask,
+    run,
+)
 from .inputs import (
     CHECKPOINT_SUFFIXES,
     OUTPUT_SUFFIXES,
@@ -119,7 +127,7 @@ from .tasks import (
 
 __all__ = ["CHECKPOINT_SUFFIXES", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
            "EXIT_UNSAFE", "PROCESS_MIN_BYTES", "PROCESS_MIN_FILES", "RETRIES", "SCAN_CODES",
-           "THREADS", "WORST_FIRST", "Record", "convert", "expand", "expands", "inspect",
+           "THREADS", "WORST_FIRST", "Record", "convert", "expand", "expands", "inspect", "local_cluster",
            "ordered", "output_for", "require_dask", "run_one", "scan", "summarize", "verify",
            "worst"]
 

@@ -16,7 +16,8 @@ from ..errors import UnsupportedFeatureError
 from .inputs import expand
 from .tasks import EXIT_ERROR, Options, Record, error_of, run_one
 
-__all__ = ["PROCESS_MIN_BYTES", "PROCESS_MIN_FILES", "THREADS", "Pool", "require_dask", "run"]
+__all__ = ["PROCESS_MIN_BYTES", "PROCESS_MIN_FILES", "THREADS", "Pool", "local_cluster",
+           "require_dask", "run"]
 
 #: Threads of the local pool for URLs.
 THREADS: Final = 16
@@ -114,6 +115,23 @@ def require_dask() -> Any:
         raise UnsupportedFeatureError("running on Dask needs dask[distributed]: "
                                       "pip install 'ptfile[dask]'") from None
     return distributed
+
+
+def local_cluster(n_workers: int, threads_per_worker: int = 1) -> Any:
+    """A Dask LocalCluster of worker processes on this machine: the scheduler, the nannies,
+    the workers and the scheduler's HTTP endpoint (health and metrics; no dashboard) all
+    listen on 127.0.0.1 only, on free ports.
+
+    Raises
+    ------
+    UnsupportedFeatureError
+        dask[distributed] is not installed.
+    """
+    distributed = require_dask()
+    return distributed.LocalCluster(
+        n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
+        host="127.0.0.1", dashboard_address=None,
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})  # not 8787, maybe taken
 
 
 def _on_dask(client: Any, jobs: Sequence[Job], retries: int) -> Iterator[Record]:

@@ -152,7 +152,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     start = time.perf_counter()
     done: list[bulk.Record] = []
     with _client(args, any(map(is_url, urls))) as client, \
-            progress_bar(len(urls), args.command, unit="file", force=args.progress) as step:
+            progress_bar(len(urls), args.command, not getattr(args, "no_progress", False),
+                         unit="file", force=args.progress) as step:
         for record in _records(args, urls, client):
             _write(record, out)
             done.append({k: record[k] for k in ("command", "verdict", "exit_code",

@@ -393,13 +393,14 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
 
 
 def _args_convert(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", nargs="+", metavar="INPUT [OUTPUT]",
+    p.add_argument("input", nargs="+", metavar="PATH",
                    help="checkpoint, .safetensors, or a Hugging Face *.index.json, then the "
                         "output file (or folder for a sharded index); one input, or more than "
                         "two, or --out-prefix: each input converted beside it or under the "
                         "prefix (JSON Lines)")
     p.add_argument("--to", choices=("safetensors", "npz", "pt"),
-                   help="output kind (default: from the output's suffix)")
+                   help="output kind (default: from the output's suffix; in bulk, "
+                        "safetensors)")
     p.add_argument("--shared", choices=("dedupe", "copy", "error"), default="dedupe",
                    help="tensors sharing storage: store tied views once (default), copy "
                         "each, or refuse")

@@ -58,9 +58,12 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.scanning": 4,  # ptfile.scan: the static scanner
     "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
     "ptfile": 4,  # the package's public surface re-exports the front doors
-    # 5: the command line.
-    "ptfile.cli": 5,
-    "ptfile.__main__": 5,
+    # 5: many files at once, on a local pool or Dask, built on the front doors.
+    "ptfile.bulk": 5,
+    # 6: the command line.
+    "ptfile.cli": 6,
+    "ptfile._cli_bulk": 6,  # the command line's bulk runs
+    "ptfile.__main__": 6,
 }
 #: The torch-free mechanism packages: each may import only the base layer and itself.
 MECHANISM: Final = ("ptfile.archive", "ptfile.picklevm")

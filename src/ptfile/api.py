@@ -14,7 +14,7 @@ import numpy as np
 from . import config
 from ._io import FileLike, damage_as_format_error, is_path, is_url
 from ._remote import StorageOptions, local_path, open_any, open_target
-from .archive.sink import DirectSink
+from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_source, policies, read
 from .formats.legacy_pickle import write_legacy
@@ -175,20 +175,24 @@ def archive_prefix(f: object) -> str:
 
 
 @contextlib.contextmanager
-def _atomic_target(path: str) -> Iterator[IO[bytes]]:
-    """A temporary file beside ``path``, fsynced and renamed over it only on success."""
+def _atomic_target(path: str, fsync: bool) -> Iterator[IO[bytes]]:
+    """A temporary file beside ``path``, renamed over it only on success (after an fsync of
+    the file, and of its folder after the rename, when ``fsync``)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fp:
             yield fp
             fp.flush()
-            os.fsync(fp.fileno())
+            if fsync:
+                os.fsync(fp.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not fsync:
+        return
     with contextlib.suppress(OSError):
         dir_fd = os.open(folder, os.O_RDONLY)
         try:
@@ -209,6 +213,7 @@ def save(
     byteorder: str | None = None,
     skip_data: bool = False,
     storage_options: StorageOptions = None,
+    fsync: bool = False,
 ) -> None:
     """Save ``obj`` as ``torch.save`` does, byte for byte, without torch.
 
@@ -303,7 +308,7 @@ def save(
         return
     f = local_path(f)  # type: ignore[assignment]
     if is_path(f):
-        with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
+        with _atomic_target(os.fspath(f), fsync) as fp:  # type: ignore[arg-type]
             (_emit_sparse if skip_data else _emit_direct)(emit, fp)
         return
     emit(f.write)  # type: ignore[union-attr]
@@ -312,7 +317,7 @@ def save(
 def _emit_direct(emit: Callable[[Callable[[Any], Any]], None], fp: IO[bytes]) -> None:
     """Run ``emit`` into ``fp``'s file through a :class:`~ptfile.archive.sink.DirectSink`."""
     fp.flush()
-    sink = DirectSink(fp.fileno())
+    sink = DirectSink(fp.fileno(), PLAIN_BYTES)
     try:
         emit(sink.write)
         sink.close()

@@ -351,7 +351,7 @@ def read_file(path: str) -> memoryview:
     """
     with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size
-        view = memoryview(_mmap.mmap(-1, size)) if size >= ANONYMOUS_MAP_BYTES else \
+        view = memoryview(_mmap.mmap(-1, size)) if size and size >= ANONYMOUS_MAP_BYTES else \
             np.empty(size, np.uint8).data.cast("B")
         if size >= PARALLEL_READ_MIN_BYTES and _read_in_chunks(fp.fileno(), view):
             done = fp.seek(size)

@@ -221,9 +221,10 @@ def save(
     included), lists, tuples, str, bytes, int, float, bool, None, ptfile
     tensors and numpy arrays (views of one base buffer share one storage).
     Storages are streamed from memory; a path target is written atomically
-    (temporary file, fsync, rename) and around the page cache where the
-    platform allows (:mod:`ptfile.archive.sink`), with the CRCs of large
-    storages computed in a helper thread meanwhile.
+    (temporary file, renamed over the target once complete: a crash leaves
+    the old file or the new one), beyond its first 256 MiB around the page
+    cache where the platform allows (:mod:`ptfile.archive.sink`), with the
+    CRCs of large storages computed in a helper thread meanwhile.
 
     Parameters
     ----------
@@ -253,6 +254,11 @@ def save(
         Storages need no data then (``Storage(None, dtype, nbytes=n)``).
         Also inside ``with ptfile.skip_data():``; the legacy format cannot skip
         data (:class:`SaveError`, as torch refuses).
+    fsync
+        Power-loss durability for a path target: fsync the temporary file
+        before the rename and its folder after it, so that once ``save``
+        returns the new file survives a power cut.  Off by default, as in
+        ``torch.save`` (which never fsyncs); the rename is atomic either way.
 
     torch tensors (when torch is already imported) are converted through
     :mod:`ptfile.export.torch`, sharing kept.

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/remote.py               # A: ~2 GiB, B: 100,000 tiny tensors
     python benchmarks/remote.py --scale 0.25  # smaller A/B
 
-A and B are ``benchmarks/run.py``'s files, served by the tests' loopback range
+A and B are ``benchmarks/run.py``'s files A2 and B, served by the tests' loopback range
 server (``tests/remote/rangeserver.py``), which counts GET requests and body
 bytes.  For ``inspect``, ``scan``, ``open`` + the first tensor and a full
 ``load``, each row gives ptfile's seconds (best of ``--repeat``), requests and
@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "served"
         folder.mkdir()
-        files = dict(zip("AB", make_files(folder, args.scale), strict=True))
+        made = make_files(folder, args.scale)
+        files = {"A": made["A2"], "B": made["B"]}  # A: run.py's 2 GiB A2
         with RangeServer(folder) as server:
             print(f"{'file':4} {'operation':20} {'ptfile s (min/med)':>19} {'req':>5} "
                   f"{'MiB':>8}   {'torch+fsspec s':>14} {'MiB':>8}   {'download s':>10} "

@@ -1,20 +1,29 @@
-"""ptfile vs torch, side by side, in one run: time and peak RSS as ratios.
+"""ptfile against torch and the torch-free peers, row by row, as ratios measured in one run.
 
 Usage::
 
-    python benchmarks/run.py              # A: ~2 GiB state dict, B: 100,000 tiny tensors
-    python benchmarks/run.py --scale 0.1  # smaller A/B for a quick look
+    python benchmarks/run.py              # A 200 MB, A2 2 GiB, B 100,000 tensors
+    python benchmarks/run.py --scale 0.1  # smaller files for a quick look
+    python benchmarks/run.py --only B --repeat 3
 
-Every measurement runs in a fresh child process (so peak RSS is its own) on the
-same file, warm in the page cache for both libraries.  Needs torch (the test
-extras) for the torch columns; ptfile itself never imports torch.
+Needs the test and bench extras (torch, safetensors, ptloader); ptfile itself
+never imports torch.  The files, written by torch (and their safetensors twins
+by the safetensors package) into a temporary folder that is removed at the end:
 
-(A) ~300 bf16/fp16/fp32 matrices, ~2 GiB: ``load(mmap=True)`` vs torch's (and
-    with a numpy view of every tensor made, which reads the local headers torch
-    reads during its load),
-    ``load(mmap=False)`` vs reading the file into fresh memory, ``save`` vs
-    torch.save and vs writing the same bytes plus their CRC-32.
-(B) 100,000 tiny tensors: ``load`` and ``save`` vs torch.
+* **A**: 96 bf16/f16/f32 matrices of 1024x1024 and 1024x512, ~200 MB;
+* **A2**: 64 bf16 matrices of 4096x4096, 2 GiB;
+* **B**: 100,000 float32[16] tensors;
+* ``A.safetensors`` and ``B.safetensors``: the same tensors.
+
+Every measurement runs in a fresh child process (so its peak RSS is its own)
+on a file warm in the page cache: each row's two operations run alternately,
+``--repeat`` times each, and the row shows the median seconds, their spread
+(min-max), the child's CPU seconds (user + system, of the timed part), its
+peak RSS, and the ratio ptfile / other of the medians (with the spread of the
+per-run ratios), then the ratio of the median CPU seconds (which a busy machine
+disturbs less than the wall time).  Below 1 ptfile is faster; each row's target
+is the wall-time ratio the issue asks for.  A "full load" reads the first element of every tensor (for
+ptfile, torch and the peers alike), so lazy loaders pay for what they defer.
 """
 
 from __future__ import annotations
@@ -23,205 +32,334 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve()
 
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _touch_all(obj: Any) -> int:
-    """Count tensors; for a fair 'load' both libraries must build every tensor object."""
-    if isinstance(obj, dict):
-        return sum(_touch_all(v) for v in obj.values())
-    return 1
-
-
-def _child_task(task: str, path: str) -> Callable[[], Any]:
-    if task.startswith("torch"):
-        import torch
-    import ptfile
-
-    tmp_out = path + ".out"
-
-    def torch_save() -> None:
-        obj = torch.load(path, weights_only=True)
-        start = time.perf_counter()
-        torch.save(obj, tmp_out)
-        _report(time.perf_counter() - start)
-
-    def ptfile_save() -> None:
-        obj = ptfile.load(path)
-        start = time.perf_counter()
-        ptfile.save(obj, tmp_out)
-        _report(time.perf_counter() - start)
-
-    def raw_write_crc() -> None:
-        data = Path(path).read_bytes()
-        start = time.perf_counter()
-        with open(tmp_out, "wb") as fp:
-            step = 64 << 20
-            for i in range(0, len(data), step):
-                chunk = memoryview(data)[i:i + step]
-                zlib.crc32(chunk)
-                fp.write(chunk)
-            fp.flush()
-            os.fsync(fp.fileno())
-        _report(time.perf_counter() - start)
-
-    tasks: dict[str, Callable[[], Any]] = {
-        "torch_load": lambda: torch.load(path, weights_only=True),
-        "torch_load_mmap": lambda: torch.load(path, weights_only=True, mmap=True),
-        "ptfile_load": lambda: ptfile.load(path),
-        "ptfile_load_mmap": lambda: ptfile.load(path, mmap=True),
-        "ptfile_load_mmap_views": lambda: _array_views(ptfile.load(path, mmap=True)),
-        "read_bytes": lambda: _read_into_fresh_memory(path),
-        "ptfile_open_list": lambda: _open_and_list(path),
-        "torch_fake_load": lambda: _torch_fake_load(path),
-        "torch_meta_load": lambda: torch.load(path, weights_only=True, map_location="meta"),
-    }
-    timed = {"torch_save": torch_save, "ptfile_save": ptfile_save, "raw_write_crc": raw_write_crc}
-    if task in timed:
-        return timed[task]
-
-    def run() -> None:
-        start = time.perf_counter()
-        obj = tasks[task]()
-        if isinstance(obj, dict):
-            _touch_all(obj)
-        _report(time.perf_counter() - start)
-    return run
-
-
-def _array_views(obj: dict[str, Any]) -> int:
-    """A numpy view of every tensor: with mmap=True, ptfile reads each storage's local
-    header on first use, where torch reads them all during its load."""
-    import numpy as np
-
-    return sum(np.asarray(t).ndim for t in obj.values())
-
-
-def _open_and_list(path: str) -> int:
-    """ptfile.open + every tensor's dtype, shape, stride, storage key and file offset."""
-    import ptfile
-
-    with ptfile.open(path) as ck:
-        return sum(len(info.shape) + (info.data_offset or 0) for info in ck.infos())
-
-
-def _torch_fake_load(path: str) -> Any:
-    """torch's metadata-only load: FakeTensorMode (fake tensors know their _checkpoint_offset)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        return torch.load(path, weights_only=True)
-
-
-def _read_into_fresh_memory(path: str) -> Any:
-    """The baseline for load(mmap=False): one readinto of the whole file into fresh
-    (not zero-filled) memory."""
-    import numpy as np
-
-    with open(path, "rb", buffering=0) as fp:
-        out = np.empty(os.fstat(fp.fileno()).st_size, np.uint8)
-        fp.readinto(out.data)
-    return out
-
-
-def _report(seconds: float) -> None:
-    print(json.dumps({"seconds": seconds, "rss_mib": _rss_mib()}))
-
-
-def measure(task: str, path: Path, repeat: int) -> dict[str, float]:
-    best: dict[str, float] | None = None
-    for _ in range(repeat):
-        out = subprocess.run([sys.executable, str(HERE), "--child", task, str(path)],
-                             capture_output=True, text=True, check=True)
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-        if best is None or result["seconds"] < best["seconds"]:
-            best = result
-    assert best is not None
-    return best
-
-
-def _make_files(folder: str, scale: float) -> None:
-    import torch
-
-    torch.manual_seed(0)
-    dtypes = [torch.bfloat16, torch.float16, torch.float32]
-    # 300 square matrices averaging 8/3 bytes per element: ~2 GiB at scale 1.
-    side = max(1, int(1640 * scale ** 0.5))
-    a = {f"layers.{i}.weight": torch.randn(side, side).to(dtypes[i % 3]) for i in range(300)}
-    torch.save(a, Path(folder) / "A.pt")
-    del a
-    n = max(1, int(100_000 * scale))
-    torch.save({f"model.layers.{i}.weight": torch.randn(4) for i in range(n)},
-               Path(folder) / "B.pt")
-
-
-def make_files(folder: Path, scale: float) -> tuple[Path, Path]:
-    """Write A and B with torch in a child process (peak RSS is inherited by later children)."""
-    subprocess.run([sys.executable, str(HERE), "--make", str(folder), str(scale)], check=True)
-    return folder / "A.pt", folder / "B.pt"
+class Row(NamedTuple):
+    file: str       # A, A2 or B: the file the tasks run on (twins: same stem)
+    operation: str
+    ours: str       # a task of TASKS
+    theirs: str
+    label: str      # what "theirs" is
+    target: float   # the ratio ours / theirs asked for (at most)
 
 
 ROWS = [
-    ("A", "load(mmap=True)", "ptfile_load_mmap", "torch_load_mmap", "torch"),
-    ("A", "... + numpy views", "ptfile_load_mmap_views", "torch_load_mmap", "torch (load only)"),
-    ("A", "load(mmap=False)", "ptfile_load", "read_bytes", "read file into memory"),
-    ("A", "load(mmap=False)", "ptfile_load", "torch_load", "torch"),
-    ("A", "save", "ptfile_save", "torch_save", "torch"),
-    ("A", "save", "ptfile_save", "raw_write_crc", "write bytes + CRC32"),
-    ("B", "load", "ptfile_load", "torch_load", "torch"),
-    ("B", "save", "ptfile_save", "torch_save", "torch"),
-    ("B", "open + metadata", "ptfile_open_list", "torch_meta_load", "torch map_location=meta"),
-    ("B", "open + metadata", "ptfile_open_list", "torch_fake_load", "torch FakeTensorMode"),
+    Row("A", "full load", "ptfile_load", "read_bytes", "read file into fresh memory", 1.0),
+    Row("A", "full load", "ptfile_load", "torch_load", "torch.load", 1.0),
+    Row("A", "full load", "ptfile_load", "st_load", "safetensors.numpy load_file", 0),
+    Row("A", "full load", "ptfile_load", "ptloader_load", "ptloader.load", 0),
+    Row("A2", "full load", "ptfile_load", "read_bytes", "read file into fresh memory", 1.0),
+    Row("A2", "full load", "ptfile_load", "torch_load", "torch.load", 1.0),
+    Row("A", "save", "ptfile_save", "torch_save", "torch.save", 0.9),
+    Row("A", "save(fsync=True)", "ptfile_save_fsync", "ptfile_save", "ptfile save()", 0),
+    Row("A", "save(fsync=True)", "ptfile_save_fsync", "torch_save_fsync", "torch.save + fsync", 0),
+    Row("A2", "save", "ptfile_save", "torch_save", "torch.save", 0.9),
+    Row("A2", "save(fsync=True)", "ptfile_save_fsync", "ptfile_save", "ptfile save()", 0),
+    Row("A2", "save(fsync=True)", "ptfile_save_fsync", "torch_save_fsync", "torch.save + fsync",
+        0),
+    Row("B", "full load", "ptfile_load", "st_load", "safetensors.numpy load_file", 1.0),
+    Row("B", "full load", "ptfile_load", "torch_load", "torch.load", 1 / 12),
+    Row("B", "full load", "ptfile_load", "ptloader_load", "ptloader.load", 0),
+    Row("B", "load(mmap=True)", "ptfile_load_mmap_touched", "ptfile_load", "ptfile load()", 1.1),
+    Row("B", "open + info(k)", "ptfile_open_info", "st_open_shape",
+        "safe_open + get_slice(k).get_shape()", 1.0),
+    Row("B", "open + info(k)", "ptfile_open_info", "torch_meta_load", "torch map_location=meta",
+        0),
+    Row("A", "open", "ptfile_open", "st_open", "safetensors safe_open", 2.0),
+    Row("A", "load(mmap=True)", "ptfile_load_mmap", "torch_load_mmap", "torch mmap=True", 0.2),
+    Row("A", "... + numpy views", "ptfile_load_mmap_views", "torch_load_mmap",
+        "torch mmap=True (load only)", 0.5),
 ]
+
+
+# -- what the children run -------------------------------------------------------------------
+def _first_elements(obj: dict[str, Any]) -> int:
+    """Read the first byte of every tensor (ptfile tensors, torch tensors, numpy arrays)."""
+    total = 0
+    for t in obj.values():
+        if hasattr(t, "raw_bytes"):  # ptfile
+            total += t.raw_bytes()[t.storage_offset() * t.dtype.itemsize]
+        elif hasattr(t, "untyped_storage"):  # torch
+            total += t.untyped_storage()[t.storage_offset() * t.element_size()]
+        else:  # numpy
+            total += int(t.reshape(-1)[:1].view("u1")[0])
+    return total
+
+
+def _read_into_fresh_memory(path: str) -> Any:
+    """One readinto of the whole file into fresh memory: an anonymous map (not
+    ``numpy.empty``, whose huge pages can stall on a host that must compact memory
+    for them)."""
+    import mmap
+
+    with open(path, "rb", buffering=0) as fp:
+        out = mmap.mmap(-1, max(1, os.fstat(fp.fileno()).st_size))
+        fp.readinto(out)
+    return out
+
+
+def _loads() -> dict[str, Callable[[str], Any]]:
+    """Timed tasks that read ``path`` (the .pt file; ``st_*`` read its safetensors twin)."""
+    def twin(path: str) -> str:
+        return str(Path(path).with_suffix(".safetensors"))
+
+    def ptfile_load(path: str) -> int:
+        import ptfile
+        return _first_elements(ptfile.load(path))
+
+    def ptfile_load_mmap_touched(path: str) -> int:
+        import ptfile
+        return _first_elements(ptfile.load(path, mmap=True))
+
+    def ptfile_load_mmap(path: str) -> int:
+        import ptfile
+        return len(ptfile.load(path, mmap=True))
+
+    def ptfile_load_mmap_views(path: str) -> int:
+        import numpy as np
+
+        import ptfile
+        return sum(np.asarray(t).ndim for t in ptfile.load(path, mmap=True).values())
+
+    def ptfile_open(path: str) -> int:
+        import ptfile
+        with ptfile.open(path) as ck:
+            return len(ck)
+
+    def ptfile_open_info(path: str) -> int:
+        import ptfile
+        with ptfile.open(path) as ck:
+            return sum(len(ck.info(k).shape) for k in ck)
+
+    def torch_load(path: str) -> int:
+        import torch
+        return _first_elements(torch.load(path, weights_only=True))
+
+    def torch_load_mmap(path: str) -> int:
+        import torch
+        return len(torch.load(path, weights_only=True, mmap=True))
+
+    def torch_meta_load(path: str) -> int:
+        import torch
+        obj = torch.load(path, weights_only=True, map_location="meta")
+        return sum(len(t.shape) for t in obj.values())
+
+    def st_load(path: str) -> int:
+        from safetensors.numpy import load_file
+        return _first_elements(load_file(twin(path)))
+
+    def st_open(path: str) -> int:
+        from safetensors import safe_open
+        with safe_open(twin(path), "np") as f:
+            return len(f.keys())
+
+    def st_open_shape(path: str) -> int:
+        from safetensors import safe_open
+        with safe_open(twin(path), "np") as f:
+            return sum(len(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
+
+    def ptloader_load(path: str) -> int:
+        import ptloader
+        return _first_elements(ptloader.load(path))
+
+    read_bytes = _read_into_fresh_memory
+    return {name: fn for name, fn in locals().items() if callable(fn) and name != "twin"}
+
+
+def _saves() -> dict[str, tuple[Callable[[str], Any], Callable[[Any, str], None]]]:
+    """Tasks that load ``path`` untimed, then time saving it to a new file (removed after)."""
+    def ptfile_read(path: str) -> Any:
+        import ptfile
+        return ptfile.load(path)
+
+    def torch_read(path: str) -> Any:
+        import torch
+        return torch.load(path, weights_only=True)
+
+    def ptfile_save(obj: Any, out: str) -> None:
+        import ptfile
+        ptfile.save(obj, out)
+
+    def ptfile_save_fsync(obj: Any, out: str) -> None:
+        import ptfile
+        ptfile.save(obj, out, fsync=True)
+
+    def torch_save(obj: Any, out: str) -> None:
+        import torch
+        torch.save(obj, out)
+
+    def torch_save_fsync(obj: Any, out: str) -> None:
+        import torch
+        torch.save(obj, out)
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    return {"ptfile_save": (ptfile_read, ptfile_save),
+            "ptfile_save_fsync": (ptfile_read, ptfile_save_fsync),
+            "torch_save": (torch_read, torch_save),
+            "torch_save_fsync": (torch_read, torch_save_fsync)}
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _child(task: str, path: str) -> None:
+    """Run one task, print its seconds, CPU seconds and peak RSS as one JSON line."""
+    saves = _saves()
+    if task in saves:
+        read, write = saves[task]
+        obj, out = read(path), path + ".out.pt"
+        cpu, start = _cpu(), time.perf_counter()
+        write(obj, out)
+        seconds, cpu = time.perf_counter() - start, _cpu() - cpu
+        os.unlink(out)
+    else:
+        fn = _loads()[task]
+        if task.startswith(("torch", "ptloader")):
+            import torch  # noqa: F401  (imported untimed: its import is not the load)
+        import numpy  # noqa: F401
+
+        import ptfile  # noqa: F401
+        cpu, start = _cpu(), time.perf_counter()
+        fn(path)
+        seconds, cpu = time.perf_counter() - start, _cpu() - cpu
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mib": rss}))
+
+
+# -- the files --------------------------------------------------------------------------------
+def _make(folder: str, scale: float) -> None:
+    """Write A, A2 and B with torch, and the safetensors twins of A and B (one file at a time)."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    root = Path(folder)
+    dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    rows = max(1, int(1024 * scale ** 0.5))
+    a = {f"layers.{i}.weight": torch.randn(rows, (1024, 512)[i // 3 % 2]).to(dtypes[i % 3])
+         for i in range(96)}
+    torch.save(a, root / "A.pt")
+    save_file(a, str(root / "A.safetensors"))
+    del a
+    side = max(1, int(4096 * scale ** 0.5))
+    base = torch.randn(side, side).to(torch.bfloat16)
+    a2 = {f"layers.{i}.weight": torch.roll(base, i, 0) for i in range(64)}  # 64 own storages
+    del base
+    torch.save(a2, root / "A2.pt")
+    del a2
+    n = max(1, int(100_000 * scale))
+    b = {f"model.layers.{i}.weight": torch.randn(16) for i in range(n)}
+    torch.save(b, root / "B.pt")
+    save_file(b, str(root / "B.safetensors"))
+
+
+def make_files(folder: Path, scale: float) -> dict[str, Path]:
+    """Write the files in a child process (peak RSS is inherited by later children)."""
+    subprocess.run([sys.executable, str(HERE), "--make", str(folder), str(scale)], check=True)
+    return {name: folder / f"{name}.pt" for name in ("A", "A2", "B")}
+
+
+# -- measuring and printing -------------------------------------------------------------------
+def run_child(task: str, path: Path) -> dict[str, float]:
+    out = subprocess.run([sys.executable, str(HERE), "--child", task, str(path)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"{task} on {path.name} failed:\n{out.stderr}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def measure_row(row: Row, files: dict[str, Path], repeat: int,
+                cache: dict[tuple[str, str], list[dict[str, float]]]) -> None:
+    """Run the row's two tasks alternately until each has ``repeat`` runs (cached per file)."""
+    for _ in range(repeat):
+        for task in (row.ours, row.theirs):
+            runs = cache.setdefault((row.file, task), [])
+            if len(runs) < repeat:
+                runs.append(run_child(task, files[row.file]))
+
+
+def _spread(values: Iterable[float], digits: int) -> str:
+    v = list(values)
+    return f"{statistics.median(v):.{digits}f} [{min(v):.{digits}f}-{max(v):.{digits}f}]"
+
+
+def _seconds(runs: list[dict[str, float]]) -> str:
+    digits = 4 if statistics.median(r["seconds"] for r in runs) < 0.1 else 3
+    cpu = statistics.median(r["cpu"] for r in runs)
+    rss = max(r["rss_mib"] for r in runs)
+    return f"{_spread((r['seconds'] for r in runs), digits):>22} {cpu:7.3f} {rss:7.0f}"
+
+
+def format_row(row: Row, ours: list[dict[str, float]], theirs: list[dict[str, float]]) -> str:
+    ratios = [a["seconds"] / b["seconds"] for a, b in zip(ours, theirs, strict=False)]
+    median = (statistics.median(r["seconds"] for r in ours)
+              / statistics.median(r["seconds"] for r in theirs))
+    spread = f"{median:.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
+    cpu = (statistics.median(r["cpu"] for r in ours)
+           / max(1e-9, statistics.median(r["cpu"] for r in theirs)))
+    target = f"<= {row.target:.3g}" if row.target else "(shown)"
+    met = "" if not row.target else ("met" if median <= row.target else "MISSED")
+    return (f"{row.file:3} {row.operation:18} {_seconds(ours)}   {row.label:37} "
+            f"{_seconds(theirs)}   {spread:>21} {cpu:6.3f} {target:>8} {met}")
+
+
+HEADER = (f"{'':3} {'operation':18} {'ptfile s median [min-max]':>22} {'CPU s':>7} "
+          f"{'RSS MiB':>7}   {'vs':37} {'other s median [min-max]':>22} {'CPU s':>7} "
+          f"{'RSS MiB':>7}   {'ptfile/other':>21} {'CPU':>6} {'target':>8}")
+
+
+def _describe(files: dict[str, Path], scale: float) -> str:
+    sizes = {k: v.stat().st_size / 1e6 for k, v in files.items()}
+    n = max(1, int(100_000 * scale))
+    return (f"A: {sizes['A']:.0f} MB, 96 tensors;  A2: {sizes['A2']:.0f} MB, 64 tensors;  "
+            f"B: {sizes['B']:.1f} MB, {n} tensors")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=1.0, help="size factor for A and B")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per measurement (best kept)")
+    parser.add_argument("--scale", type=float, default=1.0, help="size factor for A, A2 and B")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per measurement, each in a fresh process (median shown)")
     parser.add_argument("--only", default="", metavar="TEXT",
-                        help="run only the rows whose operation contains TEXT (e.g. 'open')")
+                        help="run only the rows whose file + operation contains TEXT "
+                             "(e.g. 'open', 'A2', 'B full')")
     parser.add_argument("--child", nargs=2, metavar=("TASK", "FILE"), help=argparse.SUPPRESS)
     parser.add_argument("--make", nargs=2, metavar=("FOLDER", "SCALE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.make:
-        _make_files(args.make[0], float(args.make[1]))
+        _make(args.make[0], float(args.make[1]))
         return 0
     if args.child:
-        _child_task(*args.child)()
+        _child(*args.child)
         return 0
+    rows = [row for row in ROWS if args.only in f"{row.file} {row.operation}"]
     with tempfile.TemporaryDirectory(dir=os.environ.get("PTFILE_BENCH_DIR")) as tmp:
-        files = dict(zip("AB", make_files(Path(tmp), args.scale), strict=True))
-        sizes = {k: v.stat().st_size / 2**20 for k, v in files.items()}
-        print(f"A: {sizes['A']:.0f} MiB, 300 tensors;  B: {sizes['B']:.1f} MiB, "
-              f"{max(1, int(100_000 * args.scale))} tensors\n")
-        print(f"{'file':4} {'operation':18} {'ptfile s':>9} {'RSS MiB':>8}   {'vs':24} "
-              f"{'other s':>8} {'RSS MiB':>8} {'speed-up':>9}")
-        cache: dict[tuple[str, str], dict[str, float]] = {}
-        for file, op, ours, theirs, label in ROWS:
-            if args.only not in op:
-                continue
-            for task in (ours, theirs):
-                if (file, task) not in cache:
-                    cache[file, task] = measure(task, files[file], args.repeat)
-            a, b = cache[file, ours], cache[file, theirs]
-            print(f"{file:4} {op:18} {a['seconds']:9.3f} {a['rss_mib']:8.0f}   {label:24} "
-                  f"{b['seconds']:8.3f} {b['rss_mib']:8.0f} {b['seconds'] / a['seconds']:8.2f}x")
+        files = make_files(Path(tmp), args.scale)
+        print(_describe(files, args.scale), f";  --repeat {args.repeat}\n")
+        print(HEADER)
+        cache: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for row in rows:
+            measure_row(row, files, args.repeat, cache)
+            print(format_row(row, cache[row.file, row.ours], cache[row.file, row.theirs]),
+                  flush=True)
     return 0
 
 

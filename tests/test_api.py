@@ -213,6 +213,24 @@ def test_api_atomic_save_keeps_old_file_on_failure(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["keep.pt"]
 
 
+@pytest.mark.parametrize("fsync", [False, True])
+def test_api_save_fsyncs_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         fsync: bool) -> None:
+    """Atomic (temporary file + rename) either way; the file and its folder are fsynced
+    only with fsync=True (issue 15: durability is an option, not the default)."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    path = tmp_path / "d.pt"
+    x = torch.arange(5.0)
+    ptfile.save({"x": x}, path, fsync=fsync)
+    assert len(synced) == (2 if fsync else 0)
+    assert sorted(os.listdir(tmp_path)) == ["d.pt"]
+    (tmp_path / "torch").mkdir()
+    torch.save({"x": x}, tmp_path / "torch" / "d.pt")
+    assert path.read_bytes() == (tmp_path / "torch" / "d.pt").read_bytes()
+
+
 def test_api_file_objects_and_streams(ckpt: Path) -> None:
     data = ckpt.read_bytes()
     buf = io.BytesIO(b"junk" + data)

@@ -24,14 +24,15 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.binary(min_size=0, max_size=5000))
-def test_read_file_in_chunks_equals_the_file(data: bytes) -> None:
+@given(st.binary(min_size=0, max_size=5000), st.sampled_from([1, 2000, 1 << 30]))
+def test_read_file_in_chunks_equals_the_file(data: bytes, map_from: int) -> None:
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ptfile-read-{os.getpid()}.bin"
     path.write_bytes(data)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(_io, "PARALLEL_READ_MIN_BYTES", 1024)
             mp.setattr(_io, "_READ_CHUNK_BYTES", 100)
+            mp.setattr(_io, "ANONYMOUS_MAP_BYTES", map_from)  # numpy memory, or a map
             got = _io.read_file(str(path))
         assert bytes(got) == data
         assert not got.readonly
@@ -83,3 +84,13 @@ def test_read_file_reads_in_one_pass_where_threads_cannot_start(
 
     monkeypatch.setattr(_io, "ThreadPoolExecutor", NoThreads)
     assert bytes(_io.read_file(str(path))) == data
+
+
+def test_read_file_reads_big_files_into_an_anonymous_map(tmp_path: Path) -> None:
+    """Not numpy memory, whose huge pages can stall on first touch (issue 15)."""
+    path = tmp_path / "big.bin"
+    data = np.random.default_rng(0).integers(0, 256, _io.ANONYMOUS_MAP_BYTES + 5, np.uint8)
+    path.write_bytes(data.tobytes())
+    got = _io.read_file(str(path))
+    assert type(got.obj).__name__ == "mmap"
+    assert bytes(got) == data.tobytes() and not got.readonly

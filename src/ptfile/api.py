@@ -14,7 +14,7 @@ import numpy as np
 from . import config
 from ._io import FileLike, damage_as_format_error, is_path, is_url
 from ._remote import StorageOptions, local_path, open_any, open_target
-from .archive.sink import DirectSink
+from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_source, policies, read
 from .formats.legacy_pickle import write_legacy
@@ -175,20 +175,24 @@ def archive_prefix(f: object) -> str:
 
 
 @contextlib.contextmanager
-def _atomic_target(path: str) -> Iterator[IO[bytes]]:
-    """A temporary file beside ``path``, fsynced and renamed over it only on success."""
+def _atomic_target(path: str, fsync: bool) -> Iterator[IO[bytes]]:
+    """A temporary file beside ``path``, renamed over it only on success (after an fsync of
+    the file, and of its folder after the rename, when ``fsync``)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fp:
             yield fp
             fp.flush()
-            os.fsync(fp.fileno())
+            if fsync:
+                os.fsync(fp.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not fsync:
+        return
     with contextlib.suppress(OSError):
         dir_fd = os.open(folder, os.O_RDONLY)
         try:
@@ -209,6 +213,7 @@ def save(
     byteorder: str | None = None,
     skip_data: bool = False,
     storage_options: StorageOptions = None,
+    fsync: bool = False,
 ) -> None:
     """Save ``obj`` as ``torch.save`` does, byte for byte, without torch.
 
@@ -216,9 +221,10 @@ def save(
     included), lists, tuples, str, bytes, int, float, bool, None, ptfile
     tensors and numpy arrays (views of one base buffer share one storage).
     Storages are streamed from memory; a path target is written atomically
-    (temporary file, fsync, rename) and around the page cache where the
-    platform allows (:mod:`ptfile.archive.sink`), with the CRCs of large
-    storages computed in a helper thread meanwhile.
+    (temporary file, renamed over the target once complete: a crash leaves
+    the old file or the new one), beyond its first 256 MiB around the page
+    cache where the platform allows (:mod:`ptfile.archive.sink`), with the
+    CRCs of large storages computed in a helper thread meanwhile.
 
     Parameters
     ----------
@@ -248,6 +254,11 @@ def save(
         Storages need no data then (``Storage(None, dtype, nbytes=n)``).
         Also inside ``with ptfile.skip_data():``; the legacy format cannot skip
         data (:class:`SaveError`, as torch refuses).
+    fsync
+        Power-loss durability for a path target: fsync the temporary file
+        before the rename and its folder after it, so that once ``save``
+        returns the new file survives a power cut.  Off by default, as in
+        ``torch.save`` (which never fsyncs); the rename is atomic either way.
 
     torch tensors (when torch is already imported) are converted through
     :mod:`ptfile.export.torch`, sharing kept.
@@ -303,7 +314,7 @@ def save(
         return
     f = local_path(f)  # type: ignore[assignment]
     if is_path(f):
-        with _atomic_target(os.fspath(f)) as fp:  # type: ignore[arg-type]
+        with _atomic_target(os.fspath(f), fsync) as fp:  # type: ignore[arg-type]
             (_emit_sparse if skip_data else _emit_direct)(emit, fp)
         return
     emit(f.write)  # type: ignore[union-attr]
@@ -312,7 +323,7 @@ def save(
 def _emit_direct(emit: Callable[[Callable[[Any], Any]], None], fp: IO[bytes]) -> None:
     """Run ``emit`` into ``fp``'s file through a :class:`~ptfile.archive.sink.DirectSink`."""
     fp.flush()
-    sink = DirectSink(fp.fileno())
+    sink = DirectSink(fp.fileno(), PLAIN_BYTES)
     try:
         emit(sink.write)
         sink.close()

@@ -354,7 +354,16 @@ class CheckpointReader(Mapping[str, Tensor]):
         KeyError
             No tensor has that name.
         """
-        return self._info(name, self._tensor(name), self._offset_map())
+        t = self._tensor(name)
+        offsets = self._offset_map()
+        s = t.storage
+        offset = None if s is None else offsets.get(s)
+        if s is None or offset is None:
+            return self._info(name, t, offsets)
+        # The common tensor inline, as infos() does (one frame, no _make: 7 -> 4 µs a key)
+        return tuple.__new__(TensorInfo, (name, t.dtype, t._shape, t._stride, t._offset, s.key,
+                                          s._nbytes, s.location, offset, t.requires_grad,
+                                          isinstance(t, Parameter)))
 
     def _info(self, name: str, t: Tensor, offsets: dict[Storage, int]) -> TensorInfo:
         s = t.storage

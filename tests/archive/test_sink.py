@@ -31,9 +31,10 @@ def _pieces(total: int) -> list[bytes | memoryview | np.ndarray]:
     return out
 
 
-def _write(path: Path, pieces: list[bytes | memoryview | np.ndarray]) -> bytes:
+def _write(path: Path, pieces: list[bytes | memoryview | np.ndarray],
+           plain_bytes: int = 0) -> bytes:
     with open(path, "wb") as fp:
-        sink = DirectSink(fp.fileno())
+        sink = DirectSink(fp.fileno(), plain_bytes)
         for piece in pieces:
             sink.write(piece)
         sink.close()
@@ -45,6 +46,37 @@ def test_sink_writes_exactly_its_input(tmp_path: Path, total: int) -> None:
     pieces = _pieces(total)
     expected = b"".join(bytes(memoryview(p)) for p in pieces)
     assert _write(tmp_path / "out", pieces) == expected
+
+
+@pytest.mark.parametrize("total", [1, BUFFER_BYTES, 2 * BUFFER_BYTES + 7, 3 * BUFFER_BYTES])
+def test_sink_writes_its_plain_head_through_the_page_cache_then_direct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, total: int
+) -> None:
+    """The first plain_bytes go to os.write as they come (no copy, O_DIRECT off); O_DIRECT
+    is turned on at that offset, where every later full write starts aligned."""
+    switched: list[tuple[bool, int]] = []
+    positions: list[int] = []
+    real_write = os.write
+
+    def recording_write(fd: int, data: memoryview) -> int:
+        positions.append(os.lseek(fd, 0, os.SEEK_CUR))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(sink_module, "_set_direct",
+                        lambda fd, on: switched.append((on, os.lseek(fd, 0, os.SEEK_CUR)))
+                        or False)
+    monkeypatch.setattr(sink_module.os, "write", recording_write)
+    pieces = _pieces(total)
+    got = _write(tmp_path / "out", pieces, plain_bytes=BUFFER_BYTES)
+    assert got == b"".join(bytes(memoryview(p)) for p in pieces)
+    on = [at for flag, at in switched if flag]
+    assert on == ([BUFFER_BYTES] if total >= BUFFER_BYTES else [])
+    assert all(at % BUFFER_BYTES == 0 for at in positions if at >= BUFFER_BYTES)
+
+
+def test_sink_plain_head_must_be_whole_buffers() -> None:
+    with pytest.raises(ValueError, match="multiple"):
+        DirectSink(0, BUFFER_BYTES + 1)
 
 
 def test_sink_without_o_direct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -158,3 +158,46 @@ def test_build_on_a_rebuild_function_is_refused_on_both_paths(name: str) -> None
     fast, reference = _outcome(out.getvalue()), _outcome(out.getvalue(), map_location=REFERENCE)
     assert fast == reference
     assert fast[0] == "UnsafeGlobalError"
+
+
+def _torch_file(path: Path, n: int, numel: int) -> dict[str, Any]:
+    import torch
+
+    tensors = {f"t{i}": torch.arange(numel, dtype=torch.float32) + i for i in range(n)}
+    torch.save(tensors, path)
+    return {k: v.numpy() for k, v in tensors.items()}
+
+
+def _damage_local_header(path: Path, key: str) -> None:
+    with zipfile.ZipFile(path) as archive:
+        offset = archive.getinfo(f"{path.stem}/data/{key}").header_offset
+    data = bytearray(path.read_bytes())
+    data[offset:offset + 4] = b"XXXX"
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("n", "numel"), [(200, 4), (80, 1 << 14)])  # dense, sparse headers
+def test_mapped_load_of_many_records_equals_the_file(tmp_path: Path, n: int,
+                                                     numel: int) -> None:
+    """Dense headers are checked in bulk at load; sparse ones on first use, from the
+    65th on with the bulk-checked offsets (issue 15): the same bytes either way."""
+    path = tmp_path / "many.pt"
+    expected = _torch_file(path, n, numel)
+    for loaded in (ptfile.load(path, mmap=True), ptfile.open(path)):
+        for key, values in expected.items():
+            np.testing.assert_array_equal(np.asarray(loaded[key]), values)
+
+
+@pytest.mark.parametrize(("n", "numel"), [(200, 4), (80, 1 << 14)])
+def test_mapped_load_reports_a_damaged_local_header_on_first_use(tmp_path: Path, n: int,
+                                                                 numel: int) -> None:
+    path = tmp_path / "many.pt"
+    expected = _torch_file(path, n, numel)
+    _damage_local_header(path, str(n - 3))
+    loaded = ptfile.load(path, mmap=True)
+    for key in sorted(expected, key=lambda k: int(k[1:])):
+        if key == f"t{n - 3}":
+            with pytest.raises(ptfile.ArchiveError, match="local file header"):
+                np.asarray(loaded[key])
+        else:
+            np.testing.assert_array_equal(np.asarray(loaded[key]), expected[key])

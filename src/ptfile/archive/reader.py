@@ -69,7 +69,7 @@ CRC_CHUNK_BYTES: Final = 1 << 24
 
 #: Below this many records (or this many single look-ups), checking local headers one
 #: at a time is as fast.
-_BULK_MIN_RECORDS: Final = 64
+BULK_MIN_RECORDS: Final = 64
 _LOCAL_FIXED: Final = LOCAL_FILE_HEADER_STRUCT.size
 
 
@@ -328,9 +328,15 @@ class ZipReader:
             found[at] = self._data_offset(int(indices[at]))
         return found
 
+    def checked_data_offsets(self) -> np.ndarray | None:
+        """Every record's data offset as the bulk check of the local headers found it (-1
+        where that check left a record to :meth:`data_offset`), or None while that check
+        has not run, or could not (read-only; it runs at the 65th :meth:`data_offset`)."""
+        return self._offsets
+
     def _data_offset(self, index: int) -> int:
         found = self._single.get(index, -1)
-        if found < 0 and not self._bulk_checked and len(self._single) >= _BULK_MIN_RECORDS:
+        if found < 0 and not self._bulk_checked and len(self._single) >= BULK_MIN_RECORDS:
             self._check_all_local_headers()
         if found < 0 and self._offsets is not None:
             found = int(self._offsets[index])
@@ -342,7 +348,7 @@ class ZipReader:
         """Check every local header in one vectorised pass when the archive is in memory."""
         self._bulk_checked = True
         source, entries = self._source, self._entries
-        if len(self._made) < _BULK_MIN_RECORDS or not isinstance(source, (BytesSource,
+        if len(self._made) < BULK_MIN_RECORDS or not isinstance(source, (BytesSource,
                                                                            MmapSource)):
             return
         columns = (entries.column("header_offset"), entries.name_at, entries.name_length,

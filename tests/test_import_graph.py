@@ -55,6 +55,8 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.inspection": 4,  # inspect / verify / diff
     "ptfile.scanning": 4,  # ptfile.scan: the static scanner
     "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
+    "ptfile._dcp_files": 4,  # a DCP directory's files, local or by URL (uses _remote)
+    "ptfile._dcp_hf": 4,  # HuggingFace-writer directories' metadata (uses export.safetensors)
     "ptfile": 4,  # the package's public surface re-exports the front doors
     # 5: the command line.
     "ptfile.cli": 5,

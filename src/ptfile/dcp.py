@@ -72,8 +72,21 @@ from .limits import DEFAULT_LIMITS, Limits
 from .picklevm.unpickler import unpickle
 from .tensor import Storage, Tensor
 
-__all__ = ["TRANSFORMS", "load_dcp", "load_metadata", "read_metadata", "read_region",
-           "read_tensor", "read_value"]
+__all__ = [
+    "TRANSFORMS",
+    "contiguous_stride",
+    "load_dcp",
+    "load_metadata",
+    "object_path",
+    "place",
+    "read_metadata",
+    "read_region",
+    "read_tensor",
+    "read_value",
+    "region_tensor",
+    "storage_infos",
+    "tensor_item",
+]
 
 _RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
 #: How a torch.save item starts; anything else at a tensor's offset is a safetensors blob.
@@ -183,7 +196,7 @@ def _undo(data: bytes | memoryview, transforms: tuple[str, ...], most: int,
     return data
 
 
-def _item_bytes(files: DirectoryFiles, fqn: str, info: StorageInfo, most: int
+def item_bytes(files: DirectoryFiles, fqn: str, info: StorageInfo, most: int
                 ) -> bytes | memoryview:
     """The item's bytes: ``[offset, offset + length)`` of its file, extensions undone."""
     what = f"item {fqn!r}"
@@ -286,7 +299,7 @@ def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
                                                 min(len(_ZIP), info.length), what)) != _ZIP:
         return _blob_chunk(fqn, chunk, item, info, files)
     nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
-    data = _item_bytes(files, fqn, info, nbytes + _ZIP_OVERHEAD_BYTES)
+    data = item_bytes(files, fqn, info, nbytes + _ZIP_OVERHEAD_BYTES)
     value = _load_item(data, what, limits)
     if not isinstance(value, Tensor) or value.dtype != item.dtype \
             or tuple(value.shape) != chunk.sizes:
@@ -296,14 +309,14 @@ def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
     return _raw(value, raw) if value.numel() else np.empty(chunk.sizes, raw)
 
 
-def _tensor_item(meta: Metadata, fqn: str) -> TensorStorageMetadata:
+def tensor_item(meta: Metadata, fqn: str) -> TensorStorageMetadata:
     item = meta.state_dict_metadata.get(fqn)
     if not isinstance(item, TensorStorageMetadata):
         raise KeyError(fqn)
     return item
 
 
-def _storage_infos(fqn: str, item: TensorStorageMetadata, meta: Metadata) -> list[StorageInfo]:
+def storage_infos(fqn: str, item: TensorStorageMetadata, meta: Metadata) -> list[StorageInfo]:
     """The storage entry of every chunk, after checking that the chunks tile the tensor and
     that each entry can hold its chunk (what is allocated is then bounded by the files)."""
     _check_tiling(fqn, item.size, item.chunks)
@@ -331,8 +344,8 @@ def read_region(meta: Metadata, files: DirectoryFiles, fqn: str, box: Box, *,
     FormatError, UnsupportedFeatureError, LimitExceededError
         As :func:`load_dcp`.
     """
-    item = _tensor_item(meta, fqn)
-    infos = _storage_infos(fqn, item, meta)
+    item = tensor_item(meta, fqn)
+    infos = storage_infos(fqn, item, meta)
     if len(box) != len(item.size) or any(
             not 0 <= a <= b <= d for (a, b), d in zip(box, item.size, strict=True)):
         raise IndexError(f"the box {box} does not fit {fqn!r} of size {item.size}")
@@ -367,7 +380,7 @@ def read_tensor(meta: Metadata, files: DirectoryFiles, fqn: str, *,
     FormatError, UnsupportedFeatureError, LimitExceededError
         As :func:`load_dcp`.
     """
-    item = _tensor_item(meta, fqn)
+    item = tensor_item(meta, fqn)
     full = read_region(meta, files, fqn, tuple((0, d) for d in item.size), limits=limits)
     return region_tensor(full, item)
 
@@ -376,10 +389,10 @@ def region_tensor(values: np.ndarray, item: TensorStorageMetadata) -> Tensor:
     """A contiguous :class:`Tensor` of ``item``'s dtype over raw ``values``."""
     storage = Storage(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data, item.dtype)
     shape = tuple(values.shape)
-    return Tensor(storage, 0, shape, _contiguous_stride(shape), dtype=item.dtype)
+    return Tensor(storage, 0, shape, contiguous_stride(shape), dtype=item.dtype)
 
 
-def _contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
     """torch's contiguous strides: a size-0 dimension counts as 1."""
     stride, step = [], 1
     for dim in reversed(size):
@@ -405,7 +418,7 @@ def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
     info = meta.storage_data.get((fqn, None))
     if info is None:
         raise FormatError(f"the bytes item {fqn!r} has no storage entry")
-    return _load_item(_item_bytes(files, fqn, info, limits.max_pickle_bytes),
+    return _load_item(item_bytes(files, fqn, info, limits.max_pickle_bytes),
                       f"item {fqn!r}", limits)
 
 

@@ -93,6 +93,11 @@ class DirectoryFiles:
         return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
                       if e.get("type") == "file")
 
+    @property
+    def bytes_fetched(self) -> int:
+        """For a URL: the bytes the server sent so far (range reads of every file opened)."""
+        return sum(f.bytes_fetched for f in self._open.values() if isinstance(f, RemoteSource))
+
     def names(self) -> list[str]:
         """The directory's file names, sorted (subdirectories left out)."""
         return list(self._names)

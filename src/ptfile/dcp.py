@@ -91,6 +91,9 @@ __all__ = [
 _RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
 #: How a torch.save item starts; anything else at a tensor's offset is a safetensors blob.
 _ZIP: Final = b"PK\x03\x04"
+#: A ZIP's end of central directory record (without a comment) and its size.
+_EOCD: Final = b"PK\x05\x06"
+_EOCD_BYTES: Final = 22
 #: What a torch.save ZIP of one chunk holds beyond the chunk's bytes, at most (records,
 #: headers, ``data.pkl`` of up to ``max_ndim`` dims): the bound on what an item inflates to.
 _ZIP_OVERHEAD_BYTES: Final = 1 << 20
@@ -175,7 +178,25 @@ def _unzstd(data: bytes | memoryview, most: int, what: str) -> bytes:
         raise FormatError(f"{what}: damaged zstd data: {exc}") from exc
     if len(out) > most:
         raise FormatError(f"{what} inflates to more than the {most} bytes it can hold")
+    end = _zstd_frame_end(data, zstandard.frame_header_size(bytes(data[:18])))
+    if end != len(data):
+        raise FormatError(f"{what}: its zstd frame is {end} bytes, the metadata says "
+                          f"{len(data)}: the length disagrees with the item")
     return out
+
+
+def _zstd_frame_end(data: bytes | memoryview, header: int) -> int:
+    """Where the zstd frame starting at 0 ends (RFC 8878 §3.1.1: blocks after the frame
+    header, each a 3-byte little-endian header of last flag, type and size; then the
+    content checksum when the descriptor's bit 2 is set)."""
+    at, last = header, False
+    while not last:
+        if at + 3 > len(data):
+            return -1
+        block = int.from_bytes(data[at:at + 3], "little")
+        last, kind, size = bool(block & 1), (block >> 1) & 3, block >> 3
+        at += 3 + (1 if kind == 1 else size)  # an RLE block holds one byte
+    return at + (4 if data[4] & 4 else 0)
 
 
 #: Undo each DCP extension by its descriptor name (``stream.zstd`` of ``stream.zstd/1``).
@@ -251,6 +272,14 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
 
 
 def _load_item(data: bytes | memoryview, what: str, limits: Limits) -> Any:
+    """A torch.save item, which MUST end with its ZIP's end record (torch writes no
+    comment): else the metadata's length disagrees with the item (a ZIP reader would
+    accept trailing bytes, or find a later item's end record)."""
+    if bytes(data[:4]) == _ZIP and (len(data) < _EOCD_BYTES
+                                    or bytes(data[-_EOCD_BYTES:-_EOCD_BYTES + 4]) != _EOCD
+                                    or bytes(data[-2:]) != b"\0\0"):
+        raise FormatError(f"{what}: its {len(data)} bytes do not end with the item's ZIP end "
+                          "record: the length in the metadata disagrees with the item")
     try:
         return load(io.BytesIO(data), limits=limits)
     except PtfileError as exc:

@@ -14,7 +14,9 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
 * ``storage_data`` maps ``(fqn, chunk offsets)`` (None for bytes items) to
   ``(relative_path, offset, length)``: the item is those bytes of ``DIR/relative_path``
   (any ``__{r}_{n}.distcp``: every writer variant of thread count and files per rank
-  names its files there).  Every item is a complete ``torch.save`` ZIP, read with
+  names its files there).  Every item is a complete ``torch.save`` ZIP, which MUST end
+  exactly at ``offset + length`` with its end of central directory record (torch writes
+  no comment; anything else means the length disagrees with the item), read with
   :func:`ptfile.load` under ptfile's default policy: a chunk is a tensor of exactly the
   chunk's sizes and the tensor's dtype (strides as saved), a bytes item any object.
 * ``serialization_format=SAFETENSORS``: a tensor's ``offset`` is instead the start of its

@@ -304,12 +304,15 @@ class DCPReader(Mapping[str, Tensor]):
         """``(fqn, message)`` for every item that cannot be read as the metadata says: chunks
         that do not tile their tensor, storage entries missing or outside their files, items
         whose bytes are not the chunk or value they should be.  Every chunk is read, one at
-        a time (``progress`` is called with each item's stored length).
+        a time, and every value (``progress`` is called with each item's stored length).
         """
         for fqn, item in self.meta.state_dict_metadata.items():
             try:
                 if not isinstance(item, TensorStorageMetadata):
                     self.value(fqn)
+                    info = self.meta.storage_data[(fqn, None)]
+                    if progress is not None:
+                        progress(info.length)
                     continue
                 for chunk in self.chunks(fqn):
                     box = tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.sizes,

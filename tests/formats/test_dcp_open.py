@@ -114,7 +114,7 @@ def test_inspect_verify_scan(chunked: tuple[Path, np.ndarray]) -> None:
 
     report = verify(directory)
     assert report.ok and report.format == "dcp"
-    assert report.records_checked == 4 and report.tensors_checked == 2
+    assert report.records_checked == 5 and report.tensors_checked == 2  # 4 chunks, 1 value
     result = ptfile.scan(directory)
     assert result.format == "dcp" and result.is_clean, result.to_dict()
     assert "torch.distributed.checkpoint.metadata.Metadata" in result.globals
@@ -161,7 +161,7 @@ def test_cli_on_a_directory(chunked: tuple[Path, np.ndarray], tmp_path: Path) ->
     directory, _ = chunked
     shown = _cli("inspect", directory)
     assert shown.returncode == 0, shown.stderr
-    assert "dcp" in shown.stdout and "w" in shown.stdout
+    assert "dcp" in shown.stdout and "Chunks (4)" in shown.stdout
     doc = json.loads(_cli("inspect", directory, "--json").stdout)
     assert doc["format"] == "dcp" and len(doc["chunks"]["w"]) == 3
     assert _cli("scan", directory).returncode == 0

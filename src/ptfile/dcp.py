@@ -45,7 +45,6 @@ only the chunks that meet it) and :func:`read_value` (any item).
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
@@ -57,10 +56,10 @@ from typing import Any, Final
 import numpy as np
 
 from ._dcp_files import DirectoryFiles
-from .api import load
+from ._io import BytesSource, damage_as_format_error
 from .errors import FormatError, PtfileError, UnsupportedFeatureError
 from .export.safetensors import CODES
-from .formats import policies
+from .formats import ReadOptions, policies, read
 from .formats.dcp_metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -283,7 +282,9 @@ def _load_item(data: bytes | memoryview, what: str, limits: Limits) -> Any:
         raise FormatError(f"{what}: its {len(data)} bytes do not end with the item's ZIP end "
                           "record: the length in the metadata disagrees with the item")
     try:
-        return load(io.BytesIO(data), limits=limits)
+        with damage_as_format_error():  # the bytes are read in place (a view of the map)
+            return read(BytesSource(data), ReadOptions(limits=limits,
+                                                       find_class=policies.strict()))
     except PtfileError as exc:
         if type(exc) is FormatError:
             raise FormatError(f"{what}: {exc}") from exc
@@ -449,7 +450,8 @@ def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
     info = meta.storage_data.get((fqn, None))
     if info is None:
         raise FormatError(f"the bytes item {fqn!r} has no storage entry")
-    return _load_item(item_bytes(files, fqn, info, limits.max_pickle_bytes),
+    # A copy: the value is the caller's, and must not pin (or view) the mapped file.
+    return _load_item(bytes(item_bytes(files, fqn, info, limits.max_pickle_bytes)),
                       f"item {fqn!r}", limits)
 
 

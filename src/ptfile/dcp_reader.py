@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BytesItem", "ChunkInfo", "DCPReader", "DCPSlice", "open_dcp"]
 
-_BASIC: Final = (int, slice, type(Ellipsis), type(None))
+_BASIC: Final = (int, np.integer, slice, type(Ellipsis), type(None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,8 @@ class ChunkInfo:
 def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], tuple[Any, ...]]:
     """The bounding box of a basic numpy index on ``shape``, and the index relative to it."""
     keys = key if isinstance(key, tuple) else (key,)
-    if not all(isinstance(k, _BASIC) for k in keys) or sum(k is Ellipsis for k in keys) > 1:
+    if not all(isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_)) for k in keys) \
+            or sum(k is Ellipsis for k in keys) > 1:
         raise IndexError("a DCP tensor slice takes ints, slices, '...' and None")
     fill = len(shape) - sum(k is not None and k is not Ellipsis for k in keys)
     if fill < 0:
@@ -101,8 +102,8 @@ def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int],
             relative.append(None)
             continue
         n = next(dims)
-        if isinstance(k, int):
-            i = k + n if k < 0 else k
+        if isinstance(k, (int, np.integer)):
+            i = int(k) + n if k < 0 else int(k)
             if not 0 <= i < n:
                 raise IndexError(f"index {k} is out of bounds for a dimension of size {n}")
             box.append((i, i + 1))

@@ -65,7 +65,7 @@ def test_open_reads_metadata_only(chunked: tuple[Path, np.ndarray]) -> None:
 
 
 @pytest.mark.parametrize(("key", "blocks"), [
-    ((slice(0, 2),), {0}), ((4,), {1}), ((slice(4, 6), 1), {1, 2}),
+    ((slice(0, 2),), {0}), ((4,), {1}), ((np.int64(-5),), {1}), ((slice(4, 6), 1), {1, 2}),
     ((Ellipsis, 2), {0, 1, 2}), ((slice(8, 2, -3),), {2}), ((slice(5, 5),), set()),
 ])
 def test_slice_reads_only_the_chunks_it_meets(chunked: tuple[Path, np.ndarray], key: Any,

@@ -14,7 +14,9 @@ a context manager and read-only ``Mapping[str, Tensor]``), keyed by the tensors'
   read by :meth:`DCPReader.value`.
 
 A tensor's layout (``stride``) is the contiguous one ``dcp_to_torch_save`` gives it; it
-has no single storage in the files, so ``storage_key`` and ``data_offset`` are None.
+has no single storage in the files, so its ``storage_key`` is its own FQN (the storage it
+gets when assembled) and its ``data_offset`` None (:meth:`DCPReader.chunks` says where its
+pieces are).
 """
 
 from __future__ import annotations
@@ -269,7 +271,7 @@ class DCPReader(Mapping[str, Tensor]):
         return dict(self._skeleton)
 
     def info(self, name: str) -> TensorInfo:
-        """dtype, shape and (contiguous) stride of one tensor; reads no data.
+        """dtype, shape, (contiguous) stride and byte size of one tensor; reads no data.
 
         Raises
         ------
@@ -278,7 +280,8 @@ class DCPReader(Mapping[str, Tensor]):
         """
         item = self._item(name)
         nbytes = math.prod(item.size) * item.dtype.itemsize
-        return TensorInfo(name, item.dtype, item.size, contiguous_stride(item.size), 0, None,
+        # Its storage, once assembled, is its own (as load_dcp returns it): keyed by its FQN.
+        return TensorInfo(name, item.dtype, item.size, contiguous_stride(item.size), 0, name,
                           nbytes, "cpu", None, item.requires_grad, False)
 
     def infos(self) -> Iterator[TensorInfo]:

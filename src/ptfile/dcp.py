@@ -16,8 +16,8 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
   (any ``__{r}_{n}.distcp``: every writer variant of thread count and files per rank
   names its files there).  Every item is a complete ``torch.save`` ZIP, which MUST end
   exactly at ``offset + length`` with its end of central directory record (torch writes
-  no comment; anything else means the length disagrees with the item), read with
-  :func:`ptfile.load` under ptfile's default policy: a chunk is a tensor of exactly the
+  no comment; anything else means the length disagrees with the item), read in place as
+  :func:`ptfile.load` reads a file (its weights-only policy): a chunk is a tensor of exactly the
   chunk's sizes and the tensor's dtype (strides as saved), a bytes item any object.
 * ``serialization_format=SAFETENSORS``: a tensor's ``offset`` is instead the start of its
   file's one safetensors blob (u64-LE header length, JSON header, data) and ``length`` its
@@ -27,7 +27,6 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
   they must tile the full size exactly (in bounds, no overlap, no gap; zero-size chunks
   allowed).  Tensors come back contiguous, ``requires_grad=False``, as
   ``dcp_to_torch_save`` makes them.
-
 * ``_extensions=[ZStandard()]``: an item whose ``transform_descriptors`` is
   ``['stream.zstd/1']`` is one zstd frame (without a content size) of the bytes above, and
   ``offset``/``length`` are its compressed extent.  Descriptors (``name[@domain]/version``,

@@ -61,3 +61,16 @@ def test_files_on_s3_still_open_as_files(s3: dict[str, Any]) -> None:
         assert_same(ck["w"], torch.ones(2))
     with pytest.raises(ptfile.FormatError, match=r"no \.metadata"):
         ptfile.load_dcp("s3://models", storage_options=s3["options"])
+
+
+def test_suffixless_http_url_is_not_listed_as_a_directory(tmp_path: Path) -> None:
+    """fsspec would answer "is it a directory?" over HTTP by fetching the whole page."""
+    import torch
+    from rangeserver import RangeServer
+
+    torch.save({"w": torch.zeros(1 << 18)}, tmp_path / "model")
+    with RangeServer(tmp_path) as server:
+        with ptfile.open(server.url("model")) as ck:
+            assert isinstance(ck, ptfile.CheckpointReader)
+            assert ck.info("w").shape == (1 << 18,)
+        assert server.stats.body_bytes["model"] < (1 << 20)  # the file is 1 MiB

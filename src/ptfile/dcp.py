@@ -56,6 +56,7 @@ import numpy as np
 
 from ._dcp_files import DirectoryFiles
 from ._io import BytesSource, damage_as_format_error
+from .archive import ZipReader
 from .errors import FormatError, PtfileError, UnsupportedFeatureError
 from .export.safetensors import CODES
 from .formats import ReadOptions, policies, read
@@ -290,6 +291,31 @@ def _load_item(data: bytes | memoryview, what: str, limits: Limits) -> Any:
         raise
 
 
+def crc_mismatches(files: DirectoryFiles, fqn: str, info: StorageInfo, most: int, *,
+                   limits: Limits = DEFAULT_LIMITS) -> list[str]:
+    """The records of a ``torch.save`` item whose bytes disagree with their CRC-32 (records
+    saved without one, CRC 0 under ``compute_crc32=False``, are not checked); ``[]`` for an
+    entry of a safetensors blob, which has no checksum.
+
+    Raises
+    ------
+    FormatError, UnsupportedFeatureError
+        The item cannot be read (as :func:`load_dcp`).
+    """
+    if not info.transforms and bytes(files.read(info.relative_path, info.offset,
+                                                min(len(_ZIP), info.length), fqn)) != _ZIP:
+        return []
+    data = item_bytes(files, fqn, info, most)
+    with damage_as_format_error():
+        reader = ZipReader(BytesSource(data), limits=limits)
+        return [r.name for r in reader.records if r.crc32 and not reader.check_crc(r)]
+
+
+def chunk_bound(chunk: ChunkStorageMetadata, item: TensorStorageMetadata) -> int:
+    """The most bytes a chunk's item can inflate to: the chunk and a ZIP's overhead."""
+    return math.prod(chunk.sizes) * item.dtype.itemsize + _ZIP_OVERHEAD_BYTES
+
+
 def _check_tiling(fqn: str, size: tuple[int, ...], chunks: tuple[ChunkStorageMetadata, ...]
                   ) -> None:
     """Chunks in bounds, with no overlap, and covering ``size`` exactly."""
@@ -329,8 +355,7 @@ def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
     if not info.transforms and bytes(files.read(info.relative_path, info.offset,
                                                 min(len(_ZIP), info.length), what)) != _ZIP:
         return _blob_chunk(fqn, chunk, item, info, files)
-    nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
-    data = item_bytes(files, fqn, info, nbytes + _ZIP_OVERHEAD_BYTES)
+    data = item_bytes(files, fqn, info, chunk_bound(chunk, item))
     value = _load_item(data, what, limits)
     if not isinstance(value, Tensor) or value.dtype != item.dtype \
             or tuple(value.shape) != chunk.sizes:

@@ -31,7 +31,9 @@ import numpy as np
 
 from ._dcp_files import DirectoryFiles
 from .dcp import (
+    chunk_bound,
     contiguous_stride,
+    crc_mismatches,
     load_metadata,
     object_path,
     place,
@@ -44,7 +46,12 @@ from .dcp import (
 from .dtypes import DType
 from .errors import PtfileError
 from .formats import Format
-from .formats.dcp_metadata import ChunkStorageMetadata, Metadata, TensorStorageMetadata
+from .formats.dcp_metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    StorageInfo,
+    TensorStorageMetadata,
+)
 from .limits import DEFAULT_LIMITS, Limits
 from .reader import TensorInfo
 from .tensor import Tensor
@@ -304,28 +311,42 @@ class DCPReader(Mapping[str, Tensor]):
                 for c, i in zip(item.chunks, infos, strict=True)]
 
     def check(self, progress: Callable[[int], None] | None = None
-              ) -> Iterator[tuple[str, str]]:
-        """``(fqn, message)`` for every item that cannot be read as the metadata says: chunks
-        that do not tile their tensor, storage entries missing or outside their files, items
-        whose bytes are not the chunk or value they should be.  Every chunk is read, one at
-        a time, and every value (``progress`` is called with each item's stored length).
+              ) -> Iterator[tuple[str, str, str]]:
+        """``(severity, fqn, message)`` for every item that cannot be read as the metadata
+        says (errors: chunks that do not tile their tensor, storage entries missing or
+        outside their files, items whose bytes are not the chunk or value they should be,
+        CRC-32 mismatches).  Every chunk is read, one at a time, and every value
+        (``progress`` is called with each item's stored length).
         """
         for fqn, item in self.meta.state_dict_metadata.items():
             try:
-                if not isinstance(item, TensorStorageMetadata):
-                    self.value(fqn)
-                    info = self.meta.storage_data[(fqn, None)]
-                    if progress is not None:
-                        progress(info.length)
+                if isinstance(item, TensorStorageMetadata):
+                    yield from self._check_chunks(fqn, item, progress)
                     continue
-                for chunk in self.chunks(fqn):
-                    box = tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.sizes,
-                                                           strict=True))
-                    read_region(self.meta, self.files, fqn, box, limits=self._limits)
-                    if progress is not None:
-                        progress(chunk.length)
+                self.value(fqn)
+                info = self.meta.storage_data[(fqn, None)]
+                yield from self._check_crc(fqn, info, self._limits.max_pickle_bytes)
+                if progress is not None:
+                    progress(info.length)
             except PtfileError as exc:
-                yield fqn, f"{type(exc).__name__}: {exc}"
+                yield "error", fqn, f"{type(exc).__name__}: {exc}"
+
+    def _check_chunks(self, fqn: str, item: TensorStorageMetadata,
+                      progress: Callable[[int], None] | None) -> Iterator[tuple[str, str, str]]:
+        infos = storage_infos(fqn, item, self.meta)
+        for chunk, info in zip(item.chunks, infos, strict=True):
+            box = tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
+            read_region(self.meta, self.files, fqn, box, limits=self._limits)
+            yield from self._check_crc(fqn, info, chunk_bound(chunk, item))
+            if progress is not None:
+                progress(info.length)
+
+    def _check_crc(self, fqn: str, info: StorageInfo, most: int
+                   ) -> Iterator[tuple[str, str, str]]:
+        for record in crc_mismatches(self.files, fqn, info, most, limits=self._limits):
+            message = (f"CRC-32 mismatch in {record} of its item at "
+                       f"{info.relative_path}@{info.offset}: the bytes were altered")
+            yield "error", fqn, message
 
     def close(self) -> None:
         """Close the data files opened so far."""

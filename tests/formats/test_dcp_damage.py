@@ -208,3 +208,36 @@ def test_zstd_item_with_trailing_bytes(tmp_path: Path) -> None:
     info.length += 9
     (tmp_path / "z" / ".metadata").write_bytes(pickle.dumps(meta))
     assert _every_front_door(tmp_path / "z")
+
+
+def test_verify_finds_altered_tensor_bytes_by_crc(source: Path, tmp_path: Path) -> None:
+    """A flipped bit in a chunk's values loads (torch does not check CRCs either); verify
+    finds it from the item's CRC-32."""
+    import numpy as np
+
+    bad = tmp_path / "flipped"
+    shutil.copytree(source, bad)
+    values = np.arange(12, dtype="<f4").tobytes()
+    name = next(p.name for p in bad.glob("*.distcp") if values in p.read_bytes())
+    data = bytearray((bad / name).read_bytes())
+    data[data.index(values) + 5] ^= 0x40
+    (bad / name).write_bytes(bytes(data))
+    assert ptfile.load_dcp(bad)["w"].numpy()[0, 1] != 1.0
+    report = verify(bad)
+    assert not report.ok
+    assert [p.where for p in report.problems] == ["w"]
+    assert "CRC-32 mismatch" in report.problems[0].message
+    assert verify(source).ok
+
+
+def test_verify_accepts_items_saved_without_crcs(tmp_path: Path) -> None:
+    from torch.utils.serialization import config
+
+    saved = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        dcp.save({"w": torch.ones(3), "n": 2}, checkpoint_id=tmp_path)
+    finally:
+        config.save.compute_crc32 = saved
+    assert verify(tmp_path).ok
+    assert ptfile.load_dcp(tmp_path)["n"] == 2

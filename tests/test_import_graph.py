@@ -49,6 +49,8 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.structural": 2,  # any pickle as an inert tree of the model's objects
     # 3: the checkpoint formats: the one way in.
     "ptfile.formats": 3,
+    "ptfile.formats.pt2_program": 3,  # a .pt2 program's signature (inspect)
+    "ptfile.formats.pt2_json": 3,  # checked JSON and text rendering for it
     # 4: the front doors and what is built on them.
     "ptfile.api": 4,
     "ptfile.reader": 4,  # ptfile.open
@@ -61,9 +63,12 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.dcp_reader": 4,  # ptfile.open on a DCP directory (TensorInfo of reader)
     "ptfile.opening": 4,  # ptfile.open: a file's reader or a DCP directory's
     "ptfile": 4,  # the package's public surface re-exports the front doors
-    # 5: the command line.
-    "ptfile.cli": 5,
-    "ptfile.__main__": 5,
+    # 5: many files at once, on a local pool or Dask, built on the front doors.
+    "ptfile.bulk": 5,
+    # 6: the command line.
+    "ptfile.cli": 6,
+    "ptfile._cli_bulk": 6,  # the command line's bulk runs
+    "ptfile.__main__": 6,
 }
 #: The torch-free mechanism packages: each may import only the base layer and itself.
 MECHANISM: Final = ("ptfile.archive", "ptfile.picklevm")

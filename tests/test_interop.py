@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ptfile
-from oracle import assert_same, assert_sharing
+from oracle import assert_same, assert_sharing, ptfile_bytes, torch_bytes
 
 torch.manual_seed(0)
 
@@ -338,3 +338,12 @@ def test_interop_every_pickle_protocol_parses(protocol: int, tmp_path: Path) -> 
     expected = torch.load(path, weights_only=False)
     assert_same(got, expected)
     assert_sharing(got, expected)
+
+
+def test_interop_save_numpy_arrays_that_view_torch_tensors(tmp_path: Path) -> None:
+    """``t.numpy()`` has a torch Tensor as its base: saving it used to raise TypeError."""
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert ptfile_bytes({"w": t.numpy()}) == torch_bytes({"w": t})
+    ptfile.save({"row": t[1].numpy(), "col": t[:, 2].numpy()}, tmp_path / "v.pt")
+    back = torch.load(tmp_path / "v.pt", weights_only=True)
+    assert torch.equal(back["row"], t[1]) and torch.equal(back["col"], t[:, 2])

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+#: The README's .pt2 example reads this golden file (made by its make_tiny_export.py).
+TINY_EXPORT = Path(__file__).resolve().parent / "golden" / "tiny_export.pt2"
 sys.path.insert(0, str(Path(__file__).parent / "remote"))
 
 from rangeserver import RangeServer  # noqa: E402 - the tests' loopback server
@@ -23,7 +25,8 @@ def test_readme_remote_example_runs(tmp_path: Path) -> None:
     with RangeServer(tmp_path) as server:
         failures, tried = doctest.testfile(
             str(README), module_relative=False,
-            globs={"url": server.url("model.pt"), "dcp_dir": str(tmp_path / "dcp")},
+            globs={"url": server.url("model.pt"), "pt2": str(TINY_EXPORT),
+                   "dcp_dir": str(tmp_path / "dcp")},
             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert tried >= 6
     assert failures == 0

@@ -16,9 +16,9 @@ __all__ = ["progress_bar"]
 
 @contextlib.contextmanager
 def progress_bar(total: int, desc: str, enabled: bool = True,
-                 unit: str = "B") -> Iterator[Callable[[int], None]]:
-    """Yield ``update(n)`` of a tqdm bar on stderr when it is a terminal (and tqdm is
-    installed), else of a no-op.
+                 unit: str = "B", force: bool = False) -> Iterator[Callable[[int], None]]:
+    """Yield ``update(n)`` of a tqdm bar on stderr when it is a terminal, or always with
+    ``force`` (and tqdm is installed), else of a no-op.
 
     Examples
     --------
@@ -26,7 +26,7 @@ def progress_bar(total: int, desc: str, enabled: bool = True,
     ...     update(10)
     """
     bar = None
-    if enabled and sys.stderr.isatty():
+    if enabled and (force or sys.stderr.isatty()):
         with contextlib.suppress(ImportError):
             tqdm = importlib.import_module("tqdm").tqdm
             bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,

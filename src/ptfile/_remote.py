@@ -42,6 +42,7 @@ is an :class:`~ptfile.errors.UnsupportedFeatureError` naming the package.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import time
 import warnings
@@ -56,7 +57,8 @@ from ._progress import progress_bar
 from .errors import PtfileWarning, RemoteError, UnsupportedFeatureError
 from .limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["RemoteSource", "StorageOptions", "local_path", "open_any", "open_target"]
+__all__ = ["RemoteSource", "StorageOptions", "local_path", "open_any", "open_target",
+           "watched_sources"]
 
 #: fsspec's options for a URL's backend (credentials, endpoints…), as fsspec takes them.
 StorageOptions: TypeAlias = "Mapping[str, Any] | None"
@@ -84,6 +86,11 @@ SMALL_CONCURRENCY: Final = 32
 #: Attempts after the first, and the first wait (doubled each time).
 RETRIES: Final = 4
 BACKOFF_SECONDS: Final = 0.05
+
+#: When set (to a list), every RemoteSource opened in this context is appended to it, so
+#: a caller can add up the requests and bytes one piece of work fetched (ptfile.bulk).
+watched_sources: contextvars.ContextVar[list[RemoteSource] | None] = contextvars.ContextVar(
+    "watched_sources", default=None)
 
 
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -165,6 +172,9 @@ class RemoteSource:
             self._whole = self._stream_whole(size, limits)
             size = len(self._whole)
         self.size: int = size
+        watching = watched_sources.get()
+        if watching is not None:
+            watching.append(self)
 
     def _info(self) -> dict[str, Any]:
         """fsspec's ``info`` of the file.  fsspec's HTTP backend turns every failure of

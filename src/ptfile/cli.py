@@ -22,6 +22,10 @@ unknown                3     :data:`EXIT_UNKNOWN`: ``torch.load`` would import
 
 Over several files the code is the worst one: dangerous, then error, then unknown.
 
+``scan``, ``inspect``, ``verify`` and ``convert`` also take globs, directories
+and URL prefixes (``s3://bucket/models/**/*.bin``) and run over every file on a
+local pool or Dask, printing JSON Lines: :mod:`ptfile._cli_bulk` says when.
+
 Every read command takes ``--json`` and then prints one JSON document on
 stdout.  Long work (convert, verify, diff) shows a progress bar on stderr when
 stderr is a terminal and ``tqdm`` is installed (``pip install ptfile[cli]``);
@@ -40,27 +44,28 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
 
+from . import _cli_bulk
 from ._io import is_url
 from ._progress import progress_bar as _progress
+from .bulk import (
+    EXIT_ERROR,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_UNKNOWN,
+    EXIT_UNSAFE,
+    SCAN_CODES,
+    WORST_FIRST,
+)
 from .errors import PtfileError
 from .inspection import Inspection, diff, inspect, verify
+from .opening import open as open_checkpoint
 from .reader import TensorInfo
-from .reader import open as open_checkpoint
 
 __all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
            "EXIT_UNSAFE", "main"]
 
-EXIT_OK: Final = 0
-#: ``scan`` found something dangerous.
-EXIT_UNSAFE: Final = 1
-#: ``verify`` found damage (same value as EXIT_UNSAFE: "the check failed").
-EXIT_INVALID: Final = 1
 #: ``diff`` found a difference (as diff(1)).
 EXIT_DIFFERENT: Final = 1
-#: The command could not run: bad arguments, unreadable or unsupported input.
-EXIT_ERROR: Final = 2
-#: ``scan``: nothing dangerous, but names on no allowlist (0 with ``--allow-unknown``).
-EXIT_UNKNOWN: Final = 3
 
 _EPILOG: Final = """\
 exit codes: 0 ok, 1 the check failed (scan: dangerous; verify: damaged; diff: different),
@@ -161,6 +166,8 @@ def _render_totals(ins: Inspection, out: TextIO) -> None:
 
 def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     _render_header(ins, out)
+    if ins.program is not None:
+        out.write("\n" + "".join(line + "\n" for line in ins.program.lines()))
     shared = set(ins.shared)
     tensors = ins.tensors if not limit else ins.tensors[:limit]
     out.write(f"\nTensors ({len(ins.tensors):,})\n")
@@ -240,8 +247,8 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 #: ``scan``'s exit code per verdict, and which code wins over several files (worst first).
-_SCAN_CODES: Final = {"allowed": EXIT_OK, "dangerous": EXIT_UNSAFE, "unknown": EXIT_UNKNOWN}
-_SCAN_ORDER: Final = (EXIT_UNSAFE, EXIT_ERROR, EXIT_UNKNOWN)
+_SCAN_CODES: Final = SCAN_CODES
+_SCAN_ORDER: Final = WORST_FIRST
 
 
 #: How a file's overall scan verdict reads in text output.
@@ -348,6 +355,8 @@ def _parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(func=func)
         _ARGUMENTS[name](p)
+        if name in _cli_bulk.BULK_COMMANDS:
+            _cli_bulk.add_arguments(p, name)
         p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                        type=_storage_option, dest="storage_options",
                        help="an fsspec option for URL inputs and outputs (repeatable; VALUE "
@@ -383,7 +392,8 @@ _STRUCTURAL_HELP: Final = ("read a pickle that names globals outside torch's wei
 
 
 def _args_inspect(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="checkpoint to describe")
+    p.add_argument("file", nargs="+", metavar="FILE",
+                   help="checkpoint to describe (several, globs, directories: JSON Lines)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--limit", type=int, default=40, metavar="N",
                    help="rows per table and items per container (0: all; default 40)")
@@ -399,10 +409,14 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
 
 
 def _args_convert(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="checkpoint, .safetensors, or a Hugging Face *.index.json")
-    p.add_argument("output", help="output file (or folder for a sharded index)")
+    p.add_argument("input", nargs="+", metavar="PATH",
+                   help="checkpoint, .safetensors, or a Hugging Face *.index.json, then the "
+                        "output file (or folder for a sharded index); one input, or more than "
+                        "two, or --out-prefix: each input converted beside it or under the "
+                        "prefix (JSON Lines)")
     p.add_argument("--to", choices=("safetensors", "npz", "pt"),
-                   help="output kind (default: from the output's suffix)")
+                   help="output kind (default: from the output's suffix; in bulk, "
+                        "safetensors)")
     p.add_argument("--shared", choices=("dedupe", "copy", "error"), default="dedupe",
                    help="tensors sharing storage: store tied views once (default), copy "
                         "each, or refuse")
@@ -412,7 +426,8 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
 
 
 def _args_verify(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="checkpoint to check")
+    p.add_argument("file", nargs="+", metavar="FILE",
+                   help="checkpoint to check (several, globs, directories: JSON Lines)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -455,6 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = sys.stdout
     try:
+        if _cli_bulk.is_bulk(args):
+            return _cli_bulk.run(args, out)
+        _cli_bulk.single(args)
         return int(args.func(args, out))
     except BrokenPipeError:  # `ptfile inspect big.pt | head`
         return EXIT_OK

@@ -22,7 +22,9 @@ from ._remote import StorageOptions
 from .archive import ZipReader
 from .dcp_reader import DCPReader
 from .errors import PtfileError, UnsafeGlobalError
-from .limits import Limits
+from .formats import Format
+from .formats.pt2_program import ProgramSignature, read_program
+from .limits import DEFAULT_LIMITS, Limits
 from .opening import open as open_checkpoint
 from .reader import CheckpointReader, TensorInfo
 from .tensor import Tensor
@@ -69,7 +71,8 @@ def _describe(obj: object, names: dict[int, str], depth: int = 0) -> Any:
 
 @dataclass
 class Inspection:
-    """Everything :func:`inspect` found: metadata, records, tensors, the tree and totals."""
+    """Everything :func:`inspect` found: metadata, records, tensors, the tree and totals;
+    for a ``.pt2``, the exported program's signature (``program``)."""
 
     path: str | None
     format: str
@@ -79,6 +82,8 @@ class Inspection:
     tensors: list[TensorInfo]
     tree: Any
     shared: dict[str, list[str]] = field(default_factory=dict)
+    #: A ``.pt2``'s exported program: its inputs, outputs, parameters, buffers, constants.
+    program: ProgramSignature | None = None
     #: A DCP checkpoint's chunks by tensor (offsets, sizes, file, offset, length).
     chunks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -105,6 +110,7 @@ class Inspection:
                 "records": [r.to_dict() for r in self.records],
                 "tensors": [t.to_dict() for t in self.tensors],
                 "shared_storages": self.shared, "tree": self.tree,
+                **({} if self.program is None else {"program": self.program.to_dict()}),
                 **({"chunks": self.chunks} if self.chunks else {})}
 
 
@@ -116,7 +122,15 @@ def _records(ck: CheckpointReader | DCPReader) -> list[RecordRow]:
             for r in reader.records]
 
 
-def _inspection(ck: CheckpointReader | DCPReader, path: str | None, size: int) -> Inspection:
+def _program(ck: CheckpointReader | DCPReader, limits: Limits) -> ProgramSignature | None:
+    """The signature of a ``.pt2``'s program (read from its JSON; nothing runs)."""
+    if ck.format is not Format.PT2 or ck.zip_reader is None:
+        return None
+    return read_program(ck.zip_reader, ck.metadata()["prefix"], limits)
+
+
+def _inspection(ck: CheckpointReader | DCPReader, path: str | None, size: int,
+                limits: Limits = DEFAULT_LIMITS) -> Inspection:
     tensors = list(ck.infos())
     by_storage: dict[str, list[str]] = {}
     for t in tensors:
@@ -127,7 +141,7 @@ def _inspection(ck: CheckpointReader | DCPReader, path: str | None, size: int) -
                       metadata=ck.metadata(), records=_records(ck), tensors=tensors,
                       tree=_describe(ck.object, names),
                       shared={k: v for k, v in by_storage.items() if len(v) > 1},
-                      chunks=_chunks(ck))
+                      program=_program(ck, limits), chunks=_chunks(ck))
 
 
 def _chunks(ck: CheckpointReader | DCPReader) -> dict[str, list[dict[str, Any]]]:
@@ -158,7 +172,9 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
     -------
     Inspection
         Metadata, the record table, every tensor's dtype/shape/stride/storage
-        and file offset, the object tree, shared storages and totals.
+        and file offset, the object tree, shared storages and totals; for a
+        ``.pt2``, ``program``: its inputs, outputs, parameters, buffers,
+        constants and custom objects, read from its JSON (nothing is run).
 
     Raises
     ------
@@ -176,7 +192,8 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
     with open_checkpoint(f, limits=limits, storage_options=storage_options,
                          structural=structural) as ck:
         size = ck.source_size
-        return _inspection(ck, path if isinstance(path, str) else None, size)
+        return _inspection(ck, path if isinstance(path, str) else None, size,
+                           limits or DEFAULT_LIMITS)
 
 
 # --------------------------------------------------------------------------- verify
@@ -256,7 +273,7 @@ def _check_dcp(ck: DCPReader, report: VerifyReport, progress: Progress | None) -
 
 def _check_layout(ck: CheckpointReader, report: VerifyReport) -> None:
     reader = ck.zip_reader
-    if reader is None:
+    if reader is None or ck.format is not Format.ZIP:  # a .pt2 keeps configs under data/
         return
     prefix = ck.metadata().get("prefix", "")
     for record in reader.records:

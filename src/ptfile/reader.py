@@ -15,9 +15,10 @@ otherwise (re-zipped by another tool) falls back to reading each storage's
 local header, a few dozen bytes, on first use.  Data reads always use the
 validated local header.
 
-Formats other than the ZIP checkpoint (legacy pickle stream, tar, TorchScript)
-are read whole through :func:`ptfile.load` and offered through the same
-interface; only their metadata is then not "free".
+A ``.pt2`` (``torch.export``) is read the same way: its payload configs give
+every tensor, its records the bytes on demand.  Other formats (legacy pickle
+stream, tar, TorchScript) are read whole through :func:`ptfile.load` and offered
+through the same interface; only their metadata is then not "free".
 """
 
 from __future__ import annotations
@@ -524,6 +525,20 @@ def _open_zip(source: Source, reader: ZipReader, limits: Limits,
         return ck
 
 
+def _open_pt2(source: Source, detected: Detected, limits: Limits,
+              structural: bool) -> CheckpointReader:
+    """A ``.pt2``: its payload configs read, no storage bytes; those are read from the
+    archive's records on demand (a storage's key is its record's path under ``data/``)."""
+    reader = detected.zip_reader()
+    info = read_info(reader, config.current())
+    policy = policies.structural() if structural else policies.strict()
+    obj = read_detected(source, detected, ReadOptions(limits=limits, find_class=policy,
+                                                      skip_data=True))
+    meta = {**_zip_meta(info), "format": Format.PT2.value}
+    return CheckpointReader(source, obj, fmt=Format.PT2, meta=meta, zip_reader=reader,
+                            zip_info=info)
+
+
 #: Formats read front to back (no index to seek by): a source that reads on demand (a
 #: URL) is read whole, once, in order, before their reader runs.
 _STREAMS: Final = frozenset({Format.LEGACY, Format.TAR})
@@ -591,6 +606,8 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
             detected = detect_source(source, limits)
             if detected.format is Format.ZIP:
                 return _open_zip(source, detected.zip_reader(), limits, structural)
+            if detected.format is Format.PT2:
+                return _open_pt2(source, detected, limits, structural)
             if source.reads_on_demand and detected.format in _STREAMS:
                 streamed = source
                 source = BytesSource(streamed.read_all(), name=streamed.name)

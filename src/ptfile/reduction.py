@@ -75,13 +75,16 @@ class _ArrayStorages:
         root = array
         while isinstance(root.base, np.ndarray):
             root = root.base
-        if root.base is None:
-            whole = root.reshape(-1, order="A") if root.flags.forc else None
-            if whole is None:
-                raise ValueError("non-contiguous owner")
-            return root, whole.view(np.uint8).data.cast("B")
-        buffer = memoryview(root.base).cast("B")  # type: ignore[unreachable]
-        return root.base, buffer
+        base: object = root.base
+        if base is not None:
+            try:
+                return base, memoryview(base).cast("B")  # type: ignore[arg-type]
+            except TypeError:
+                pass  # a base without a flat buffer (torch's t.numpy()): the array owns its view
+        whole = root.reshape(-1, order="A") if root.flags.forc else None
+        if whole is None:
+            raise ValueError("non-contiguous owner")
+        return root, whole.view(np.uint8).data.cast("B")
 
     def tensor(self, array: np.ndarray) -> Tensor:
         """A Tensor viewing the storage of ``array``'s base buffer (or of a native copy)."""

@@ -21,8 +21,10 @@ metadata records as :mod:`.zipped`: ``.data/version`` is ``6``, ``byteorder``,
 * A payload meta is ``{"path_name": str, "is_param": bool, "use_pickle": bool,
   "tensor_meta": {...} | null}``; ``path_name`` is a record in the config's
   folder: ``weight_<i>`` (weights), ``tensor_<i>`` (tensor constants),
-  ``custom_obj_<i>``/``opaque_obj_<i>`` (TorchBind / opaque objects, pickled:
-  refused here).
+  ``custom_obj_<i>``/``opaque_obj_<i>`` (TorchBind / opaque objects, pickled,
+  ``tensor_meta`` null: :func:`ptfile.load` refuses them, unpickling them would
+  run their classes' code; a metadata read, ``skip_data``, leaves them out, so
+  :func:`ptfile.open` and ``inspect`` work: the program's signature lists them).
 * ``tensor_meta`` is ``{"dtype": <serde ScalarType int>, "sizes": [SymInt],
   "strides": [SymInt], "storage_offset": SymInt, "requires_grad": bool,
   "device": {"type": str, "index": int | null}, "layout": <serde Layout int>}``
@@ -46,9 +48,13 @@ What :func:`read_pt2` returns (and so :func:`ptfile.load`): one flat dict, the
 state dict entries (``torch.export.load(f).state_dict``: a
 :class:`~ptfile.Parameter` where ``is_param``) then the constants
 (``.constants``), by FQN; a name in both is damage.  An archive with several
-models is refused.  The bytes of a mapped source are sliced on first use
-(so :func:`ptfile.open` of a path reads metadata only); otherwise each tensor
-is a view of the source's bytes, read when the archive is.  ``map_location`` and
+models is refused.  Each storage's key is its record's path under ``data/``
+(``weights/weight_0``, ``constants/tensor_0``), as a ``torch.save`` storage's key
+is, so the lazy reader (:func:`ptfile.open`, which reads with ``skip_data``: no
+storage bytes) finds its record and file offset.  The bytes of a mapped source are
+sliced on first use; otherwise each tensor is a view of the source's bytes, read
+when the archive is.  The program itself (``models/<model>.json``) is read only
+by ``inspect`` (:mod:`.pt2_program`).  ``map_location`` and
 the :func:`ptfile.register_package` handlers apply to each record's storage, at
 the device the tensor meta records (``cpu``, ``cuda:0``...), as for ``torch.save``
 archives.
@@ -58,6 +64,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Final
 
 from .. import dtypes
@@ -72,7 +79,7 @@ from .storages import MappedLocator, record_bytes
 from .zipinfo import ZipInfo, read_info
 from .zipped import read_zip
 
-__all__ = ["SCALAR_TYPES", "read_pt2"]
+__all__ = ["SCALAR_TYPES", "device_of", "model_name", "read_pt2"]
 
 #: The export schema's ScalarType numbers (``torch/_export/serde/schema.py``) → torch dtype.
 SCALAR_TYPES: Final[Mapping[int, str]] = {
@@ -88,7 +95,7 @@ STRIDED: Final = 7
 #: The archive versions read.
 ARCHIVE_VERSIONS: Final = frozenset({"0"})
 #: The payload folders, and the object records no tensor lives in.
-_WEIGHTS, _CONSTANTS = "data/weights/", "data/constants/"
+_DATA, _WEIGHTS, _CONSTANTS = "data/", "data/weights/", "data/constants/"
 _PICKLED_OBJECTS: Final = ("custom_obj_", "opaque_obj_")
 
 
@@ -99,7 +106,7 @@ class _Archive:
                  options: ReadOptions) -> None:
         self.source, self.reader, self.info, self.options = source, reader, info, options
         self.lazy = source.map_access is not None and not options.skip_data
-        self._locators: dict[str, MappedLocator] = {}
+        self._locator: MappedLocator | None = None
 
     def name(self, path: str) -> str:
         return f"{self.info.prefix}/{path}"
@@ -117,18 +124,18 @@ class _Archive:
                               member=self.name(path))
         return self.reader.read(record)
 
-    def storage(self, folder: str, key: str, dtype: dtypes.DType, location: str) -> Storage:
-        record = self.record(folder + key)
-        nbytes = record.size
-        order = self.info.byteorder
+    def storage(self, path: str, dtype: dtypes.DType, location: str) -> Storage:
+        """The storage of the record ``path`` (``data/weights/weight_0``); its key is the
+        path under ``data/`` (``weights/weight_0``), as a ``torch.save`` storage's key is."""
+        record = self.record(path)
+        key, nbytes, order = path.removeprefix(_DATA), record.size, self.info.byteorder
         if self.options.skip_data:
             return Storage._from_record(None, dtype, location, key, False, order, nbytes)
         if self.lazy:
-            locator = self._locators.get(folder)
-            if locator is None:
-                locator = self._locators[folder] = MappedLocator(self.reader, self.source,
-                                                                 self.name(folder))
-            return Storage._located_later(locator, dtype, location, key, False, order, nbytes)
+            if self._locator is None:
+                self._locator = MappedLocator(self.reader, self.source, self.name(_DATA))
+            return Storage._located_later(self._locator, dtype, location, key, False, order,
+                                          nbytes)
         data = record_bytes(self.reader, self.source, record, self.reader.data_offset,
                             self.source.map_access)
         return Storage._from_record(data, dtype, location, key, False, order, nbytes)
@@ -167,7 +174,8 @@ def _dtype(meta: object, where: str) -> dtypes.DType:
     return dtypes.by_name(name)
 
 
-def _location(meta: object, where: str) -> str:
+def device_of(meta: object, where: str) -> str:
+    """The location tag (``cpu``, ``cuda:0``) of a ``TensorMeta``'s ``device`` field."""
     device = _field(meta, "device", dict, where)
     kind = _field(device, "type", str, f"{where} device")
     index = device.get("index")
@@ -207,7 +215,7 @@ class _Folder:
         if layout != STRIDED:
             raise UnsupportedFeatureError(f"{where}: layout {layout} (only strided tensors, "
                                           f"layout {STRIDED}, are read)")
-        dtype, location = _dtype(meta, where), _location(meta, where)
+        dtype, location = _dtype(meta, where), device_of(meta, where)
         size, stride = _ints(meta, "sizes", where), _ints(meta, "strides", where)
         offset = _symint(_field(meta, "storage_offset", dict, where), f"{where} storage_offset")
         requires_grad = _field(meta, "requires_grad", bool, where)
@@ -225,7 +233,7 @@ class _Folder:
             return storage
         if path.startswith(_PICKLED_OBJECTS) or "/" in path:
             raise FormatError(f"{where}: {path!r:.80} is not a tensor record")
-        storage = self.archive.storage(self.folder, path, dtype, location)
+        storage = self.archive.storage(self.folder + path, dtype, location)
         options = self.archive.options
         if options.map_location is not None or has_packages():
             storage = restore_location(storage, location, options.map_location)
@@ -247,7 +255,8 @@ class _Folder:
         if nbytes > ceiling:
             raise FormatError(f"empty record {path!r} stands for {nbytes} bytes of zeros, over "
                               f"{ceiling}", member=self.archive.name(self.folder + path))
-        return Storage._from_record(memoryview(bytearray(nbytes)), dtype, location, path, False,
+        key = (self.folder + path).removeprefix(_DATA)
+        return Storage._from_record(memoryview(bytearray(nbytes)), dtype, location, key, False,
                                     "little", nbytes)
 
     def _pickled(self, path: str, where: str) -> Any:
@@ -263,7 +272,8 @@ class _Folder:
         if detected.format is not Format.ZIP:
             raise FormatError(f"{where}: a pickled payload must be a torch.save archive, "
                               f"found {detected.format.value}", member=name)
-        return read_zip(nested, detected, options)
+        # Read whole: its records are in memory, not in the outer archive's data/ folder.
+        return read_zip(nested, detected, replace(options, skip_data=False))
 
 
 def _read_config(archive: _Archive, folder: str, config_path: str,
@@ -273,12 +283,27 @@ def _read_config(archive: _Archive, folder: str, config_path: str,
         if fqn in into:
             raise FormatError(f"{fqn!r} is both a weight and a constant",
                               member=archive.name(config_path))
+        if archive.options.skip_data and _is_object(payload):
+            continue
         into[fqn] = reader.tensor(fqn, payload)
 
 
-def _model(archive: _Archive) -> str:
-    start = archive.name("models/")
-    names = [r.name[len(start):-len(".json")] for r in archive.reader.records
+def _is_object(payload: object) -> bool:
+    """A pickled TorchBind / opaque object's entry (not a tensor)."""
+    path = payload.get("path_name") if isinstance(payload, dict) else None
+    return isinstance(path, str) and path.startswith(_PICKLED_OBJECTS)
+
+
+def model_name(reader: ZipReader, prefix: str) -> str:
+    """The name of the one exported program of the archive (``models/<name>.json``).
+
+    Raises
+    ------
+    UnsupportedFeatureError
+        The archive holds no program or several.
+    """
+    start = f"{prefix}/models/"
+    names = [r.name[len(start):-len(".json")] for r in reader.records
              if r.name.startswith(start) and r.name.endswith(".json")]
     if len(names) != 1 or "/" in names[0]:
         raise UnsupportedFeatureError(f"the .pt2 archive holds {len(names)} models "
@@ -312,7 +337,7 @@ def read_pt2(source: Source, detected: Detected, options: ReadOptions) -> dict[s
     if version not in ARCHIVE_VERSIONS:
         raise UnsupportedFeatureError(f".pt2 archive_version {version!r:.20} (ptfile reads "
                                       f"{', '.join(sorted(ARCHIVE_VERSIONS))})")
-    model = _model(archive)
+    model = model_name(reader, archive.info.prefix)
     if reader.get(archive.name(f"{_WEIGHTS}{model}.pt")) is not None:
         raise UnsupportedFeatureError(f"the .pt2 archive keeps its weights in the legacy "
                                       f"{_WEIGHTS}{model}.pt form; re-save it with torch 2.13")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
@@ -122,27 +123,43 @@ DEEP_TUPLE_LEVELS: Final = 50_000
 _CONTAINERS: Final = (dict, tuple, list, set, frozenset)
 
 
-def tuple_height(root: tuple[object, ...], heights: dict[int, int]) -> int:
-    """Nesting of tuples in tuples under ``root`` (what tuple hashing recurses through)."""
+def tuple_height(root: tuple[object, ...], heights: dict[int, int],
+                 cap: int | None = None) -> int:
+    """Nesting of tuples in tuples under ``root`` (what tuple hashing recurses through).
+
+    With ``cap``, the walk stops as soon as the open path of nested tuples is longer
+    than ``cap`` and returns ``cap + 1``: a chain of 10^6 tuples costs ``cap`` steps, not
+    10^6.  ``heights`` (the memo shared between calls) is then unfinished; the caller
+    refuses the object and drops it.
+    """
     stack: list[tuple[tuple[object, ...], bool]] = [(root, False)]
+    limit, open_path = (cap if cap is not None else sys.maxsize), 0
     while stack:
         t, done = stack.pop()
         if done:
+            open_path -= 1
             heights[id(t)] = 1 + max((heights[id(c)] for c in t if type(c) is tuple), default=0)
         elif id(t) not in heights:
             heights[id(t)] = 0  # tuples alone cannot form cycles: final before the parent
+            open_path += 1
+            if open_path > limit:
+                return limit + 1
             stack.append((t, True))
             stack.extend((c, False) for c in t if type(c) is tuple and id(c) not in heights)
     return heights[id(root)]
 
 
-def deepest_tuple(root: object) -> int:
+def deepest_tuple(root: object, cap: int | None = None) -> int:
     """The deepest tuple nesting in the containers (tuple, list, dict, set) under ``root``.
+
+    With ``cap``, any nesting deeper than ``cap`` returns early, as ``cap + 1``.
 
     Examples
     --------
     >>> deepest_tuple({"a": [((1,),)]})
     2
+    >>> deepest_tuple(((((1,),),),), cap=2)
+    3
     """
     seen: set[int] = set()
     heights: dict[int, int] = {}
@@ -157,7 +174,9 @@ def deepest_tuple(root: object) -> int:
         else:
             continue
         if type(obj) is tuple:
-            deepest = max(deepest, tuple_height(obj, heights))
+            deepest = max(deepest, tuple_height(obj, heights, cap))
+            if cap is not None and deepest > cap:
+                return deepest
         kinds = set().union(*(map(type, part) for part in parts))
         if not any(issubclass(kind, _CONTAINERS) for kind in kinds):
             continue  # no container among them (a state dict of 10^5 tensors): C-level check
@@ -182,10 +201,10 @@ def run_unpickler(load: Callable[[], T], stream: bytes) -> T:
     stack_bytes = stack_bytes_for(stream)
     result = call_with_stack(load, stack_bytes)
     if stack_bytes // STACK_BYTES_PER_LEVEL > DEEP_TUPLE_LEVELS:
-        depth = deepest_tuple(result)
+        depth = deepest_tuple(result, DEEP_TUPLE_LEVELS)
         if depth > DEEP_TUPLE_LEVELS:
             raise LimitExceededError("max_depth", DEEP_TUPLE_LEVELS, depth,
-                                     "tuples nested in tuples (hashing one would overflow "
+                                     "tuples nested in tuples, at least this deep (hashing one would overflow "
                                      "the C stack)")
     return result
 

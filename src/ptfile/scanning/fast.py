@@ -110,7 +110,7 @@ def _walk_is_plain(root: object, heads: Callable[[bytes], bool], max_depth: int)
             if kind is tuple:
                 items: tuple[object, ...] = child  # type: ignore[assignment]
                 if any(type(c) is tuple for c in items) and \
-                        tuple_height(items, heights) > max_depth:
+                        tuple_height(items, heights, max_depth) > max_depth:
                     return False
             stack.append(child)  # type: ignore[arg-type]
     return True

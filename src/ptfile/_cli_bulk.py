@@ -1,0 +1,164 @@
+"""The command line over many files: ``ptfile scan|inspect|verify|convert`` in bulk.
+
+A command runs in bulk, and prints JSON Lines (one record per file, as each
+finishes, then a summary record with ``"summary": true``), when:
+
+* ``--jsonl``, or a bulk option (``--workers``, ``--dask``, ``--scheduler``,
+  ``--out-prefix``) is given, or
+* an input is a glob, a directory or a URL prefix (ending in ``/``, or a URL
+  without a checkpoint suffix that lists as a folder, ``hf://user/repo``):
+  whatever it matches, even one file, so scripts get one shape; or
+* ``inspect``/``verify`` get more than one input, ``convert`` gets one input
+  or more than two (``convert IN OUT`` is one conversion, as before).
+
+``scan`` over several named files keeps its report of one block per file (and
+``--json``'s list); ``--jsonl`` makes it JSON Lines.  One file is reported
+exactly as before.  The exit code is the worst one over the files
+(:func:`ptfile.bulk.worst`: a failed check, then an error, then unknown
+globals).  ``--dask`` starts a LocalCluster on 127.0.0.1 (``--workers``
+processes, no dashboard); ``--scheduler tcp://host:port`` joins a running
+cluster.  The progress bar (files done) goes to stderr on a terminal, or
+always with ``--progress``; it needs tqdm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, Final, TextIO
+
+from . import bulk
+from ._io import is_url
+from ._progress import progress_bar
+from .errors import PtfileError
+
+__all__ = ["BULK_COMMANDS", "add_arguments", "is_bulk", "run", "single"]
+
+#: The commands that take many inputs.
+BULK_COMMANDS: Final = frozenset({"scan", "inspect", "verify", "convert"})
+#: Each command's positional that holds its inputs.
+_INPUTS: Final = {"scan": "files", "inspect": "file", "verify": "file", "convert": "input"}
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    """The bulk options of ``command``."""
+    g = p.add_argument_group("many files (globs, directories, s3://bucket/prefix/)")
+    g.add_argument("--jsonl", action="store_true",
+                   help="JSON Lines: one record per file, then a summary (the default for "
+                        "globs, directories and several files)")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="threads (URLs) or processes (local files) at once; on --dask, "
+                        "worker processes")
+    g.add_argument("--dask", action="store_true",
+                   help="run on a Dask LocalCluster on this machine (pip install 'ptfile[dask]')")
+    g.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run on the Dask cluster at ADDRESS (tcp://host:port)")
+    g.add_argument("--retries", type=int, default=bulk.RETRIES, metavar="N",
+                   help=f"attempts after the first on transient I/O errors (default "
+                        f"{bulk.RETRIES})")
+    g.add_argument("--progress", action="store_true",
+                   help="show the progress bar even when stderr is not a terminal")
+    if command == "convert":
+        g.add_argument("--out-prefix", metavar="FOLDER",
+                       help="write outputs under FOLDER, at the inputs' relative paths "
+                            "(default: beside each input)")
+
+
+def _inputs(args: argparse.Namespace) -> list[str]:
+    value = getattr(args, _INPUTS[args.command])
+    return list(value) if isinstance(value, list) else [value]
+
+
+def is_bulk(args: argparse.Namespace) -> bool:
+    """Whether the command line asks for a bulk run (see the module docstring)."""
+    if args.command not in BULK_COMMANDS:
+        return False
+    inputs = _inputs(args)
+    if args.jsonl or args.workers is not None or args.dask or args.scheduler \
+            or getattr(args, "out_prefix", None) is not None:
+        return True
+    if args.command == "convert":
+        return len(inputs) != 2
+    options = dict(args.storage_options) or None
+    if any(bulk.expands(item, options, probe=True) for item in inputs):
+        return True
+    return args.command != "scan" and len(inputs) > 1
+
+
+def single(args: argparse.Namespace) -> None:
+    """Set the one-file arguments the commands read (``args.file``; ``args.input`` and
+    ``args.output``) from the inputs, for a run that is not in bulk."""
+    if args.command in ("inspect", "verify"):
+        args.file = args.file[0]
+    elif args.command == "convert":
+        args.input, args.output = args.input
+        if bulk.expands(args.input):
+            raise PtfileError(f"{args.input} names many files: convert them with "
+                              f"--out-prefix {args.output}")
+
+
+@contextlib.contextmanager
+def _client(args: argparse.Namespace, remote: bool) -> Iterator[Any]:
+    """The Dask client the arguments ask for (None: the local pool)."""
+    if not (args.dask or args.scheduler):
+        yield None
+        return
+    distributed = bulk.require_dask()
+    if args.scheduler:
+        with distributed.Client(args.scheduler) as client:
+            yield client
+        return
+    # Remote work waits on the network: a few threads per process keep the requests flowing.
+    with bulk.local_cluster(args.workers or os.cpu_count() or 1, 4 if remote else 1) as cluster, \
+            distributed.Client(cluster) as client:
+        yield client
+
+
+def _records(args: argparse.Namespace, urls: list[str], client: Any) -> Iterator[bulk.Record]:
+    common = {"client": client, "workers": None if client else args.workers,
+              "storage_options": dict(args.storage_options) or None, "retries": args.retries}
+    if args.command == "scan":
+        return bulk.scan(urls, allow_unknown=args.allow_unknown, **common)
+    if args.command == "inspect":
+        return bulk.inspect(urls, structural=args.structural, **common)
+    if args.command == "verify":
+        return bulk.verify(urls, **common)
+    return bulk.convert(urls, args.out_prefix, args.to or "safetensors", shared=args.shared,
+                        structural=args.structural, **common)
+
+
+def _write(doc: bulk.Record, out: TextIO) -> None:
+    out.write(json.dumps(doc, default=str) + "\n")
+    out.flush()
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run the command over every file its inputs name; print JSON Lines; return the
+    worst exit code.
+
+    Raises
+    ------
+    PtfileError
+        No file matches, or an input cannot be listed.
+    """
+    options = dict(args.storage_options) or None
+    urls = bulk.expand(_inputs(args), options)
+    if not urls:
+        raise PtfileError(f"no files match {' '.join(_inputs(args))}")
+    start = time.perf_counter()
+    done: list[bulk.Record] = []
+    with _client(args, any(map(is_url, urls))) as client, \
+            progress_bar(len(urls), args.command, not getattr(args, "no_progress", False),
+                         unit="file", force=args.progress) as step:
+        for record in _records(args, urls, client):
+            _write(record, out)
+            done.append({k: record[k] for k in ("command", "verdict", "exit_code",
+                                                "bytes_fetched")})
+            step(1)
+    summary = bulk.summarize(done, time.perf_counter() - start)
+    _write(summary, out)
+    return int(summary["exit_code"])

@@ -1,0 +1,207 @@
+"""Which files the inputs name (globs, directories, URL prefixes), and where each
+converted file goes."""
+
+from __future__ import annotations
+
+import glob as globbing
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from .._io import is_url, url_scheme
+from .._remote import StorageOptions, filesystem
+from ..errors import RemoteError
+
+__all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expands", "output_for",
+           "outputs"]
+
+#: File names a directory walk keeps: what the formats ptfile reads are saved under by
+#: torch.save, torch.jit.save, torch.export.save and pickle (.bin: Hugging Face; .ckpt:
+#: Lightning; .tar: pre-0.4).  Not .safetensors: no pickle to scan, and bulk convert's
+#: own outputs.
+CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
+                                        ".pkl", ".pickle"})
+#: The file that marks a distributed checkpoint's folder.
+DCP_MARKER: Final = ".metadata"
+#: Schemes whose URLs have no folders to probe (a probe would be a GET of the page).
+_FLAT_SCHEMES: Final = frozenset({"http", "https"})
+#: The output suffix per conversion kind.
+OUTPUT_SUFFIXES: Final = {"safetensors": ".safetensors", "npz": ".npz", "pt": ".pt"}
+
+
+def _has_magic(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def _suffix(name: str) -> str:
+    return os.path.splitext(name.rstrip("/"))[1].lower()
+
+
+def _is_dcp_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, DCP_MARKER))
+
+
+def _walk_local(root: str) -> list[str]:
+    if _is_dcp_dir(root):
+        return [root]
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for d in [d for d in dirs if _is_dcp_dir(os.path.join(folder, d))]:
+            found.append(os.path.join(folder, d))
+            dirs.remove(d)
+        found += [os.path.join(folder, f) for f in files if _suffix(f) in CHECKPOINT_SUFFIXES]
+    return found
+
+
+def _expand_local(item: str) -> list[str]:
+    if _has_magic(item):
+        return [p for p in globbing.glob(item, recursive=True) if os.path.isfile(p)]
+    if os.path.isdir(item):
+        return _walk_local(item)
+    return [os.path.normpath(item)]
+
+
+def _walk_remote(fs: Any, path: str) -> list[str]:
+    files = [p for p, info in fs.find(path, detail=True).items() if info.get("type") != "directory"]
+    dcp = {p.rpartition("/")[0] for p in files if p.rpartition("/")[2] == DCP_MARKER}
+    kept = [p for p in files if _suffix(p) in CHECKPOINT_SUFFIXES and not _hidden(p, path)
+            and not any(p.startswith(d + "/") for d in dcp)]
+    return kept + sorted(dcp)
+
+
+def _hidden(path: str, root: str) -> bool:
+    """True when a folder between ``root`` and ``path`` is hidden (``.git``, ``.cache``)."""
+    return any(part.startswith(".") for part in path[len(root):].split("/")[:-1])
+
+
+def _expand_url(item: str, storage_options: StorageOptions) -> list[str]:
+    fs, path = filesystem(item, storage_options)
+    try:
+        if _has_magic(path):
+            matched = fs.glob(path, detail=True)
+            paths = [p for p, info in matched.items() if info.get("type") != "directory"]
+        elif url_scheme(item) not in _FLAT_SCHEMES and (
+                item.endswith("/") or _suffix(path) not in CHECKPOINT_SUFFIXES) \
+                and fs.isdir(path):
+            paths = _walk_remote(fs, path.rstrip("/"))
+        else:
+            return [item]
+    except (OSError, ValueError) as exc:  # fsspec's listing errors: not found, denied, bad bucket
+        raise RemoteError(f"{item}: cannot list: {type(exc).__name__}: {exc}", url=item) from exc
+    return [fs.unstrip_protocol(p) for p in paths]
+
+
+def expand(inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+           storage_options: StorageOptions = None) -> list[str]:
+    """The files that ``inputs`` name (globs, directories, URL prefixes expanded), sorted
+    and without duplicates.
+
+    Raises
+    ------
+    RemoteError
+        A URL pattern or prefix cannot be listed.
+    UnsupportedFeatureError
+        fsspec, or the backend a URL needs, is not installed.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> for name in ("a.pt", "sub/b.bin", "sub/notes.txt", ".git/c.pt"):
+    ...     os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+    ...     open(os.path.join(root, name), "wb").close()
+    >>> [os.path.relpath(p, root) for p in expand([root, os.path.join(root, "*.pt")])]
+    ['a.pt', 'sub/b.bin']
+    """
+    found: set[str] = set()
+    for item in as_items(inputs):
+        found.update(_expand_url(item, storage_options) if is_url(item) else
+                     _expand_local(item))
+    return sorted(found)
+
+
+def expands(item: str, storage_options: StorageOptions = None, *, probe: bool = False) -> bool:
+    """True when ``item`` stands for files it does not name (a glob, a directory, a URL
+    prefix ending in ``/``): the command line then reports in JSON Lines.  With
+    ``probe``, a URL without a checkpoint suffix (``hf://user/repo``) is asked for (one
+    listing request).
+
+    Examples
+    --------
+    >>> expands("models/*.pt"), expands("s3://bucket/models/"), expands("model.pt")
+    (True, True, False)
+    """
+    if _has_magic(item) or (is_url(item) and item.endswith("/")):
+        return True
+    if not is_url(item):
+        return os.path.isdir(item) and not _is_dcp_dir(item)
+    return probe and url_scheme(item) not in _FLAT_SCHEMES and \
+        _suffix(item) not in CHECKPOINT_SUFFIXES and expand(item, storage_options) != [item]
+
+
+def as_items(inputs: Any) -> list[str]:
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    return [str(os.fspath(i)) for i in items]
+
+
+def _base(item: str) -> str:
+    """The folder (in :func:`_key` form) an input's files are relative to: the directory
+    or prefix itself, a glob's folder before its first wildcard, a file's folder."""
+    key = _key(item)
+    if _has_magic(key):
+        return key[:min(key.index(c) for c in "*?[" if c in key)].rpartition("/")[0]
+    folder = os.path.isdir(item) if not is_url(item) else \
+        item.endswith("/") or _suffix(item) not in CHECKPOINT_SUFFIXES
+    return key.rstrip("/") if folder else os.path.dirname(key)
+
+
+def outputs(urls: list[str], items: list[str], out_prefix: str | None,
+             fmt: str) -> tuple[list[str], list[str | None]]:
+    """The inputs to convert (less those under ``out_prefix``: earlier outputs) and the
+    output of each: under ``out_prefix``, at its path relative to the input that named it
+    (the inputs' common folder when none does)."""
+    if out_prefix is None:
+        return urls, [output_for(url, fmt) for url in urls]
+    inside = _key(out_prefix).rstrip("/") + "/"
+    urls = [url for url in urls if not _key(url).startswith(inside)]
+    bases = sorted({_base(item) for item in items}, key=len, reverse=True)
+    common = _common_folder(urls)
+    roots = [next((b for b in bases if _key(url).startswith(b + "/")), common) for url in urls]
+    return urls, [output_for(url, fmt, out_prefix, root) for url, root in zip(urls, roots,
+                                                                             strict=True)]
+
+
+def _key(url: str) -> str:
+    """A URL or path as a path-like key: ``s3://b/k`` → ``s3/b/k``."""
+    scheme = url_scheme(url)
+    return url.replace("://", "/", 1) if scheme else os.path.abspath(url)
+
+
+def _common_folder(urls: Sequence[str]) -> str:
+    keys = [_key(u) for u in urls]
+    if not keys:
+        return ""
+    common = os.path.commonpath(keys) if len({k.startswith("/") for k in keys}) == 1 else ""
+    return common if len(keys) > 1 or common != keys[0] else os.path.dirname(common)
+
+
+def output_for(url: str, fmt: str, out_prefix: str | None = None, root: str = "") -> str | None:
+    """Where ``url`` converted to ``fmt`` goes: beside it, or under ``out_prefix`` at its
+    path relative to ``root`` (a folder of :func:`_key` form); None when that is the
+    input itself.
+
+    Examples
+    --------
+    >>> output_for("s3://b/zoo/bert/model.bin", "safetensors")
+    's3://b/zoo/bert/model.safetensors'
+    >>> output_for("s3://b/zoo/bert/model.bin", "safetensors", "out/", "s3/b/zoo")
+    'out/bert/model.safetensors'
+    """
+    suffix = OUTPUT_SUFFIXES[fmt]
+    stem, old = os.path.splitext(url)
+    if out_prefix is None:
+        return None if old.lower() == suffix else stem + suffix
+    relative = os.path.relpath(os.path.splitext(_key(url))[0], root or "/") + suffix
+    return out_prefix.rstrip("/") + "/" + relative.replace(os.sep, "/")
+

@@ -1,0 +1,176 @@
+"""One file's work: the command, retries on transient errors, and its record."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+from .._io import is_url
+from .._remote import StorageOptions, filesystem, watched_sources
+from ..errors import PtfileError, RemoteError, UnsupportedFeatureError
+from ..limits import Limits
+
+__all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_UNSAFE",
+           "RETRIES", "SCAN_CODES", "WORST_FIRST", "Options", "Record", "error_of",
+           "run_one"]
+
+EXIT_OK: Final = 0
+#: ``scan`` found something dangerous.
+EXIT_UNSAFE: Final = 1
+#: ``verify`` found damage (same value as EXIT_UNSAFE: "the check failed").
+EXIT_INVALID: Final = 1
+#: The command could not do its work: unreadable or unsupported input.
+EXIT_ERROR: Final = 2
+#: ``scan``: nothing dangerous, but names on no allowlist.
+EXIT_UNKNOWN: Final = 3
+#: Which code wins over several files, worst first (then EXIT_OK).
+WORST_FIRST: Final = (EXIT_UNSAFE, EXIT_ERROR, EXIT_UNKNOWN)
+#: ``scan``'s code per verdict.
+SCAN_CODES: Final = {"allowed": EXIT_OK, "dangerous": EXIT_UNSAFE, "unknown": EXIT_UNKNOWN}
+
+#: Attempts after the first for a transient I/O error, and the first wait (doubled each time).
+RETRIES: Final = 2
+BACKOFF_SECONDS: Final = 0.2
+
+Record: TypeAlias = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What every task of one run shares (sent to processes and Dask workers)."""
+
+    storage_options: Mapping[str, Any] | None = None
+    limits: Limits | None = None
+    retries: int = RETRIES
+    backoff: float = BACKOFF_SECONDS
+    allow_unknown: bool = False
+    structural: bool = False
+    full: bool = False
+    fmt: str = "safetensors"
+    shared: str = "dedupe"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _scan(url: str, o: Options, _target: str | None) -> tuple[str, int, dict[str, Any]]:
+    from ..scanning import scan as scan_one
+
+    result = scan_one(url, limits=o.limits, storage_options=o.storage_options).to_dict()
+    code = SCAN_CODES[result["verdict"]]
+    code = EXIT_OK if code == EXIT_UNKNOWN and o.allow_unknown else code
+    return result["verdict"], code, result
+
+
+def _inspect(url: str, o: Options, _target: str | None) -> tuple[str, int, dict[str, Any]]:
+    from ..inspection import inspect as inspect_one
+
+    ins = inspect_one(url, limits=o.limits, storage_options=o.storage_options,
+                      structural=o.structural)
+    if o.full:
+        return "ok", EXIT_OK, ins.to_dict()
+    return "ok", EXIT_OK, {"format": ins.format, "file_size": ins.file_size,
+                           "metadata": ins.metadata, "totals": ins.totals}
+
+
+def _verify(url: str, o: Options, _target: str | None) -> tuple[str, int, dict[str, Any]]:
+    from ..inspection import verify as verify_one
+
+    report = verify_one(url, limits=o.limits, storage_options=o.storage_options)
+    verdict, code = ("ok", EXIT_OK) if report.ok else ("damaged", EXIT_INVALID)
+    return verdict, code, report.to_dict()
+
+
+def _convert(url: str, o: Options, target: str | None) -> tuple[str, int, dict[str, Any]]:
+    if target is None:
+        raise UnsupportedFeatureError(f"{url}: already {o.fmt}; nothing to convert")
+    if _exists(target, o.storage_options):
+        return "skipped", EXIT_OK, {"output": target}
+    with _atomic_output(target) as staged:
+        summary = _convert_one(url, staged, o)
+    return "converted", EXIT_OK, {**summary, "output": target}
+
+
+def _convert_one(url: str, target: str, o: Options) -> dict[str, Any]:
+    from ..export.convert import convert as convert_one
+
+    summary = convert_one(url, target, to=o.fmt, shared=o.shared,  # type: ignore[arg-type]
+                          storage_options=o.storage_options, structural=o.structural)
+    return {k: summary[k] for k in ("kind", "tensors", "aliases")}
+
+
+def _exists(target: str, storage_options: StorageOptions) -> bool:
+    if not is_url(target):
+        return os.path.exists(target)
+    fs, path = filesystem(target, storage_options)
+    return bool(fs.exists(path))
+
+
+@contextlib.contextmanager
+def _atomic_output(target: str) -> Iterator[str]:
+    """Where to write ``target``: a URL as it is (uploaded once written), a local path in
+    a temporary folder beside it, renamed into place on success and removed on failure."""
+    if is_url(target):
+        yield target
+        return
+    folder = os.path.dirname(os.path.abspath(target))
+    os.makedirs(folder, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".ptfile-", dir=folder)
+    try:
+        staged = os.path.join(staging, os.path.basename(target))  # same stem: the archive name
+        yield staged
+        os.replace(staged, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+COMMANDS: Final[dict[str, Callable[[str, Options, str | None],
+                                     tuple[str, int, dict[str, Any]]]]] = {
+    "scan": _scan, "inspect": _inspect, "verify": _verify, "convert": _convert}
+
+#: Errors a retry never cures.
+_PERMANENT: Final = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """A failure worth another attempt: connection trouble, a 5xx/429/408, a short body."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, RemoteError):
+        return exc.status is None or exc.status >= 500 or exc.status in (408, 429)
+    return isinstance(exc, (OSError, TimeoutError)) and not isinstance(exc, PtfileError)
+
+
+def error_of(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__name__, "message": str(exc)}
+
+
+def run_one(command: str, url: str, options: Options, target: str | None = None) -> Record:
+    """One file's record: the command run with retries on transient errors; never raises
+    for the file's sake (a task of the local pool or of Dask)."""
+    record: Record = {"url": url, "command": command}
+    start = time.perf_counter()
+    for attempt in range(options.retries + 1):
+        sources: list[Any] = []
+        token = watched_sources.set(sources)
+        try:
+            verdict, code, result = COMMANDS[command](url, options, target)
+            record.update(verdict=verdict, exit_code=code, error=None, result=result)
+            break
+        except Exception as exc:  # noqa: BLE001 - one bad file never stops the run: its record
+            record.update(verdict="error", exit_code=EXIT_ERROR, error=error_of(exc), result=None)
+            if attempt == options.retries or not _is_transient(exc):
+                break
+        finally:
+            watched_sources.reset(token)
+        time.sleep(options.backoff * 2**attempt)
+    record.update(ok=record["exit_code"] == EXIT_OK, attempts=attempt + 1,
+                  seconds=round(time.perf_counter() - start, 6),
+                  bytes_fetched=sum(s.bytes_fetched for s in sources) if is_url(url) else None,
+                  requests=sum(s.requests for s in sources) if is_url(url) else None)
+    return record
+

@@ -57,6 +57,11 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.inspection": 4,  # inspect / verify / diff
     "ptfile.scanning": 4,  # ptfile.scan: the static scanner
     "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
+    "ptfile._dcp_files": 4,  # a DCP directory's files, local or by URL (uses _remote)
+    "ptfile._dcp_hf": 4,  # HuggingFace-writer directories' metadata (uses export.safetensors)
+    "ptfile.dcp": 4,  # load_dcp and the DCP building blocks (items read with formats.read)
+    "ptfile.dcp_reader": 4,  # ptfile.open on a DCP directory (TensorInfo of reader)
+    "ptfile.opening": 4,  # ptfile.open: a file's reader or a DCP directory's
     "ptfile": 4,  # the package's public surface re-exports the front doors
     # 5: many files at once, on a local pool or Dask, built on the front doors.
     "ptfile.bulk": 5,

@@ -20,12 +20,13 @@ import numpy as np
 from ._io import FileLike
 from ._remote import StorageOptions
 from .archive import ZipReader
+from .dcp_reader import DCPReader
 from .errors import PtfileError, UnsafeGlobalError
 from .formats import Format
 from .formats.pt2_program import ProgramSignature, read_program
 from .limits import DEFAULT_LIMITS, Limits
+from .opening import open as open_checkpoint
 from .reader import CheckpointReader, TensorInfo
-from .reader import open as open_checkpoint
 from .tensor import Tensor
 
 __all__ = ["DiffReport", "Inspection", "Problem", "RecordRow", "VerifyReport", "diff",
@@ -83,6 +84,8 @@ class Inspection:
     shared: dict[str, list[str]] = field(default_factory=dict)
     #: A ``.pt2``'s exported program: its inputs, outputs, parameters, buffers, constants.
     program: ProgramSignature | None = None
+    #: A DCP checkpoint's chunks by tensor (offsets, sizes, file, offset, length).
+    chunks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -107,25 +110,26 @@ class Inspection:
                 "records": [r.to_dict() for r in self.records],
                 "tensors": [t.to_dict() for t in self.tensors],
                 "shared_storages": self.shared, "tree": self.tree,
-                **({} if self.program is None else {"program": self.program.to_dict()})}
+                **({} if self.program is None else {"program": self.program.to_dict()}),
+                **({"chunks": self.chunks} if self.chunks else {})}
 
 
-def _records(ck: CheckpointReader) -> list[RecordRow]:
+def _records(ck: CheckpointReader | DCPReader) -> list[RecordRow]:
     reader = ck.zip_reader
-    if reader is None:
+    if reader is None or isinstance(ck, DCPReader):
         return []
     return [RecordRow(r.name, r.header_offset, ck.record_data_offset(r), r.size, r.crc32)
             for r in reader.records]
 
 
-def _program(ck: CheckpointReader, limits: Limits) -> ProgramSignature | None:
+def _program(ck: CheckpointReader | DCPReader, limits: Limits) -> ProgramSignature | None:
     """The signature of a ``.pt2``'s program (read from its JSON; nothing runs)."""
     if ck.format is not Format.PT2 or ck.zip_reader is None:
         return None
     return read_program(ck.zip_reader, ck.metadata()["prefix"], limits)
 
 
-def _inspection(ck: CheckpointReader, path: str | None, size: int,
+def _inspection(ck: CheckpointReader | DCPReader, path: str | None, size: int,
                 limits: Limits = DEFAULT_LIMITS) -> Inspection:
     tensors = list(ck.infos())
     by_storage: dict[str, list[str]] = {}
@@ -137,7 +141,14 @@ def _inspection(ck: CheckpointReader, path: str | None, size: int,
                       metadata=ck.metadata(), records=_records(ck), tensors=tensors,
                       tree=_describe(ck.object, names),
                       shared={k: v for k, v in by_storage.items() if len(v) > 1},
-                      program=_program(ck, limits))
+                      program=_program(ck, limits), chunks=_chunks(ck))
+
+
+def _chunks(ck: CheckpointReader | DCPReader) -> dict[str, list[dict[str, Any]]]:
+    """A DCP checkpoint's chunks per tensor (where each is stored); none for a file."""
+    if not isinstance(ck, DCPReader):
+        return {}
+    return {name: [c.to_dict() for c in ck.chunks(name)] for name in ck}
 
 
 def inspect(f: FileLike, *, limits: Limits | None = None,
@@ -248,6 +259,18 @@ def _check_records(reader: ZipReader, report: VerifyReport, progress: Progress |
                                            "another value"))
 
 
+def _check_dcp(ck: DCPReader, report: VerifyReport, progress: Progress | None) -> None:
+    """Every item of a DCP checkpoint read once: tiling, item extents and contents."""
+    def counted(n: int) -> None:
+        report.records_checked += 1
+        report.bytes_checked += n
+        if progress is not None:
+            progress(n)
+
+    for severity, fqn, message in ck.check(counted):
+        report.problems.append(Problem(severity, fqn, message))
+
+
 def _check_layout(ck: CheckpointReader, report: VerifyReport) -> None:
     reader = ck.zip_reader
     if reader is None or ck.format is not Format.ZIP:  # a .pt2 keeps configs under data/
@@ -305,7 +328,9 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
     try:
         with _open_for_verify(f, limits, storage_options, report) as ck:
             report.format = ck.format.value
-            if ck.zip_reader is not None:
+            if isinstance(ck, DCPReader):
+                _check_dcp(ck, report, progress)
+            elif ck.zip_reader is not None:
                 _check_records(ck.zip_reader, report, progress)
                 _check_layout(ck, report)
             for name in ck:
@@ -319,7 +344,7 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
 
 @contextlib.contextmanager
 def _open_for_verify(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
-                     report: VerifyReport) -> Iterator[CheckpointReader]:
+                     report: VerifyReport) -> Iterator[CheckpointReader | DCPReader]:
     """:func:`ptfile.open` for checking: a pickle naming globals outside the weights-only
     allowlist is not damage; it is opened structurally (nothing runs) and reported as a
     warning that says torch's weights-only load refuses it."""
@@ -380,7 +405,8 @@ def _max_abs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
     return worst
 
 
-def _compare(a: CheckpointReader, b: CheckpointReader, name: str, report: DiffReport) -> None:
+def _compare(a: CheckpointReader | DCPReader, b: CheckpointReader | DCPReader, name: str,
+             report: DiffReport) -> None:
     x, y = a.info(name), b.info(name)
     if x.dtype != y.dtype or x.shape != y.shape:
         report.changed[name] = f"{x.dtype.name}{list(x.shape)} -> {y.dtype.name}{list(y.shape)}"

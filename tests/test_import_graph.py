@@ -54,7 +54,8 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.reader": 4,  # ptfile.open
     "ptfile.inspection": 4,  # inspect / verify / diff
     "ptfile.scanning": 4,  # ptfile.scan: the static scanner
-    "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
+    "ptfile.export": 4,
+    "ptfile.dcp_writer": 4,  # save_dcp: writes DCP directories through formats' ZIP writer  # conversions, the torch bridge (export.torch) among them
     "ptfile": 4,  # the package's public surface re-exports the front doors
     # 5: the command line.
     "ptfile.cli": 5,

@@ -25,6 +25,7 @@ from .config import (
     skip_data,
 )
 from .dcp import load_dcp
+from .dcp_writer import save_dcp
 from .dtypes import DTYPES, DType
 from .errors import (
     ArchiveError,
@@ -115,6 +116,7 @@ __all__ = [
     "register_package",
     "safe_globals",
     "save",
+    "save_dcp",
     "scan",
     "set_crc32_options",
     "set_default_load_endianness",
@@ -130,6 +132,7 @@ for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict
               "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
               "TorchScriptArchive", "LoadEndianness", "skip_data",
               "get_unsafe_globals_in_checkpoint",
-              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection", "load_dcp"):
+              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection", "load_dcp",
+              "save_dcp"):
     globals()[_name].__module__ = "ptfile"
 del _name

@@ -25,6 +25,7 @@ from .config import (
     skip_data,
 )
 from .dcp import load_dcp
+from .dcp_reader import DCPReader, DCPSlice
 from .dcp_writer import save_dcp
 from .dtypes import DTYPES, DType
 from .errors import (
@@ -46,12 +47,12 @@ from .formats.torchscript import ScriptObject, TorchScriptArchive
 from .inspection import Inspection, inspect
 from .limits import DEFAULT_LIMITS, Limits
 from .location import register_package
+from .opening import open
 from .policy import add_safe_globals, clear_safe_globals, get_safe_globals, safe_globals
 from .reader import (
     CheckpointReader,
     TensorInfo,
     TensorSlice,
-    open,
 )
 from .scanning import Finding, ScanResult, Verdict, scan
 from .scanning.unsafe_globals import get_unsafe_globals_in_checkpoint
@@ -67,6 +68,8 @@ __all__ = [
     "MAP_SHARED",
     "ArchiveError",
     "CheckpointReader",
+    "DCPReader",
+    "DCPSlice",
     "DType",
     "Device",
     "Finding",
@@ -133,6 +136,6 @@ for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict
               "TorchScriptArchive", "LoadEndianness", "skip_data",
               "get_unsafe_globals_in_checkpoint",
               "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection", "load_dcp",
-              "save_dcp"):
+              "DCPReader", "DCPSlice", "save_dcp"):
     globals()[_name].__module__ = "ptfile"
 del _name

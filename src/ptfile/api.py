@@ -12,11 +12,12 @@ from typing import IO, Any, Final
 import numpy as np
 
 from . import config
+from ._dcp_files import DirectoryFiles, is_directory
 from ._io import FileLike, damage_as_format_error, is_path, is_url
 from ._remote import StorageOptions, local_path, open_any, open_target
 from .archive.sink import DirectSink
 from .errors import FormatError, SaveError
-from .formats import Format, ReadOptions, detect_source, policies, read
+from .formats import Format, ReadOptions, detect_directory, detect_source, policies, read
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import write_zip
@@ -368,7 +369,8 @@ def detect_format(f: FileLike, *, limits: Limits | None = None,
     Format
         ``ZIP`` (torch.save ≥ 1.6), ``TORCHSCRIPT`` (torch.jit.save), ``PT2``
         (torch.export.save), ``LEGACY`` (pre-1.6 pickle stream), ``TAR``
-        (pre-0.4), or ``UNKNOWN``.
+        (pre-0.4), ``DCP`` (a ``torch.distributed.checkpoint`` directory, from its
+        file names), or ``UNKNOWN``.
 
     Raises
     ------
@@ -382,6 +384,9 @@ def detect_format(f: FileLike, *, limits: Limits | None = None,
     >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
     <Format.LEGACY: 'legacy'>
     """
+    if is_directory(f, storage_options):
+        names = DirectoryFiles(f, storage_options=storage_options).names()  # type: ignore[arg-type]
+        return detect_directory(names)
     position = None if isinstance(f, (str, os.PathLike, bytes, bytearray, memoryview)) \
         else f.tell()
     source = open_any(f, storage_options=storage_options, lazy=True,

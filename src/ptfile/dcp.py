@@ -26,9 +26,19 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
   allowed).  Tensors come back contiguous, ``requires_grad=False``, as
   ``dcp_to_torch_save`` makes them.
 
-Not read yet: extensions such as zstd (``transform_descriptors``:
-:class:`~ptfile.errors.UnsupportedFeatureError`), HuggingFace-writer directories (no
-``.metadata``: :class:`~ptfile.errors.FormatError`).
+* ``_extensions=[ZStandard()]``: an item whose ``transform_descriptors`` is
+  ``['stream.zstd/1']`` is one zstd frame (without a content size) of the bytes above, and
+  ``offset``/``length`` are its compressed extent.  Descriptors (``name[@domain]/version``,
+  major version 1) are listed in reverse order of application, so they are undone in list
+  order (:data:`TRANSFORMS`); decompressing needs the ``zstandard`` package
+  (``pip install 'ptfile[zstd]'``), and what one item inflates to is bounded.
+* HuggingFaceStorageWriter directories have no ``.metadata``: their ``*.safetensors`` files
+  are read as torch's ``HuggingFaceStorageReader`` does (:mod:`ptfile._dcp_hf`).
+
+The building blocks, for readers and converters built on this one: :func:`load_metadata`
+(the merged :class:`Metadata` of a :class:`~ptfile._dcp_files.DirectoryFiles`),
+:func:`read_tensor` (one whole tensor by FQN), :func:`read_region` (a box of one, reading
+only the chunks that meet it) and :func:`read_value` (any item).
 """
 
 from __future__ import annotations
@@ -37,13 +47,14 @@ import io
 import itertools
 import json
 import math
-import mmap
 import os
 import re
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import numpy as np
 
+from ._dcp_files import DirectoryFiles
 from .api import load
 from .errors import FormatError, PtfileError, UnsupportedFeatureError
 from .export.safetensors import CODES
@@ -61,11 +72,30 @@ from .limits import DEFAULT_LIMITS, Limits
 from .picklevm.unpickler import unpickle
 from .tensor import Storage, Tensor
 
-__all__ = ["load_dcp", "read_metadata"]
+__all__ = [
+    "TRANSFORMS",
+    "contiguous_stride",
+    "load_dcp",
+    "load_metadata",
+    "object_path",
+    "place",
+    "read_metadata",
+    "read_region",
+    "read_tensor",
+    "read_value",
+    "region_tensor",
+    "storage_infos",
+    "tensor_item",
+]
 
 _RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
 #: How a torch.save item starts; anything else at a tensor's offset is a safetensors blob.
 _ZIP: Final = b"PK\x03\x04"
+#: What a torch.save ZIP of one chunk holds beyond the chunk's bytes, at most (records,
+#: headers, ``data.pkl`` of up to ``max_ndim`` dims): the bound on what an item inflates to.
+_ZIP_OVERHEAD_BYTES: Final = 1 << 20
+#: A box: ``(start, stop)`` per dimension.
+Box = tuple[tuple[int, int], ...]
 
 
 def read_metadata(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Metadata:
@@ -80,29 +110,6 @@ def read_metadata(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Metadata:
     """
     root, _ = unpickle(data, find_class=policies.dcp(), persistent_load=None, limits=limits)
     return convert(root)
-
-
-def _read_file(path: str) -> bytes:
-    """The bytes of ``path``."""
-    data = _map_file(path)
-    try:
-        return bytes(data)
-    finally:
-        if isinstance(data, mmap.mmap):
-            data.close()
-
-
-def _map_file(path: str) -> bytes | mmap.mmap:
-    """``path`` mapped read-only (an empty file is ``b""``, which cannot be mapped)."""
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except FileNotFoundError as exc:
-        raise FormatError(f"DCP checkpoint file {path!r} is missing") from exc
-    except OSError as exc:
-        raise FormatError(f"DCP checkpoint file {path!r} cannot be read: {exc}") from exc
 
 
 def _merge(parts: list[Metadata]) -> Metadata:
@@ -127,84 +134,104 @@ def _merge(parts: list[Metadata]) -> Metadata:
     return Metadata(items, planner, storage, parts[0].version if parts else None)
 
 
-def _load_metadata(directory: str, limits: Limits) -> Metadata:
-    path = os.path.join(directory, ".metadata")
-    if os.path.isfile(path):
-        return read_metadata(_read_file(path), limits)
-    ranks = sorted((int(m.group(1)), name) for name in os.listdir(directory)
+def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Metadata:
+    """The checkpoint's :class:`Metadata`: ``.metadata``, else every ``__<rank>.metadata``
+    merged, else that of a HuggingFace-writer directory's ``*.safetensors``.
+
+    Raises
+    ------
+    FormatError
+        None of these is there, or one is damaged.
+    UnsafeGlobalError
+        A ``.metadata`` names a global a DCP checkpoint does not hold.
+    """
+    from ._dcp_hf import hf_metadata, is_hf_directory
+
+    if files.has(".metadata"):
+        return read_metadata(files.read_whole(".metadata", ".metadata"), limits)
+    ranks = sorted((int(m.group(1)), name) for name in files.names()
                    if (m := _RANK_METADATA.fullmatch(name)))
-    if not ranks:
-        raise FormatError(f"{directory!r} has no .metadata (nor __<rank>.metadata): "
-                          "not a torch.distributed.checkpoint directory")
-    return _merge([read_metadata(_read_file(os.path.join(directory, name)), limits)
-                   for _, name in ranks])
+    if ranks:
+        return _merge([read_metadata(files.read_whole(name, name), limits)
+                       for _, name in ranks])
+    if is_hf_directory(files):
+        return hf_metadata(files, limits)
+    raise FormatError(f"{files.directory!r} has no .metadata (nor __<rank>.metadata, nor "
+                      "*.safetensors): not a torch.distributed.checkpoint directory")
 
 
-class _Files:
-    """The checkpoint's data files, each read once, and the items' bytes in them."""
+def _unzstd(data: bytes | memoryview, most: int, what: str) -> bytes:
+    """One zstd frame (torch writes no content size: streamed), at most ``most`` bytes out."""
+    try:
+        import zstandard
+    except ImportError:
+        raise UnsupportedFeatureError(
+            f"{what} is zstd-compressed (a DCP ZStandard extension): reading it needs the "
+            "zstandard package: pip install 'ptfile[zstd]'") from None
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
+            out = reader.read(most + 1)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"{what}: damaged zstd data: {exc}") from exc
+    if len(out) > most:
+        raise FormatError(f"{what} inflates to more than the {most} bytes it can hold")
+    return out
 
-    def __init__(self, directory: str) -> None:
-        self._directory = directory
-        self._data: dict[str, bytes | mmap.mmap] = {}
-        self._headers: dict[tuple[str, int], tuple[dict[str, Any], int]] = {}
 
-    def __enter__(self) -> _Files:  # noqa: PYI034 (typing.Self is 3.11+)
-        return self
+#: Undo each DCP extension by its descriptor name (``stream.zstd`` of ``stream.zstd/1``).
+TRANSFORMS: Final[Mapping[str, Callable[[bytes | memoryview, int, str], bytes]]] = {
+    "stream.zstd": _unzstd,
+}
 
-    def __exit__(self, *exc: object) -> None:
-        for data in self._data.values():
-            if isinstance(data, mmap.mmap):
-                data.close()
 
-    def file(self, fqn: str, info: StorageInfo) -> bytes | mmap.mmap:
-        """The whole file ``info`` names, checked to be one of the directory's."""
-        name = info.relative_path
-        if not name or "/" in name or "\\" in name or name in (".", ".."):
-            raise FormatError(f"item {fqn!r} names the file {name!r}, not one in the directory")
-        if info.transforms:
-            raise UnsupportedFeatureError(
-                f"item {fqn!r} is stored through {list(info.transforms)}: DCP extensions "
-                "(zstd) are not read yet")
-        data = self._data.get(name)
-        if data is None:
-            data = self._data[name] = _map_file(os.path.join(self._directory, name))
-        return data
+def _undo(data: bytes | memoryview, transforms: tuple[str, ...], most: int,
+          what: str) -> bytes | memoryview:
+    for descriptor in transforms:  # listed last-applied first
+        name, _, version = descriptor.partition("/")
+        undo = TRANSFORMS.get(name.partition("@")[0])
+        if undo is None or version.partition(".")[0] != "1":
+            raise UnsupportedFeatureError(f"{what} is stored through the DCP extension "
+                                          f"{descriptor!r}, which ptfile does not read")
+        data = undo(data, most, what)
+    return data
 
-    def item(self, fqn: str, info: StorageInfo) -> bytes:
-        """The bytes ``[offset, offset + length)`` of the item's file."""
-        data = self.file(fqn, info)
-        end = info.offset + info.length
-        if info.offset < 0 or info.length < 0 or end > len(data):
-            raise FormatError(f"item {fqn!r} at [{info.offset}, {end}) lies outside "
-                              f"{info.relative_path!r} ({len(data)} bytes)")
-        return data[info.offset:end]
 
-    def blob(self, fqn: str, info: StorageInfo) -> tuple[dict[str, Any], int]:
-        """The header of the safetensors blob at the item's offset, and where its data starts."""
-        key = (info.relative_path, info.offset)
-        found = self._headers.get(key)
-        if found is None:
-            data = self.file(fqn, info)
-            start = info.offset + 8
-            size = int.from_bytes(data[info.offset:start], "little") if start <= len(data) else -1
-            if size < 0 or start + size > len(data):
-                raise FormatError(f"the safetensors blob of {fqn!r} at {info.offset} is cut")
-            try:
-                header = json.loads(data[start:start + size])
-                sharding = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
-                header = {k: {**v, "saved": sharding[k]["saved_offsets"]}
-                          for k, v in header.items() if k != "__metadata__"}
-            except (ValueError, KeyError, TypeError) as exc:
-                raise FormatError(f"the safetensors blob of {fqn!r} has a bad header: "
-                                  f"{exc!s:.200}") from exc
-            found = self._headers[key] = (header, start + size)
-        return found
+def item_bytes(files: DirectoryFiles, fqn: str, info: StorageInfo, most: int
+                ) -> bytes | memoryview:
+    """The item's bytes: ``[offset, offset + length)`` of its file, extensions undone."""
+    what = f"item {fqn!r}"
+    data = files.read(info.relative_path, info.offset, info.length, what)
+    return _undo(data, info.transforms, most, what) if info.transforms else data
+
+
+def _blob(files: DirectoryFiles, fqn: str, info: StorageInfo) -> tuple[dict[str, Any], int]:
+    """The header of the safetensors blob at the item's offset, and where its data starts
+    (cached on ``files``).  Entries without ``DCP_SHARDING_INFO`` were saved at zeros."""
+    key = ("safetensors blob", info.relative_path, info.offset)
+    found = files.memo.get(key)
+    if found is None:
+        what = f"the safetensors blob of {fqn!r} at {info.offset}"
+        size = int.from_bytes(files.read(info.relative_path, info.offset, 8, what), "little")
+        start = info.offset + 8
+        header_bytes = files.read(info.relative_path, start, size, what)
+        try:
+            header = json.loads(bytes(header_bytes))
+            meta = header.get("__metadata__") or {}
+            sharding = json.loads(meta["DCP_SHARDING_INFO"]) if "DCP_SHARDING_INFO" in meta \
+                else {}
+            header = {k: {**v, "saved": sharding[k]["saved_offsets"] if sharding
+                          else [0] * len(v["shape"])}
+                      for k, v in header.items() if k != "__metadata__"}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FormatError(f"{what} has a bad header: {exc!s:.200}") from exc
+        found = files.memo[key] = (header, start + size)
+    return found
 
 
 def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
-                info: StorageInfo, files: _Files) -> np.ndarray:
-    """A chunk in a SAFETENSORS-format file: its entry, by FQN, in the blob at the offset."""
-    header, data_start = files.blob(fqn, info)
+                info: StorageInfo, files: DirectoryFiles) -> np.ndarray:
+    """A chunk in a safetensors blob: its entry, by FQN, in the blob at the offset."""
+    header, data_start = _blob(files, fqn, info)
     entry: Any = header.get(fqn)
     nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
     try:
@@ -215,15 +242,15 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
                   and end - begin == nbytes == info.length)
     except (TypeError, ValueError, KeyError) as exc:
         raise FormatError(f"the safetensors entry of {fqn!r} is damaged") from exc
-    data = files.file(fqn, info)
-    if not agrees or begin < data_start or end > len(data):
+    if not agrees or begin < data_start:
         raise FormatError(f"the safetensors entry of {fqn!r} {entry!r:.160} disagrees with "
                           f"its chunk at {chunk.offsets} of sizes {chunk.sizes}")
+    data = files.read(info.relative_path, begin, nbytes, f"the safetensors entry of {fqn!r}")
     raw = np.dtype(f"V{item.dtype.itemsize}")
-    return np.frombuffer(data, raw, nbytes // raw.itemsize, begin).reshape(chunk.sizes)
+    return np.frombuffer(data, raw, nbytes // raw.itemsize).reshape(chunk.sizes)
 
 
-def _load_item(data: bytes, what: str, limits: Limits) -> Any:
+def _load_item(data: bytes | memoryview, what: str, limits: Limits) -> Any:
     try:
         return load(io.BytesIO(data), limits=limits)
     except PtfileError as exc:
@@ -265,12 +292,14 @@ def _raw(value: Tensor, raw: np.dtype) -> np.ndarray:
 
 
 def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
-           info: StorageInfo, files: _Files, limits: Limits) -> np.ndarray:
+           info: StorageInfo, files: DirectoryFiles, limits: Limits) -> np.ndarray:
     """A chunk's values as raw elements: a torch.save ZIP, or an entry of a safetensors blob."""
-    data = files.item(fqn, info)
-    if not data.startswith(_ZIP):
-        return _blob_chunk(fqn, chunk, item, info, files)
     what = f"chunk {chunk.offsets} of {fqn!r}"
+    if not info.transforms and bytes(files.read(info.relative_path, info.offset,
+                                                min(len(_ZIP), info.length), what)) != _ZIP:
+        return _blob_chunk(fqn, chunk, item, info, files)
+    nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
+    data = item_bytes(files, fqn, info, nbytes + _ZIP_OVERHEAD_BYTES)
     value = _load_item(data, what, limits)
     if not isinstance(value, Tensor) or value.dtype != item.dtype \
             or tuple(value.shape) != chunk.sizes:
@@ -280,33 +309,117 @@ def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
     return _raw(value, raw) if value.numel() else np.empty(chunk.sizes, raw)
 
 
-def _tensor(fqn: str, item: TensorStorageMetadata, meta: Metadata, files: _Files,
-            limits: Limits) -> Tensor:
+def tensor_item(meta: Metadata, fqn: str) -> TensorStorageMetadata:
+    item = meta.state_dict_metadata.get(fqn)
+    if not isinstance(item, TensorStorageMetadata):
+        raise KeyError(fqn)
+    return item
+
+
+def storage_infos(fqn: str, item: TensorStorageMetadata, meta: Metadata) -> list[StorageInfo]:
+    """The storage entry of every chunk, after checking that the chunks tile the tensor and
+    that each entry can hold its chunk (what is allocated is then bounded by the files)."""
     _check_tiling(fqn, item.size, item.chunks)
-    infos = [meta.storage_data.get((fqn, chunk.offsets)) for chunk in item.chunks]
-    for chunk, info in zip(item.chunks, infos, strict=True):
-        # Each chunk's bytes fit in its item: what is allocated is bounded by the files.
+    infos = []
+    for chunk in item.chunks:
+        info = meta.storage_data.get((fqn, chunk.offsets))
         nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
-        if info is None or info.length < nbytes:
+        # A compressed item may be shorter than its chunk (its inflated size is checked).
+        if info is None or (info.length < nbytes and not info.transforms):
             raise FormatError(f"the chunk of {fqn!r} at {chunk.offsets} has no storage entry "
                               f"of its {nbytes} bytes")
+        infos.append(info)
+    return infos
+
+
+def read_region(meta: Metadata, files: DirectoryFiles, fqn: str, box: Box, *,
+                limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
+    """The elements ``full[start:stop, ...]`` (one ``(start, stop)`` per dimension) of the
+    tensor ``fqn``, as raw ``V<itemsize>`` elements, reading only the chunks that meet the box.
+
+    Raises
+    ------
+    KeyError
+        ``fqn`` is not a tensor of the checkpoint.
+    FormatError, UnsupportedFeatureError, LimitExceededError
+        As :func:`load_dcp`.
+    """
+    item = tensor_item(meta, fqn)
+    infos = storage_infos(fqn, item, meta)
+    if len(box) != len(item.size) or any(
+            not 0 <= a <= b <= d for (a, b), d in zip(box, item.size, strict=True)):
+        raise IndexError(f"the box {box} does not fit {fqn!r} of size {item.size}")
     raw = np.dtype(f"V{item.dtype.itemsize}")
-    full = np.empty(item.size, raw)
+    out = np.empty(tuple(b - a for a, b in box), raw)
+    if out.size == 0:
+        return out
     for chunk, info in zip(item.chunks, infos, strict=True):
-        assert info is not None  # checked above
-        box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
-        full[box] = _chunk(fqn, chunk, item, info, files, limits)
-    storage = Storage(full.reshape(-1).view(np.uint8).data, item.dtype)
-    return Tensor(storage, 0, item.size, _contiguous_stride(item.size), dtype=item.dtype)
+        low = [max(a, o) for (a, _), o in zip(box, chunk.offsets, strict=True)]
+        high = [min(b, o + s) for (_, b), o, s in zip(box, chunk.offsets, chunk.sizes,
+                                                       strict=True)]
+        if any(lo >= hi for lo, hi in zip(low, high, strict=True)):
+            continue
+        values = _chunk(fqn, chunk, item, info, files, limits)
+        source = tuple(slice(lo - o, hi - o) for lo, hi, o in zip(low, high, chunk.offsets,
+                                                                  strict=True))
+        target = tuple(slice(lo - a, hi - a) for lo, hi, (a, _) in zip(low, high, box,
+                                                                      strict=True))
+        out[target] = values[source]
+    return out
 
 
-def _contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
+def read_tensor(meta: Metadata, files: DirectoryFiles, fqn: str, *,
+                limits: Limits = DEFAULT_LIMITS) -> Tensor:
+    """The whole tensor ``fqn``: its chunks placed at their offsets, contiguous,
+    ``requires_grad=False`` (as ``dcp_to_torch_save`` makes it).
+
+    Raises
+    ------
+    KeyError
+        ``fqn`` is not a tensor of the checkpoint.
+    FormatError, UnsupportedFeatureError, LimitExceededError
+        As :func:`load_dcp`.
+    """
+    item = tensor_item(meta, fqn)
+    full = read_region(meta, files, fqn, tuple((0, d) for d in item.size), limits=limits)
+    return region_tensor(full, item)
+
+
+def region_tensor(values: np.ndarray, item: TensorStorageMetadata) -> Tensor:
+    """A contiguous :class:`Tensor` of ``item``'s dtype over raw ``values``."""
+    storage = Storage(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data, item.dtype)
+    shape = tuple(values.shape)
+    return Tensor(storage, 0, shape, contiguous_stride(shape), dtype=item.dtype)
+
+
+def contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
     """torch's contiguous strides: a size-0 dimension counts as 1."""
     stride, step = [], 1
     for dim in reversed(size):
         stride.append(step)
         step *= max(dim, 1)
     return tuple(reversed(stride))
+
+
+def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
+               limits: Limits = DEFAULT_LIMITS) -> Any:
+    """The whole tensor, or the object, that ``fqn`` names.
+
+    Raises
+    ------
+    KeyError
+        ``fqn`` is not an item of the checkpoint.
+    FormatError, UnsafeGlobalError, UnsupportedFeatureError, LimitExceededError
+        As :func:`load_dcp`.
+    """
+    item = meta.state_dict_metadata[fqn]
+    if isinstance(item, TensorStorageMetadata):
+        return read_tensor(meta, files, fqn, limits=limits)
+    info = meta.storage_data.get((fqn, None))
+    if info is None:
+        raise FormatError(f"the bytes item {fqn!r} has no storage entry")
+    return _load_item(item_bytes(files, fqn, info, limits.max_pickle_bytes),
+                      f"item {fqn!r}", limits)
 
 
 def _child(node: Any, step: str | int, fresh: Any, path: tuple[str | int, ...]) -> Any:
@@ -321,8 +434,9 @@ def _child(node: Any, step: str | int, fresh: Any, path: tuple[str | int, ...]) 
     raise FormatError(f"the planner_data path {path!r:.120} crosses a value")
 
 
-def _place(root: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None:
-    """``root[path[0]][path[1]]... = value``, making dicts and lists on the way."""
+def place(root: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None:
+    """``root[path[0]][path[1]]... = value``, making dicts and lists on the way
+    (``_EmptyStateDictLoadPlanner``'s nesting; lists padded with None)."""
     node: Any = root
     for step, following in itertools.pairwise(path):
         node = _child(node, step, {} if isinstance(following, str) else [], path)
@@ -331,7 +445,13 @@ def _place(root: dict[str, Any], path: tuple[str | int, ...], value: Any) -> Non
     node[last] = value
 
 
-def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None) -> Any:
+def object_path(meta: Metadata, fqn: str) -> tuple[str | int, ...]:
+    """Where ``fqn`` goes in the state dict: its ``planner_data`` path, else ``(fqn,)``."""
+    return (meta.planner_data or {}).get(fqn) or (fqn,)
+
+
+def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None,
+             storage_options: Mapping[str, Any] | None = None) -> Any:
     """The full state dict of a ``torch.distributed.checkpoint`` directory, without torch.
 
     What ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` writes, as
@@ -343,12 +463,17 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None)
     Parameters
     ----------
     directory
-        The checkpoint directory: ``.metadata`` (or one ``__<rank>.metadata`` per
-        rank, ``use_collectives=False``, all merged) and its ``__<rank>_<n>.distcp``
-        files, as ``FileSystemWriter`` writes them (any ``thread_count``, one or
-        many files per rank, the TORCH_SAVE or SAFETENSORS serialization format).
+        The checkpoint directory, a path or an fsspec URL (``s3://bucket/ckpt``:
+        only the items' byte ranges are fetched): ``.metadata`` (or one
+        ``__<rank>.metadata`` per rank, ``use_collectives=False``, all merged) and
+        its ``__<rank>_<n>.distcp`` files, as ``FileSystemWriter`` writes them (any
+        ``thread_count``, one or many files per rank, the TORCH_SAVE or SAFETENSORS
+        serialization format, zstd-compressed items); or the ``*.safetensors`` of a
+        ``HuggingFaceStorageWriter``.
     limits
         Ceilings for untrusted input, applied to the metadata and every item.
+    storage_options
+        For a URL: fsspec's options for its backend (credentials, endpoints).
 
     Returns
     -------
@@ -365,7 +490,10 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None)
         ``.metadata`` names a global a DCP checkpoint does not hold, or a
         non-tensor item one outside ptfile's allowlist (:func:`add_safe_globals`).
     UnsupportedFeatureError
-        Items stored through an extension (zstd).
+        Items stored through an extension ptfile does not read, or zstd-compressed
+        without the ``zstandard`` package (``pip install 'ptfile[zstd]'``).
+    RemoteError
+        A URL cannot be read.
     LimitExceededError
         A ceiling of ``limits`` was hit.
 
@@ -379,25 +507,12 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None)
     ...         print("not a DCP checkpoint")
     not a DCP checkpoint
     """
-    path = os.fspath(directory)
-    if not os.path.isdir(path):
-        raise FormatError(f"{path!r} is not a directory: a DCP checkpoint is one")
     limits = DEFAULT_LIMITS if limits is None else limits
-    meta = _load_metadata(path, limits)
     root: dict[str, Any] = {}
-    with _Files(path) as files:
-        for fqn, item in meta.state_dict_metadata.items():
-            path_of = (meta.planner_data or {}).get(fqn, (fqn,))
-            _place(root, path_of or (fqn,), _value(fqn, item, meta, files, limits))
+    with DirectoryFiles(directory, storage_options=storage_options, limits=limits) as files:
+        meta = load_metadata(files, limits)
+        for fqn in meta.state_dict_metadata:
+            place(root, object_path(meta, fqn), read_value(meta, files, fqn, limits=limits))
     return root
 
 
-def _value(fqn: str, item: TensorStorageMetadata | BytesStorageMetadata, meta: Metadata,
-           files: _Files, limits: Limits) -> Any:
-    """The whole tensor, or the object, that ``fqn`` names."""
-    if isinstance(item, TensorStorageMetadata):
-        return _tensor(fqn, item, meta, files, limits)
-    info = meta.storage_data.get((fqn, None))
-    if info is None:
-        raise FormatError(f"the bytes item {fqn!r} has no storage entry")
-    return _load_item(files.item(fqn, info), f"item {fqn!r}", limits)

@@ -20,10 +20,11 @@ import numpy as np
 from ._io import FileLike
 from ._remote import StorageOptions
 from .archive import ZipReader
+from .dcp_reader import DCPReader
 from .errors import PtfileError, UnsafeGlobalError
 from .limits import Limits
+from .opening import open as open_checkpoint
 from .reader import CheckpointReader, TensorInfo
-from .reader import open as open_checkpoint
 from .tensor import Tensor
 
 __all__ = ["DiffReport", "Inspection", "Problem", "RecordRow", "VerifyReport", "diff",
@@ -78,6 +79,8 @@ class Inspection:
     tensors: list[TensorInfo]
     tree: Any
     shared: dict[str, list[str]] = field(default_factory=dict)
+    #: A DCP checkpoint's chunks by tensor (offsets, sizes, file, offset, length).
+    chunks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -101,18 +104,19 @@ class Inspection:
                 "metadata": self.metadata, "totals": self.totals,
                 "records": [r.to_dict() for r in self.records],
                 "tensors": [t.to_dict() for t in self.tensors],
-                "shared_storages": self.shared, "tree": self.tree}
+                "shared_storages": self.shared, "tree": self.tree,
+                **({"chunks": self.chunks} if self.chunks else {})}
 
 
-def _records(ck: CheckpointReader) -> list[RecordRow]:
+def _records(ck: CheckpointReader | DCPReader) -> list[RecordRow]:
     reader = ck.zip_reader
-    if reader is None:
+    if reader is None or isinstance(ck, DCPReader):
         return []
     return [RecordRow(r.name, r.header_offset, ck.record_data_offset(r), r.size, r.crc32)
             for r in reader.records]
 
 
-def _inspection(ck: CheckpointReader, path: str | None, size: int) -> Inspection:
+def _inspection(ck: CheckpointReader | DCPReader, path: str | None, size: int) -> Inspection:
     tensors = list(ck.infos())
     by_storage: dict[str, list[str]] = {}
     for t in tensors:
@@ -122,7 +126,15 @@ def _inspection(ck: CheckpointReader, path: str | None, size: int) -> Inspection
     return Inspection(path=path, format=ck.format.value, file_size=size,
                       metadata=ck.metadata(), records=_records(ck), tensors=tensors,
                       tree=_describe(ck.object, names),
-                      shared={k: v for k, v in by_storage.items() if len(v) > 1})
+                      shared={k: v for k, v in by_storage.items() if len(v) > 1},
+                      chunks=_chunks(ck))
+
+
+def _chunks(ck: CheckpointReader | DCPReader) -> dict[str, list[dict[str, Any]]]:
+    """A DCP checkpoint's chunks per tensor (where each is stored); none for a file."""
+    if not isinstance(ck, DCPReader):
+        return {}
+    return {name: [c.to_dict() for c in ck.chunks(name)] for name in ck}
 
 
 def inspect(f: FileLike, *, limits: Limits | None = None,
@@ -230,6 +242,18 @@ def _check_records(reader: ZipReader, report: VerifyReport, progress: Progress |
                                            "another value"))
 
 
+def _check_dcp(ck: DCPReader, report: VerifyReport, progress: Progress | None) -> None:
+    """Every item of a DCP checkpoint read once: tiling, item extents and contents."""
+    def counted(n: int) -> None:
+        report.records_checked += 1
+        report.bytes_checked += n
+        if progress is not None:
+            progress(n)
+
+    for fqn, message in ck.check(counted):
+        report.problems.append(Problem("error", fqn, message))
+
+
 def _check_layout(ck: CheckpointReader, report: VerifyReport) -> None:
     reader = ck.zip_reader
     if reader is None:
@@ -287,7 +311,9 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
     try:
         with _open_for_verify(f, limits, storage_options, report) as ck:
             report.format = ck.format.value
-            if ck.zip_reader is not None:
+            if isinstance(ck, DCPReader):
+                _check_dcp(ck, report, progress)
+            elif ck.zip_reader is not None:
                 _check_records(ck.zip_reader, report, progress)
                 _check_layout(ck, report)
             for name in ck:
@@ -301,7 +327,7 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
 
 @contextlib.contextmanager
 def _open_for_verify(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
-                     report: VerifyReport) -> Iterator[CheckpointReader]:
+                     report: VerifyReport) -> Iterator[CheckpointReader | DCPReader]:
     """:func:`ptfile.open` for checking: a pickle naming globals outside the weights-only
     allowlist is not damage; it is opened structurally (nothing runs) and reported as a
     warning that says torch's weights-only load refuses it."""
@@ -362,7 +388,8 @@ def _max_abs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
     return worst
 
 
-def _compare(a: CheckpointReader, b: CheckpointReader, name: str, report: DiffReport) -> None:
+def _compare(a: CheckpointReader | DCPReader, b: CheckpointReader | DCPReader, name: str,
+             report: DiffReport) -> None:
     x, y = a.info(name), b.info(name)
     if x.dtype != y.dtype or x.shape != y.shape:
         report.changed[name] = f"{x.dtype.name}{list(x.shape)} -> {y.dtype.name}{list(y.shape)}"

@@ -344,11 +344,51 @@ def test_metadata_names_only_the_policy(checkpoint: tuple[Path, Any]) -> None:
         find(module, name)
 
 
-def test_zstd_is_refused_clearly(tmp_path: Path) -> None:
-    pytest.importorskip("zstandard")
+def _save_zstd(directory: Path, state: dict[str, Any], **options: Any) -> None:
     from torch.distributed.checkpoint._extension import ZStandard
 
-    writer = dcp.FileSystemWriter(tmp_path, _extensions=[ZStandard()])
-    dcp.save({"w": torch.ones(2)}, storage_writer=writer)
-    with pytest.raises(ptfile.UnsupportedFeatureError, match="zstd"):
+    writer = dcp.FileSystemWriter(directory, _extensions=[ZStandard()], **options)
+    dcp.save(state, storage_writer=writer)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_zstd_items_match_dcp_to_torch_save(tmp_path: Path, threads: int) -> None:
+    pytest.importorskip("zstandard")
+    directory = tmp_path / "ckpt"
+    _save_zstd(directory, _state(), thread_count=threads)
+    infos = _metadata(directory).storage_data.values()
+    assert {tuple(i.transform_descriptors) for i in infos} == {("stream.zstd/1",)}
+    dcp_to_torch_save(directory, tmp_path / "out.pt")
+    assert_same(ptfile.load_dcp(directory), torch.load(tmp_path / "out.pt", weights_only=False))
+
+
+def test_zstd_without_zstandard_names_the_extra(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("zstandard")
+    _save_zstd(tmp_path, {"w": torch.ones(2)})
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(ptfile.UnsupportedFeatureError, match=r"ptfile\[zstd\]"):
+        ptfile.load_dcp(tmp_path)
+
+
+def test_zstd_damage_and_bombs_raise_ptfile_errors(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    _save_zstd(tmp_path, {"w": torch.zeros(64)})
+    metadata = _metadata(tmp_path)
+    info = next(iter(metadata.storage_data.values()))
+    data = (tmp_path / "__0_0.distcp").read_bytes()
+    (tmp_path / "__0_0.distcp").write_bytes(data[:info.offset + 4] + b"\xff" * 8
+                                            + data[info.offset + 12:])
+    with pytest.raises(ptfile.FormatError, match="zstd"):
+        ptfile.load_dcp(tmp_path)
+    # 64 zeros of float32 cannot inflate to 64 MiB: the bound is the chunk plus a ZIP's overhead.
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))
+    (tmp_path / "__0_0.distcp").write_bytes(bomb)
+    info.offset, info.length = 0, len(bomb)
+    _write_metadata(tmp_path, metadata)
+    with pytest.raises(ptfile.FormatError, match="inflates"):
+        ptfile.load_dcp(tmp_path)
+    info.transform_descriptors = ["stream.brotli/1"]
+    _write_metadata(tmp_path, metadata)
+    with pytest.raises(ptfile.UnsupportedFeatureError, match="brotli"):
         ptfile.load_dcp(tmp_path)

@@ -26,7 +26,7 @@ from typing import Any, Final, NoReturn
 
 from .._io import Source
 from ..errors import UnknownFormatError, UnsupportedFeatureError
-from .detection import Detected, Format, detect, detect_source
+from .detection import Detected, Format, detect, detect_directory, detect_source
 from .legacy_pickle import read_legacy
 from .legacy_tar import read_tar
 from .options import ReadOptions
@@ -34,7 +34,8 @@ from .pt2 import read_pt2
 from .torchscript import read_script_state_dict
 from .zipped import read_zip
 
-__all__ = ["READERS", "Detected", "Format", "ReadOptions", "detect", "detect_source", "read",
+__all__ = ["READERS", "Detected", "Format", "ReadOptions", "detect", "detect_directory",
+           "detect_source", "read",
            "read_detected", "refuse"]
 
 Reader = Callable[[Source, Detected, ReadOptions], Any]

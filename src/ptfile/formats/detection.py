@@ -19,7 +19,8 @@ archive travels in the :class:`Detected` result, so no reader parses it again.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,8 +30,8 @@ from ..archive import ZipReader
 from ..archive.tar import is_tar
 from ..limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["HEAD_BYTES", "LEGACY_MAGIC_PICKLE", "Detected", "Format", "detect", "detect_source",
-           "zip_kind"]
+__all__ = ["HEAD_BYTES", "LEGACY_MAGIC_PICKLE", "Detected", "Format", "detect",
+           "detect_directory", "detect_source", "zip_kind"]
 
 
 class Format(enum.Enum):
@@ -41,6 +42,8 @@ class Format(enum.Enum):
     PT2 = "pt2"
     LEGACY = "legacy"
     TAR = "tar"
+    #: A ``torch.distributed.checkpoint`` directory (:func:`detect_directory`).
+    DCP = "dcp"
     UNKNOWN = "unknown"
 
 
@@ -64,6 +67,24 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
 
 #: A torch ZIP's kind, by the record that marks it (first match wins).
 _ZIP_KINDS: Final = (("archive_format", Format.PT2), ("constants.pkl", Format.TORCHSCRIPT))
+
+
+#: The file names that make a directory a DCP checkpoint: the coordinator's ``.metadata``,
+#: a rank's own ``__<rank>.metadata`` (``use_collectives=False``), or the ``*.safetensors``
+#: of a HuggingFaceStorageWriter (which writes no metadata pickle).
+_DCP_NAMES: Final = re.compile(r"\.metadata|__\d+\.metadata|.+\.safetensors")
+
+
+def detect_directory(names: Iterable[str]) -> Format:
+    """The format of a directory holding the files ``names``: :attr:`Format.DCP` or
+    :attr:`Format.UNKNOWN`.
+
+    Examples
+    --------
+    >>> detect_directory([".metadata", "__0_0.distcp"]), detect_directory(["a.txt"])
+    (<Format.DCP: 'dcp'>, <Format.UNKNOWN: 'unknown'>)
+    """
+    return Format.DCP if any(_DCP_NAMES.fullmatch(n) for n in names) else Format.UNKNOWN
 
 
 def detect(head: bytes) -> Format:

@@ -41,6 +41,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .._dcp_files import is_directory
 from .._io import BytesSource, FileLike, Source, is_path
 from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
@@ -53,6 +54,7 @@ from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
+from .dcp import scan_directory
 from .fast import fast_names
 from .torchscript import TORCHSCRIPT_PREFIX, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
@@ -497,6 +499,9 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
     (True, ['posix.system'])
     """
     limits = limits or DEFAULT_LIMITS
+    if is_directory(f, storage_options):  # a DCP checkpoint: its pickles, each as a file
+        return scan_directory(f, lambda data: scan(data, limits=limits),  # type: ignore[arg-type]
+                              limits=limits, storage_options=storage_options)
     source = _bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \
         else open_any(f, storage_options=storage_options, mmap=is_path(local_path(f)),
                       access="r", lazy=True, limits=limits)

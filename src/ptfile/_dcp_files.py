@@ -1,0 +1,171 @@
+"""The files of a DCP checkpoint directory, local or behind an fsspec URL, read by range.
+
+A ``torch.distributed.checkpoint`` directory is a flat set of files: ``.metadata`` (or
+``__<rank>.metadata``), ``__<rank>_<n>.distcp`` data files, or, for the HuggingFace writer,
+``*.safetensors`` and ``model.safetensors.index.json``.  :class:`DirectoryFiles` gives every
+reader above one way to list them and read byte ranges of them:
+
+* a local directory: each data file is mapped read-only on its first read (an empty file
+  is ``b""``: it cannot be mapped), and reads are views of the map;
+* a URL (``s3://bucket/ckpt``, ``https://…``…): each file is a
+  :class:`~ptfile._remote.RemoteSource`, so a read fetches only its range.
+
+Only names of the directory itself are read: a name with a path separator, ``.`` or
+``..`` is refused, so metadata cannot point outside the checkpoint.  ``opened`` and
+``bytes_read`` record what was read, which the tests use to show that a lazy read touches
+only the chunks it needs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ._io import is_url
+from ._remote import RemoteSource, filesystem, local_path
+from .errors import FormatError, PtfileError, RemoteError
+from .limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["DirectoryFiles", "is_directory"]
+
+
+def is_directory(f: object, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``f`` (a path or URL) names a directory; False for anything else.
+
+    A URL costs a request, so only one whose last component has no suffix (``ckpt``,
+    ``step-100/``, not ``model.pt``) is asked about; a backend that cannot say is a file.
+    """
+    if not isinstance(f, (str, os.PathLike)):
+        return False
+    name = str(local_path(os.fspath(f)))
+    if not is_url(name):
+        return os.path.isdir(name)
+    if "." in name.rstrip("/").rsplit("/", 1)[-1]:
+        return False
+    try:
+        fs, path = filesystem(name, storage_options)
+        return bool(fs.isdir(path))
+    except Exception:  # noqa: BLE001 (fsspec or a backend missing or failing: the file path says so)
+        return False
+
+
+class DirectoryFiles:
+    """A checkpoint directory's files: listed once, each opened on its first read."""
+
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 storage_options: Mapping[str, Any] | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
+        name = os.fspath(directory)
+        self.is_remote = is_url(local_path(name))
+        self.directory = name.rstrip("/") if self.is_remote else str(local_path(name))
+        self._options = storage_options
+        self._limits = limits
+        self._open: dict[str, bytes | mmap.mmap | RemoteSource] = {}
+        #: Names of the files whose bytes were read, and how many bytes in all.
+        self.opened: set[str] = set()
+        self.bytes_read = 0
+        #: What readers above cache per checkpoint (safetensors headers...), by their keys.
+        self.memo: dict[Any, Any] = {}
+        self._names = self._list()
+
+    def _list(self) -> list[str]:
+        if not self.is_remote:
+            if not os.path.isdir(self.directory):
+                raise FormatError(f"{self.directory!r} is not a directory: "
+                                  "a DCP checkpoint is one")
+            try:
+                return sorted(e.name for e in os.scandir(self.directory) if e.is_file())
+            except OSError as exc:
+                raise FormatError(f"{self.directory!r} cannot be listed: {exc}") from exc
+        fs, path = filesystem(self.directory, self._options)
+        try:
+            if not fs.isdir(path):
+                raise FormatError(f"{self.directory!r} is not a directory: "
+                                  "a DCP checkpoint is one")
+            entries = fs.ls(path, detail=True)
+        except PtfileError:
+            raise
+        except Exception as exc:
+            raise RemoteError(f"{self.directory}: cannot list the directory: {exc}",
+                              url=self.directory) from exc
+        return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
+                      if e.get("type") == "file")
+
+    def names(self) -> list[str]:
+        """The directory's file names, sorted (subdirectories left out)."""
+        return list(self._names)
+
+    def has(self, name: str) -> bool:
+        """Whether the directory holds a file ``name``."""
+        return name in self._names
+
+    def _checked(self, name: str, what: str) -> str:
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise FormatError(f"{what} names the file {name!r}, not one in the directory")
+        if name not in self._names:
+            raise FormatError(f"DCP checkpoint file {name!r} ({what}) is missing from "
+                              f"{self.directory!r}")
+        return name
+
+    def _file(self, name: str, what: str) -> bytes | mmap.mmap | RemoteSource:
+        found = self._open.get(name)
+        if found is None:
+            self._checked(name, what)
+            found = self._open[name] = self._open_file(name)
+            self.opened.add(name)
+        return found
+
+    def _open_file(self, name: str) -> bytes | mmap.mmap | RemoteSource:
+        if self.is_remote:
+            return RemoteSource(f"{self.directory}/{name}", self._options, limits=self._limits)
+        path = os.path.join(self.directory, name)
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return b""
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError as exc:
+            raise FormatError(f"DCP checkpoint file {path!r} is missing") from exc
+        except OSError as exc:
+            raise FormatError(f"DCP checkpoint file {path!r} cannot be read: {exc}") from exc
+
+    def size(self, name: str, what: str = "a file") -> int:
+        """The byte size of the file ``name``."""
+        data = self._file(name, what)
+        return data.size if isinstance(data, RemoteSource) else len(data)
+
+    def read(self, name: str, offset: int, n: int, what: str) -> bytes | memoryview:
+        """Bytes ``[offset, offset + n)`` of ``name``, checked to lie inside the file."""
+        data = self._file(name, what)
+        size = data.size if isinstance(data, RemoteSource) else len(data)
+        if offset < 0 or n < 0 or offset + n > size:
+            raise FormatError(f"{what} at [{offset}, {offset + n}) lies outside "
+                              f"{name!r} ({size} bytes)")
+        self.bytes_read += n
+        if isinstance(data, RemoteSource):
+            return data.pread(offset, n, what) if n else b""
+        return memoryview(data)[offset:offset + n]
+
+    def read_whole(self, name: str, what: str) -> bytes:
+        """The whole file ``name`` (a small one: metadata, an index)."""
+        return bytes(self.read(name, 0, self.size(name, what), what))
+
+    def close(self) -> None:
+        """Close every file opened (views handed out must be released first)."""
+        for data in self._open.values():
+            if isinstance(data, RemoteSource):
+                data.close()
+            elif isinstance(data, mmap.mmap):
+                try:
+                    data.close()
+                except BufferError:  # a view still lives (a lazy reader's array): GC frees it
+                    pass
+        self._open.clear()
+
+    def __enter__(self) -> DirectoryFiles:  # noqa: PYI034 (typing.Self is 3.11+)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

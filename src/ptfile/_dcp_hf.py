@@ -1,0 +1,131 @@
+"""The :class:`~ptfile.formats.dcp_metadata.Metadata` of a HuggingFaceStorageWriter directory.
+
+``torch.distributed.checkpoint.HuggingFaceStorageWriter`` writes no ``.metadata``
+(``../shared/spec/dcp-format.md`` §10): the directory's own ``*.safetensors`` files
+(``model-00001-of-00002.safetensors``…, or one ``shard-00001-model-…`` per rank with
+``save_distributed=True``; with consolidation, the full tensors at the top level and the
+shards in ``sharded/``, which is not read), each one safetensors blob from byte 0, and
+perhaps ``model.safetensors.index.json``.  As torch's ``HuggingFaceStorageReader`` does,
+ptfile reads every top-level ``*.safetensors`` header, in name order:
+
+* each entry is a chunk of the tensor its key names, at the ``saved_offsets`` of the
+  ``DCP_SHARDING_INFO`` JSON in the header's ``__metadata__`` (zeros without one);
+* a tensor's size is, per dimension, the largest chunk end; its dtype is the entry's;
+* the chunk's storage entry is ``(file, 0, nbytes)``, so it is read as a SAFETENSORS-format
+  chunk (:func:`ptfile.dcp.read_region`), its entry checked again against the chunk.
+
+There is no ``planner_data``: the state dict is flat, keyed by FQN.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final
+
+from ._dcp_files import DirectoryFiles
+from .dtypes import by_name
+from .errors import FormatError
+from .export.safetensors import CODES
+from .formats.dcp_metadata import (
+    ChunkStorageMetadata,
+    ItemKey,
+    Metadata,
+    StorageInfo,
+    TensorStorageMetadata,
+    size,
+)
+from .limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["hf_metadata", "is_hf_directory"]
+
+SUFFIX: Final = ".safetensors"
+#: The largest safetensors header read (the safetensors library's own ceiling).
+MAX_HEADER_BYTES: Final = 100 << 20
+
+
+def is_hf_directory(files: DirectoryFiles) -> bool:
+    """Whether the directory holds ``*.safetensors`` files (and so may be HF-writer output)."""
+    return any(name.endswith(SUFFIX) for name in files.names())
+
+
+def _header(files: DirectoryFiles, name: str) -> dict[str, Any]:
+    what = f"the safetensors header of {name!r}"
+    n = int.from_bytes(files.read(name, 0, 8, what), "little")
+    if n > MAX_HEADER_BYTES:
+        raise FormatError(f"{what} claims {n} bytes (more than {MAX_HEADER_BYTES})")
+    try:
+        header = json.loads(bytes(files.read(name, 8, n, what)))
+    except ValueError as exc:
+        raise FormatError(f"{what} is not JSON: {exc!s:.200}") from exc
+    if not isinstance(header, dict):
+        raise FormatError(f"{what} is not a JSON object")
+    return header
+
+
+def _sharding(header: dict[str, Any], name: str) -> dict[str, Any] | None:
+    meta = header.get("__metadata__") or {}
+    try:
+        text = meta.get("DCP_SHARDING_INFO")
+        found = None if text is None else json.loads(text)
+    except (AttributeError, ValueError, TypeError) as exc:
+        raise FormatError(f"the DCP_SHARDING_INFO of {name!r} is damaged") from exc
+    if found is not None and not isinstance(found, dict):
+        raise FormatError(f"the DCP_SHARDING_INFO of {name!r} is not a JSON object")
+    return found
+
+
+def _entry(fqn: str, entry: Any, sharding: dict[str, Any] | None, name: str
+           ) -> tuple[str, ChunkStorageMetadata]:
+    """The dtype name and chunk of one header entry."""
+    try:
+        shape = size(tuple(entry["shape"]))
+        dtype = CODES[entry["dtype"]]
+        saved = [0] * len(shape) if sharding is None else sharding[fqn]["saved_offsets"]
+        offsets = size(tuple(saved))
+    except (KeyError, TypeError, FormatError) as exc:
+        raise FormatError(f"the safetensors entry {fqn!r} of {name!r} is damaged: "
+                          f"{exc!s:.120}") from exc
+    if len(offsets) != len(shape):
+        raise FormatError(f"the saved offsets of {fqn!r} in {name!r} do not match its shape")
+    return dtype, ChunkStorageMetadata(offsets, shape)
+
+
+def hf_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Metadata:
+    """The checkpoint's metadata, from its ``*.safetensors`` headers only.
+
+    Raises
+    ------
+    FormatError
+        A header is damaged, or files disagree on a tensor's dtype.
+    """
+    dtypes: dict[str, str] = {}
+    chunks: dict[str, list[ChunkStorageMetadata]] = {}
+    storage: dict[ItemKey, StorageInfo] = {}
+    for name in (n for n in files.names() if n.endswith(SUFFIX)):
+        header = _header(files, name)
+        sharding = _sharding(header, name)
+        for fqn, entry in header.items():
+            if fqn == "__metadata__":
+                continue
+            dtype, chunk = _entry(fqn, entry, sharding, name)
+            if dtypes.setdefault(fqn, dtype) != dtype:
+                raise FormatError(f"the files disagree on the dtype of {fqn!r}")
+            if (fqn, chunk.offsets) in storage:
+                raise FormatError(f"the chunk of {fqn!r} at {chunk.offsets} is in two files")
+            known = chunks.setdefault(fqn, [])
+            if known and len(known[0].sizes) != len(chunk.sizes):
+                raise FormatError(f"the files disagree on the dimensions of {fqn!r}")
+            known.append(chunk)
+            nbytes = math.prod(chunk.sizes) * by_name(dtype).itemsize
+            storage[(fqn, chunk.offsets)] = StorageInfo(name, 0, nbytes)
+    items = {fqn: TensorStorageMetadata(by_name(dtypes[fqn]), _size(found), tuple(found))
+             for fqn, found in chunks.items()}
+    return Metadata(dict(items), None, storage)
+
+
+def _size(chunks: list[ChunkStorageMetadata]) -> tuple[int, ...]:
+    """Per dimension, the largest chunk end (as torch's reader sizes the tensor)."""
+    return tuple(max(o + s for o, s in dims)
+                 for dims in zip(*(zip(c.offsets, c.sizes, strict=True) for c in chunks),
+                                 strict=True))

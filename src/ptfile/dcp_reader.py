@@ -1,0 +1,359 @@
+"""Lazy, metadata-first access to a DCP directory: what :func:`ptfile.open` returns for one.
+
+``ptfile.open(dcp_dir)`` reads the checkpoint's metadata (``.metadata``, every
+``__<rank>.metadata``, or a HuggingFace-writer directory's safetensors headers) and
+nothing else.  :class:`DCPReader` then offers :class:`~ptfile.CheckpointReader`'s
+interface (``keys``, ``info``, ``get_tensor``, ``get_slice``, ``metadata``, ``object``,
+a context manager and read-only ``Mapping[str, Tensor]``), keyed by the tensors' FQNs:
+
+* a tensor is assembled from its chunks when read (:func:`ptfile.dcp.read_region`);
+* ``get_slice(fqn)[...]`` takes the selection's bounding box and reads only the chunks
+  that meet it: a chunk that does not is never read, and a data file none of whose
+  chunks are needed is never opened;
+* non-tensor items are :class:`BytesItem` placeholders in :attr:`DCPReader.object`,
+  read by :meth:`DCPReader.value`.
+
+A tensor's layout (``stride``) is the contiguous one ``dcp_to_torch_save`` gives it; it
+has no single storage in the files, so ``storage_key`` and ``data_offset`` are None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from ._dcp_files import DirectoryFiles
+from .dcp import (
+    contiguous_stride,
+    load_metadata,
+    object_path,
+    place,
+    read_region,
+    read_value,
+    region_tensor,
+    storage_infos,
+    tensor_item,
+)
+from .dtypes import DType
+from .errors import PtfileError
+from .formats import Format
+from .formats.dcp_metadata import ChunkStorageMetadata, Metadata, TensorStorageMetadata
+from .limits import DEFAULT_LIMITS, Limits
+from .reader import TensorInfo
+from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["BytesItem", "ChunkInfo", "DCPReader", "DCPSlice", "open_dcp"]
+
+_BASIC: Final = (int, slice, type(Ellipsis), type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class BytesItem:
+    """A non-tensor value of the checkpoint, not read yet (:meth:`DCPReader.value` reads it)."""
+
+    fqn: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """One chunk of a tensor and where its bytes are (``transforms``: e.g. zstd)."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str
+    offset: int
+    length: int
+    transforms: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return {"offsets": list(self.offsets), "sizes": list(self.sizes), "file": self.file,
+                "offset": self.offset, "length": self.length,
+                "transforms": list(self.transforms)}
+
+
+def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], tuple[Any, ...]]:
+    """The bounding box of a basic numpy index on ``shape``, and the index relative to it."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if not all(isinstance(k, _BASIC) for k in keys) or sum(k is Ellipsis for k in keys) > 1:
+        raise IndexError("a DCP tensor slice takes ints, slices, '...' and None")
+    fill = len(shape) - sum(k is not None and k is not Ellipsis for k in keys)
+    if fill < 0:
+        raise IndexError(f"too many indices for a tensor of {len(shape)} dimensions")
+    expanded: list[Any] = []
+    for k in keys:
+        expanded.extend([slice(None)] * fill if k is Ellipsis else [k])
+    if Ellipsis not in keys:
+        expanded.extend([slice(None)] * fill)
+    box: list[tuple[int, int]] = []
+    relative: list[Any] = []
+    dims = iter(shape)
+    for k in expanded:
+        if k is None:
+            relative.append(None)
+            continue
+        n = next(dims)
+        if isinstance(k, int):
+            i = k + n if k < 0 else k
+            if not 0 <= i < n:
+                raise IndexError(f"index {k} is out of bounds for a dimension of size {n}")
+            box.append((i, i + 1))
+            relative.append(0)
+            continue
+        r = range(*k.indices(n))
+        if not r:
+            box.append((0, 0))
+            relative.append(slice(0, 0))
+            continue
+        low, high = min(r[0], r[-1]), max(r[0], r[-1]) + 1
+        box.append((low, high))
+        stop = r.stop - low
+        relative.append(slice(r.start - low, stop if stop >= 0 else None, r.step))
+    return tuple(box), tuple(relative)
+
+
+class DCPSlice:
+    """A DCP tensor not yet read: ``[...]`` reads only the chunks the selection meets."""
+
+    def __init__(self, reader: DCPReader, name: str, item: TensorStorageMetadata) -> None:
+        self._reader, self.name, self._item = reader, name, item
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's (full) shape."""
+        return self._item.size
+
+    @property
+    def dtype(self) -> DType:
+        """The tensor's dtype."""
+        return self._item.dtype
+
+    def get_shape(self) -> list[int]:
+        """safetensors' name for :attr:`shape`."""
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        """The dtype name (``float32``)."""
+        return self.dtype.name
+
+    def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
+        box, relative = _bounds(key, self.shape)
+        region = self._reader._region(self.name, box)
+        values: np.ndarray[Any, Any] = region_tensor(region, self._item).numpy()
+        return np.asarray(values[relative])
+
+    def __repr__(self) -> str:
+        return f"<DCPSlice {self.name!r} {self.dtype!r} {list(self.shape)}>"
+
+
+class DCPReader(Mapping[str, Tensor]):
+    """A DCP checkpoint's tensors by FQN, each read from its chunks only on request.
+
+    Use :func:`ptfile.open` on the directory to make one.
+    """
+
+    format: Format = Format.DCP
+
+    def __init__(self, files: DirectoryFiles, meta: Metadata, limits: Limits) -> None:
+        self.files, self.meta, self._limits = files, meta, limits
+        items = meta.state_dict_metadata
+        self._items = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
+        self._closed = False
+        self._skeleton: dict[str, Tensor] | None = None
+
+    # -- mapping -----------------------------------------------------------------------
+    def _item(self, name: str) -> TensorStorageMetadata:
+        if self._closed:
+            raise ValueError("I/O operation on a closed DCPReader")
+        return self._items[name]
+
+    def __getitem__(self, name: str) -> Tensor:
+        """The whole tensor, assembled from its chunks."""
+        item = self._item(name)
+        return region_tensor(self._region(name, tuple((0, d) for d in item.size)), item)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def _region(self, name: str, box: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
+        self._item(name)
+        return read_region(self.meta, self.files, name, box, limits=self._limits)
+
+    # -- safe_open's API ---------------------------------------------------------------
+    def get_tensor(self, name: str) -> np.ndarray[Any, Any]:
+        """The tensor's values as numpy.
+
+        Raises
+        ------
+        KeyError
+            No tensor has that name.
+        FormatError, UnsupportedFeatureError
+            As :func:`ptfile.load_dcp`.
+        """
+        return self[name].numpy()
+
+    def get_slice(self, name: str) -> DCPSlice:
+        """A lazy slice: ``reader.get_slice(name)[a:b]`` reads only the chunks it meets.
+
+        Raises
+        ------
+        KeyError
+            No tensor has that name.
+        """
+        return DCPSlice(self, name, self._item(name))
+
+    def value(self, fqn: str) -> Any:
+        """Any item by FQN, read now: a tensor whole, or a non-tensor value.
+
+        Raises
+        ------
+        KeyError
+            No item has that FQN.
+        """
+        if self._closed:
+            raise ValueError("I/O operation on a closed DCPReader")
+        return read_value(self.meta, self.files, fqn, limits=self._limits)
+
+    def metadata(self) -> dict[str, str]:
+        """Format, DCP version, item and chunk counts, as strings."""
+        items = self.meta.state_dict_metadata
+        out = {"format": self.format.value, "items": str(len(items)), "tensors": str(len(self)),
+               "chunks": str(sum(len(i.chunks) for i in self._items.values())),
+               "files": str(len({i.relative_path for i in self.meta.storage_data.values()}))}
+        if self.meta.version is not None:
+            out["version"] = self.meta.version
+        return out
+
+    @property
+    def object(self) -> Any:
+        """The state dict's nesting; tensors without data, other values as :class:`BytesItem`."""
+        root: dict[str, Any] = {}
+        tensors = self.tensors()
+        for fqn in self.meta.state_dict_metadata:
+            found = tensors.get(fqn)
+            place(root, object_path(self.meta, fqn), BytesItem(fqn) if found is None else found)
+        return root
+
+    # -- metadata ----------------------------------------------------------------------
+    @property
+    def zip_reader(self) -> None:
+        """None: a DCP directory is not one archive."""
+        return None
+
+    @property
+    def source_size(self) -> int:
+        """Bytes of the items the metadata lists (no file is opened to say)."""
+        return sum(info.length for info in self.meta.storage_data.values())
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor by FQN, without data (shape, dtype, contiguous stride); the same
+        objects as in :attr:`object`."""
+        if self._skeleton is None:
+            self._skeleton = {name: Tensor(None, 0, item.size, contiguous_stride(item.size),
+                                           dtype=item.dtype) for name, item in self._items.items()}
+        return dict(self._skeleton)
+
+    def info(self, name: str) -> TensorInfo:
+        """dtype, shape and (contiguous) stride of one tensor; reads no data.
+
+        Raises
+        ------
+        KeyError
+            No tensor has that name.
+        """
+        item = self._item(name)
+        nbytes = math.prod(item.size) * item.dtype.itemsize
+        return TensorInfo(name, item.dtype, item.size, contiguous_stride(item.size), 0, None,
+                          nbytes, "cpu", None, item.requires_grad, False)
+
+    def infos(self) -> Iterator[TensorInfo]:
+        """:meth:`info` of every tensor, in key order."""
+        return iter([self.info(name) for name in self])
+
+    def chunks(self, name: str) -> list[ChunkInfo]:
+        """The chunks of a tensor, in the metadata's order, and where their bytes are.
+
+        Raises
+        ------
+        KeyError
+            No tensor has that name.
+        FormatError
+            The chunks do not tile the tensor, or one has no storage entry.
+        """
+        item = tensor_item(self.meta, name)
+        infos = storage_infos(name, item, self.meta)
+        return [_chunk_info(c, i.relative_path, i.offset, i.length, i.transforms)
+                for c, i in zip(item.chunks, infos, strict=True)]
+
+    def check(self, progress: Callable[[int], None] | None = None
+              ) -> Iterator[tuple[str, str]]:
+        """``(fqn, message)`` for every item that cannot be read as the metadata says: chunks
+        that do not tile their tensor, storage entries missing or outside their files, items
+        whose bytes are not the chunk or value they should be.  Every chunk is read, one at
+        a time (``progress`` is called with each item's stored length).
+        """
+        for fqn, item in self.meta.state_dict_metadata.items():
+            try:
+                if not isinstance(item, TensorStorageMetadata):
+                    self.value(fqn)
+                    continue
+                for chunk in self.chunks(fqn):
+                    box = tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.sizes,
+                                                           strict=True))
+                    read_region(self.meta, self.files, fqn, box, limits=self._limits)
+                    if progress is not None:
+                        progress(chunk.length)
+            except PtfileError as exc:
+                yield fqn, f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        """Close the data files opened so far."""
+        self._closed = True
+        self.files.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<DCPReader {self.files.directory!r} {len(self)} tensors>"
+
+
+def _chunk_info(chunk: ChunkStorageMetadata, file: str, offset: int, length: int,
+                transforms: tuple[str, ...]) -> ChunkInfo:
+    return ChunkInfo(chunk.offsets, chunk.sizes, file, offset, length, transforms)
+
+
+def open_dcp(directory: str, *, limits: Limits | None = None,
+             storage_options: Mapping[str, Any] | None = None) -> DCPReader:
+    """A :class:`DCPReader` on a DCP directory (path or URL); reads its metadata only.
+
+    Raises
+    ------
+    FormatError, UnsafeGlobalError, UnsupportedFeatureError, RemoteError
+        As :func:`ptfile.load_dcp`.
+    """
+    limits = limits or DEFAULT_LIMITS
+    files = DirectoryFiles(directory, storage_options=storage_options, limits=limits)
+    try:
+        return DCPReader(files, load_metadata(files, limits), limits)
+    except BaseException:
+        files.close()
+        raise

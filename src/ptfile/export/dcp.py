@@ -74,7 +74,7 @@ from ..limits import DEFAULT_LIMITS, Limits
 from ..tensor import Storage, Tensor
 from .safetensors import CODES
 
-__all__ = ["SLAB_BYTES", "convert_dcp"]
+__all__ = ["SLAB_BYTES", "convert_dcp", "dcp_kind"]
 
 #: The most bytes read from a data file at once, into one reused buffer.
 SLAB_BYTES: Final = 16 << 20
@@ -203,7 +203,8 @@ class _Reader:
         """Fill ``target`` (a view in the order of ``layout.perm``) from the file."""
         fd, at, raw = self._fd(layout.name), layout.start, target.dtype
         for index in _runs(target.shape, raw.itemsize, SLAB_BYTES):
-            piece = target[(*index, Ellipsis)]  # a view, even of a 0-d target
+            where = (*index, Ellipsis)  # a view, even of a 0-d target
+            piece = target[where]
             nbytes = piece.size * raw.itemsize
             view = memoryview(self._slab)[:nbytes]
             got = os.preadv(fd, [view], at)
@@ -225,7 +226,8 @@ class _Reader:
         infos = storage_infos(fqn, item, self.meta)
         full = np.empty(item.size, np.dtype(f"V{item.dtype.itemsize}"))
         for chunk, info in zip(item.chunks, infos, strict=True):
-            box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
+            box: tuple[Any, ...] = tuple(slice(o, o + s) for o, s in zip(
+                chunk.offsets, chunk.sizes, strict=True))
             if not math.prod(chunk.sizes):
                 continue
             layout = self._layout(fqn, chunk, item, info)
@@ -233,7 +235,9 @@ class _Reader:
                 full[box] = read_region(self.meta, self.files, fqn, tuple(
                     (b.start, b.stop) for b in box), limits=self.limits)
             else:
-                self._copy(layout, full[(*box, Ellipsis)].transpose(layout.perm), item.dtype.swap)
+                where = (*box, Ellipsis)  # a view, even of a 0-d tensor
+                target = full[where]
+                self._copy(layout, target.transpose(layout.perm), item.dtype.swap)
         return full
 
 
@@ -387,7 +391,7 @@ def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, in
     return index, len(fqns), len(shards)
 
 
-def _kind(dst: str) -> str:
+def dcp_kind(dst: str) -> str:
     """``pt``, ``safetensors`` or ``hf`` (a folder: a trailing separator, an existing
     directory, or no suffix)."""
     from .convert import SUFFIXES
@@ -439,7 +443,7 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     1
     """
     source, target = os.fspath(src), os.fspath(dst)
-    kind = to or _kind(target)
+    kind = to or dcp_kind(target)
     limits = limits or DEFAULT_LIMITS
     with DirectoryFiles(source, limits=limits) as files:
         meta = load_metadata(files, limits)

@@ -8,9 +8,10 @@ buffer, the writer's buffer, the metadata):
 * A chunk stored as a ``torch.save`` ZIP (the TORCH_SAVE format) is located without
   reading its data: its ``data.pkl`` and central directory give the storage record, its
   offset in the file, the chunk's strides (any dense order) and byte order; the elements
-  are then read with ``os.preadv`` in slabs of at most :data:`SLAB_BYTES`, straight from
-  the file into the tensor being assembled (no map of the data, which would count the
-  checkpoint's pages in the process's memory).  A chunk in a SAFETENSORS-format blob is
+  are then read with ``os.preadv`` in pieces of at most :data:`SLAB_BYTES`, straight into
+  the tensor being assembled where the piece is contiguous there (a row block), else
+  through one reused buffer of that size.  Nothing of the data is mapped: mapped pages
+  would count the checkpoint's pages in the process's memory.  A chunk in a SAFETENSORS-format blob is
   read the same way.  Anything else (zstd items, a URL, chunks of other layouts) is read
   whole through :func:`ptfile.dcp.read_region`.
 * ``.pt``: the object is the state dict :func:`ptfile.load_dcp` returns (bytes items
@@ -137,7 +138,7 @@ class _Reader:
     def __init__(self, meta: Metadata, files: DirectoryFiles, limits: Limits) -> None:
         self.meta, self.files, self.limits = meta, files, limits
         self._fds: dict[str, int] = {}
-        self._slab = bytearray(SLAB_BYTES)
+        self._slab = bytearray()
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -200,20 +201,29 @@ class _Reader:
         return _Layout(info.relative_path, begin, tuple(range(len(chunk.sizes))), "little")
 
     def _copy(self, layout: _Layout, target: np.ndarray, dtype_swap: int) -> None:
-        """Fill ``target`` (a view in the order of ``layout.perm``) from the file."""
+        """Fill ``target`` (a view in the order of ``layout.perm``) from the file: pieces that
+        are contiguous in ``target`` are read straight into it, others through the slab."""
         fd, at, raw = self._fd(layout.name), layout.start, target.dtype
+        swap = layout.byteorder != sys.byteorder and dtype_swap > 1
         for index in _runs(target.shape, raw.itemsize, SLAB_BYTES):
             where = (*index, Ellipsis)  # a view, even of a 0-d target
             piece = target[where]
             nbytes = piece.size * raw.itemsize
-            view = memoryview(self._slab)[:nbytes]
+            direct = piece.flags.c_contiguous
+            if direct:
+                view = piece.reshape(-1).view(np.uint8).data
+            else:
+                if len(self._slab) < nbytes:  # made on first use: most pieces go direct
+                    self._slab = bytearray(max(SLAB_BYTES, nbytes))
+                view = memoryview(self._slab)[:nbytes]
             got = os.preadv(fd, [view], at)
             if got != nbytes:
                 raise FormatError(f"{layout.name!r} ended inside a chunk at {at + got}")
-            values = np.frombuffer(view, raw, piece.size)
-            if layout.byteorder != sys.byteorder and dtype_swap > 1:
+            values = piece.reshape(-1) if direct else np.frombuffer(view, raw, piece.size)
+            if swap:
                 values = values.view(f"u{dtype_swap}").byteswap().view(raw)
-            piece[...] = values.reshape(piece.shape)
+            if swap or not direct:
+                piece[...] = values.reshape(piece.shape)
             at += nbytes
 
     def tensor(self, fqn: str) -> np.ndarray:

@@ -148,9 +148,10 @@ def test_hf_folder(checkpoint: Path, tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "one").iterdir()] == ["model.safetensors"]
 
 
-def test_safetensors_format_and_zstd_sources(tmp_path: Path) -> None:
-    """A SAFETENSORS-format checkpoint (read in slabs from its blob) and a zstd one (read
-    whole, through load_dcp's reader) give ptfile.save(ptfile.load_dcp(DIR))."""
+def test_sources_torch_cannot_consolidate(tmp_path: Path) -> None:
+    """SAFETENSORS-format and HF-writer checkpoints (read in slabs from their blobs), a zstd
+    one (read whole, through load_dcp's reader) and a use_collectives=False one (per-rank
+    metadata merged) give ptfile.save(ptfile.load_dcp(DIR))."""
     from torch.distributed.checkpoint.filesystem import SerializationFormat
 
     state = {"w": torch.randn(8, 5), "b": torch.arange(4, dtype=torch.int16), "step": 3}
@@ -162,8 +163,12 @@ def test_safetensors_format_and_zstd_sources(tmp_path: Path) -> None:
         writers["zstd"] = dcp.FileSystemWriter(tmp_path / "zstd", _extensions=[ZStandard()])
     except ImportError:
         pass
-    for name, writer in writers.items():
-        dcp.save(state, storage_writer=writer)
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp_path / "hf")))
+    dcp.save(state, checkpoint_id=tmp_path / "solo", use_collectives=False)
+    for name in ("hf", "solo", *writers):
+        if name in writers:
+            dcp.save(state, storage_writer=writers[name])
         ptfile.save(ptfile.load_dcp(tmp_path / name), tmp_path / f"{name}.pt")
         expected = (tmp_path / f"{name}.pt").read_bytes()
         convert_dcp(tmp_path / name, tmp_path / f"{name}.pt")

@@ -51,7 +51,7 @@ import numpy as np
 from .. import config
 from .._dcp_files import DirectoryFiles
 from .._io import FileSource
-from ..api import _atomic_target, archive_prefix
+from ..api import _atomic_target, archive_prefix, load
 from ..archive import ZipReader
 from ..dcp import (
     _blob,
@@ -62,6 +62,7 @@ from ..dcp import (
     read_region,
     read_value,
     storage_infos,
+    tensor_item,
 )
 from ..errors import FormatError, UnsupportedFeatureError
 from ..formats.dcp_metadata import (
@@ -154,9 +155,7 @@ class _Reader:
 
     def _zip_layout(self, fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
                     info: StorageInfo) -> _Layout | None:
-        from ..api import load  # the item's data.pkl only: skip_data reads no storage
-
-        fd = self._fd(info.relative_path)
+        fd = self._fd(info.relative_path)  # skip_data: the item's data.pkl, no storage bytes
         value = load(io.BufferedReader(_Window(fd, info.offset, info.length)), skip_data=True,
                      limits=self.limits)
         if not isinstance(value, Tensor) or value.dtype != item.dtype \
@@ -228,8 +227,7 @@ class _Reader:
 
     def tensor(self, fqn: str) -> np.ndarray:
         """The whole tensor ``fqn`` as raw ``V<itemsize>`` elements, C-contiguous."""
-        item = self.meta.state_dict_metadata[fqn]
-        assert isinstance(item, TensorStorageMetadata)
+        item = tensor_item(self.meta, fqn)
         if self.files.is_remote:
             return read_region(self.meta, self.files, fqn, tuple((0, d) for d in item.size),
                                limits=self.limits)

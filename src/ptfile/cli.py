@@ -73,6 +73,7 @@ examples:
   ptfile scan *.pt                         is it safe to load? (never executes anything)
   ptfile convert model.pt model.safetensors
   ptfile convert pytorch_model.bin.index.json out/   sharded HF checkpoint, shard by shard
+  ptfile convert checkpoint/ model.pt      a DCP directory, tensor by tensor (or .safetensors, out/)
   ptfile verify model.pt                   CRC of every record, structure, bounds
   ptfile diff before.pt after.pt           added/removed keys, changes, max |a-b|
 """
@@ -385,8 +386,10 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
 
 
 def _args_convert(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="checkpoint, .safetensors, or a Hugging Face *.index.json")
-    p.add_argument("output", help="output file (or folder for a sharded index)")
+    p.add_argument("input", help="checkpoint, .safetensors, a Hugging Face *.index.json, or a "
+                                 "DCP directory")
+    p.add_argument("output", help="output file (or folder: for a sharded index, or Hugging "
+                                  "Face shards of a DCP directory)")
     p.add_argument("--to", choices=("safetensors", "npz", "pt"),
                    help="output kind (default: from the output's suffix)")
     p.add_argument("--shared", choices=("dedupe", "copy", "error"), default="dedupe",

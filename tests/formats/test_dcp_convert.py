@@ -213,3 +213,16 @@ def test_damaged_chunks_raise_and_leave_nothing(checkpoint: Path, tmp_path: Path
     with pytest.raises(ptfile.FormatError):
         convert_dcp(bad, tmp_path / "out.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
+
+
+def test_url_source(checkpoint: Path, tmp_path: Path) -> None:
+    """A directory behind an fsspec URL (memory://) converts to the same file."""
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for item in checkpoint.iterdir():
+        with memory.open(f"/dcp-convert/{item.name}", "wb") as fp:
+            fp.write(item.read_bytes())
+    (tmp_path / "url").mkdir()
+    convert_dcp("memory://dcp-convert", tmp_path / "url" / "model.pt")
+    convert_dcp(checkpoint, tmp_path / "model.pt")
+    assert (tmp_path / "url" / "model.pt").read_bytes() == (tmp_path / "model.pt").read_bytes()

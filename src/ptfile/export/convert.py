@@ -162,7 +162,7 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
         From reading or writing.
     """
     if is_directory(src, storage_options):
-        summary = convert_dcp(src, dst, to=to)
+        summary = convert_dcp(src, dst, to=to, storage_options=storage_options)
         if on_step is not None:
             on_step(1)
         return summary

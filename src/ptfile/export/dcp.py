@@ -42,7 +42,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
@@ -415,13 +415,15 @@ def dcp_kind(dst: str) -> str:
 
 def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                 to: str | None = None, shard_bytes: int = SHARD_BYTES,
-                limits: Limits | None = None) -> dict[str, Any]:
+                limits: Limits | None = None,
+                storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Consolidate the DCP checkpoint ``src`` into ``dst``, one tensor at a time.
 
     Parameters
     ----------
     src
-        A DCP directory (any layout :func:`ptfile.load_dcp` reads).
+        A DCP directory (any layout :func:`ptfile.load_dcp` reads), or its fsspec URL
+        (with ``storage_options``; its tensors are then read chunk by chunk, whole).
     dst
         ``*.pt`` (or ``.pth``/``.bin``/``.ckpt``), ``*.safetensors``, or a folder for
         Hugging Face's sharded safetensors layout.
@@ -453,7 +455,7 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     source, target = os.fspath(src), os.fspath(dst)
     kind = to or dcp_kind(target)
     limits = limits or DEFAULT_LIMITS
-    with DirectoryFiles(source, limits=limits) as files:
+    with DirectoryFiles(source, storage_options=storage_options, limits=limits) as files:
         meta = load_metadata(files, limits)
         reader = _Reader(meta, files, limits)
         try:

@@ -15,7 +15,8 @@ import pytest
 import ptfile
 from ptfile import cli
 from ptfile.export import dcp as dcp_export
-from ptfile.export.dcp import convert_dcp
+from ptfile.export.convert import target_kind
+from ptfile.export.dcp import convert_dcp as _convert_dcp
 from ptfile.export.safetensors import dump, load_safetensors
 
 torch = pytest.importorskip("torch")
@@ -23,6 +24,11 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from test_dcp import _save_ranks  # noqa: E402  (the gloo harness of the reading tests)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
+
+
+def convert_dcp(src: Path | str, dst: Path, **options: Any) -> dict[str, Any]:
+    """:func:`ptfile.export.dcp.convert_dcp` to the kind the CLI tells from the names."""
+    return _convert_dcp(src, dst, to=target_kind(str(dst), str(src)), **options)
 
 
 def _state() -> dict[str, Any]:

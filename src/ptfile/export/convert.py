@@ -19,7 +19,7 @@ from ..errors import UnsupportedFeatureError
 from ..reader import flatten
 from ..reader import open as open_checkpoint
 from ..tensor import Tensor
-from .dcp import convert_dcp, dcp_kind
+from .dcp import convert_dcp
 from .npz import dump_npz
 from .safetensors import SharedPolicy, convert_sharded, dump, load_safetensors
 
@@ -46,7 +46,7 @@ def target_kind(output: str, source: str) -> str:
     'safetensors'
     """
     if is_directory(source):  # a DCP checkpoint: .pt, .safetensors or an HF folder
-        return dcp_kind(output)
+        return _dcp_kind(output)
     if source.endswith(".safetensors.index.json"):
         return "pt"
     if source.endswith(".index.json"):
@@ -55,6 +55,18 @@ def target_kind(output: str, source: str) -> str:
     if kind is None:
         raise UnsupportedFeatureError(f"cannot tell what to write from {output!r}; "
                                       "use --to safetensors|npz|pt")
+    return kind
+
+
+def _dcp_kind(dst: str) -> str:
+    """``pt``, ``safetensors`` or ``hf`` (a folder: a trailing separator, an existing
+    directory, or no suffix)."""
+    if dst.endswith(("/", os.sep)) or os.path.isdir(dst) or not os.path.splitext(dst)[1]:
+        return "hf"
+    kind = SUFFIXES.get(os.path.splitext(dst)[1].lower())
+    if kind not in ("pt", "safetensors"):
+        raise UnsupportedFeatureError(f"a DCP checkpoint converts to .pt, .safetensors or a "
+                                      f"folder, not {dst!r}")
     return kind
 
 

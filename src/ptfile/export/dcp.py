@@ -76,7 +76,7 @@ from ..limits import DEFAULT_LIMITS, Limits
 from ..tensor import Storage, Tensor
 from .safetensors import CODES
 
-__all__ = ["SLAB_BYTES", "convert_dcp", "dcp_kind"]
+__all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp"]
 
 #: The most bytes read from a data file at once, into one reused buffer.
 SLAB_BYTES: Final = 16 << 20
@@ -399,22 +399,8 @@ def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, in
     return index, len(fqns), len(shards)
 
 
-def dcp_kind(dst: str) -> str:
-    """``pt``, ``safetensors`` or ``hf`` (a folder: a trailing separator, an existing
-    directory, or no suffix)."""
-    from .convert import SUFFIXES
-
-    if dst.endswith(("/", os.sep)) or os.path.isdir(dst) or not os.path.splitext(dst)[1]:
-        return "hf"
-    kind = SUFFIXES.get(os.path.splitext(dst)[1].lower())
-    if kind not in ("pt", "safetensors"):
-        raise UnsupportedFeatureError(f"a DCP checkpoint converts to .pt, .safetensors or a "
-                                      f"folder, not {dst!r}")
-    return kind
-
-
 def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
-                to: str | None = None, shard_bytes: int = SHARD_BYTES,
+                to: str, shard_bytes: int = SHARD_BYTES,
                 limits: Limits | None = None,
                 storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Consolidate the DCP checkpoint ``src`` into ``dst``, one tensor at a time.
@@ -428,7 +414,8 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         ``*.pt`` (or ``.pth``/``.bin``/``.ckpt``), ``*.safetensors``, or a folder for
         Hugging Face's sharded safetensors layout.
     to
-        ``"pt"``, ``"safetensors"`` or ``"hf"``; by default from ``dst``.
+        ``"pt"``, ``"safetensors"`` or ``"hf"`` (:func:`ptfile.export.convert.target_kind`
+        tells which from the names).
     shard_bytes
         The largest shard of a folder output.
 
@@ -447,13 +434,13 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     >>> import numpy as np, os, ptfile, tempfile
     >>> folder = tempfile.mkdtemp()
     >>> ptfile.save_dcp({"w": np.ones(3, "float32"), "step": 1}, os.path.join(folder, "ck"))
-    >>> convert_dcp(os.path.join(folder, "ck"), os.path.join(folder, "w.pt"))["tensors"]
+    >>> convert_dcp(os.path.join(folder, "ck"), os.path.join(folder, "w.pt"), to="pt")["tensors"]
     1
     >>> ptfile.load(os.path.join(folder, "w.pt"))["step"]
     1
     """
     source, target = os.fspath(src), os.fspath(dst)
-    kind = to or dcp_kind(target)
+    kind = to
     limits = limits or DEFAULT_LIMITS
     with DirectoryFiles(source, storage_options=storage_options, limits=limits) as files:
         meta = load_metadata(files, limits)

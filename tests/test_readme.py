@@ -15,10 +15,15 @@ from rangeserver import RangeServer  # noqa: E402 - the tests' loopback server
 
 
 def test_readme_remote_example_runs(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
     torch.save({"w": torch.arange(6.0).reshape(2, 3)}, tmp_path / "model.pt")
+    model = {"weight": torch.arange(12.0).reshape(4, 3), "bias": torch.zeros(3)}
+    dcp.save({"model": model, "step": 3}, checkpoint_id=tmp_path / "dcp")
     with RangeServer(tmp_path) as server:
         failures, tried = doctest.testfile(
-            str(README), module_relative=False, globs={"url": server.url("model.pt")},
+            str(README), module_relative=False,
+            globs={"url": server.url("model.pt"), "dcp_dir": str(tmp_path / "dcp")},
             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert tried >= 6
     assert failures == 0

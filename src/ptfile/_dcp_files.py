@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ._io import is_url
+from ._io import is_url, url_scheme
 from ._remote import RemoteSource, filesystem, local_path
 from .errors import FormatError, PtfileError, RemoteError
 from .limits import DEFAULT_LIMITS, Limits
@@ -35,14 +35,16 @@ def is_directory(f: object, storage_options: Mapping[str, Any] | None = None) ->
     """Whether ``f`` (a path or URL) names a directory; False for anything else.
 
     A URL costs a request, so only one whose last component has no suffix (``ckpt``,
-    ``step-100/``, not ``model.pt``) is asked about; a backend that cannot say is a file.
+    ``step-100/``, not ``model.pt``) is asked about, and never an ``http(s)://`` one; a
+    backend that cannot say is a file.
     """
     if not isinstance(f, (str, os.PathLike)):
         return False
     name = str(local_path(os.fspath(f)))
     if not is_url(name):
         return os.path.isdir(name)
-    if "." in name.rstrip("/").rsplit("/", 1)[-1]:
+    # HTTP has no directories fsspec can list without fetching the page (a whole checkpoint).
+    if url_scheme(name) in ("http", "https") or "." in name.rstrip("/").rsplit("/", 1)[-1]:
         return False
     try:
         fs, path = filesystem(name, storage_options)
@@ -92,6 +94,11 @@ class DirectoryFiles:
                               url=self.directory) from exc
         return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
                       if e.get("type") == "file")
+
+    @property
+    def bytes_fetched(self) -> int:
+        """For a URL: the bytes the server sent so far (range reads of every file opened)."""
+        return sum(f.bytes_fetched for f in self._open.values() if isinstance(f, RemoteSource))
 
     def names(self) -> list[str]:
         """The directory's file names, sorted (subdirectories left out)."""

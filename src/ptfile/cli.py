@@ -182,10 +182,24 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
         _table(rows, out)
         if len(records) < len(ins.records):
             out.write(f"  … {len(ins.records) - len(records):,} more\n")
+    if ins.chunks:
+        _render_chunks(ins.chunks, out, limit)
     _render_totals(ins, out)
     if ins.shared:
         out.write("\nShared storages\n")
         out.writelines(f"  storage {key}: {', '.join(names)}\n" for key, names in list(ins.shared.items())[: limit or None])
+
+
+def _render_chunks(chunks: dict[str, list[dict[str, Any]]], out: TextIO, limit: int) -> None:
+    """A DCP checkpoint's chunks: where each tensor's pieces are stored."""
+    rows = [[name, str(c["offsets"]), str(c["sizes"]), c["file"], str(c["offset"]),
+             str(c["length"]), " ".join(c["transforms"])]
+            for name, found in chunks.items() for c in found]
+    out.write(f"\nChunks ({len(rows):,})\n")
+    _table([["tensor", "offsets", "sizes", "file", "offset", "length", ""],
+            *(rows if not limit else rows[:limit])], out)
+    if limit and len(rows) > limit:
+        out.write(f"  … {len(rows) - limit:,} more (--limit 0 shows all)\n")
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:

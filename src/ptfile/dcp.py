@@ -14,8 +14,10 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
 * ``storage_data`` maps ``(fqn, chunk offsets)`` (None for bytes items) to
   ``(relative_path, offset, length)``: the item is those bytes of ``DIR/relative_path``
   (any ``__{r}_{n}.distcp``: every writer variant of thread count and files per rank
-  names its files there).  Every item is a complete ``torch.save`` ZIP, read with
-  :func:`ptfile.load` under ptfile's default policy: a chunk is a tensor of exactly the
+  names its files there).  Every item is a complete ``torch.save`` ZIP, which MUST end
+  exactly at ``offset + length`` with its end of central directory record (torch writes
+  no comment; anything else means the length disagrees with the item), read in place as
+  :func:`ptfile.load` reads a file (its weights-only policy): a chunk is a tensor of exactly the
   chunk's sizes and the tensor's dtype (strides as saved), a bytes item any object.
 * ``serialization_format=SAFETENSORS``: a tensor's ``offset`` is instead the start of its
   file's one safetensors blob (u64-LE header length, JSON header, data) and ``length`` its
@@ -25,7 +27,6 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
   they must tile the full size exactly (in bounds, no overlap, no gap; zero-size chunks
   allowed).  Tensors come back contiguous, ``requires_grad=False``, as
   ``dcp_to_torch_save`` makes them.
-
 * ``_extensions=[ZStandard()]``: an item whose ``transform_descriptors`` is
   ``['stream.zstd/1']`` is one zstd frame (without a content size) of the bytes above, and
   ``offset``/``length`` are its compressed extent.  Descriptors (``name[@domain]/version``,
@@ -43,7 +44,6 @@ only the chunks that meet it) and :func:`read_value` (any item).
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
@@ -55,10 +55,11 @@ from typing import Any, Final
 import numpy as np
 
 from ._dcp_files import DirectoryFiles
-from .api import load
+from ._io import BytesSource, damage_as_format_error
+from .archive import ZipReader
 from .errors import FormatError, PtfileError, UnsupportedFeatureError
 from .export.safetensors import CODES
-from .formats import policies
+from .formats import ReadOptions, policies, read
 from .formats.dcp_metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -91,6 +92,9 @@ __all__ = [
 _RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
 #: How a torch.save item starts; anything else at a tensor's offset is a safetensors blob.
 _ZIP: Final = b"PK\x03\x04"
+#: A ZIP's end of central directory record (without a comment) and its size.
+_EOCD: Final = b"PK\x05\x06"
+_EOCD_BYTES: Final = 22
 #: What a torch.save ZIP of one chunk holds beyond the chunk's bytes, at most (records,
 #: headers, ``data.pkl`` of up to ``max_ndim`` dims): the bound on what an item inflates to.
 _ZIP_OVERHEAD_BYTES: Final = 1 << 20
@@ -175,7 +179,25 @@ def _unzstd(data: bytes | memoryview, most: int, what: str) -> bytes:
         raise FormatError(f"{what}: damaged zstd data: {exc}") from exc
     if len(out) > most:
         raise FormatError(f"{what} inflates to more than the {most} bytes it can hold")
+    end = _zstd_frame_end(data, zstandard.frame_header_size(bytes(data[:18])))
+    if end != len(data):
+        raise FormatError(f"{what}: its zstd frame is {end} bytes, the metadata says "
+                          f"{len(data)}: the length disagrees with the item")
     return out
+
+
+def _zstd_frame_end(data: bytes | memoryview, header: int) -> int:
+    """Where the zstd frame starting at 0 ends (RFC 8878 §3.1.1: blocks after the frame
+    header, each a 3-byte little-endian header of last flag, type and size; then the
+    content checksum when the descriptor's bit 2 is set)."""
+    at, last = header, False
+    while not last:
+        if at + 3 > len(data):
+            return -1
+        block = int.from_bytes(data[at:at + 3], "little")
+        last, kind, size = bool(block & 1), (block >> 1) & 3, block >> 3
+        at += 3 + (1 if kind == 1 else size)  # an RLE block holds one byte
+    return at + (4 if data[4] & 4 else 0)
 
 
 #: Undo each DCP extension by its descriptor name (``stream.zstd`` of ``stream.zstd/1``).
@@ -251,12 +273,47 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
 
 
 def _load_item(data: bytes | memoryview, what: str, limits: Limits) -> Any:
+    """A torch.save item, which MUST end with its ZIP's end record (torch writes no
+    comment): else the metadata's length disagrees with the item (a ZIP reader would
+    accept trailing bytes, or find a later item's end record)."""
+    if bytes(data[:4]) == _ZIP and (len(data) < _EOCD_BYTES
+                                    or bytes(data[-_EOCD_BYTES:-_EOCD_BYTES + 4]) != _EOCD
+                                    or bytes(data[-2:]) != b"\0\0"):
+        raise FormatError(f"{what}: its {len(data)} bytes do not end with the item's ZIP end "
+                          "record: the length in the metadata disagrees with the item")
     try:
-        return load(io.BytesIO(data), limits=limits)
+        with damage_as_format_error():  # the bytes are read in place (a view of the map)
+            return read(BytesSource(data), ReadOptions(limits=limits,
+                                                       find_class=policies.strict()))
     except PtfileError as exc:
         if type(exc) is FormatError:
             raise FormatError(f"{what}: {exc}") from exc
         raise
+
+
+def crc_mismatches(files: DirectoryFiles, fqn: str, info: StorageInfo, most: int, *,
+                   limits: Limits = DEFAULT_LIMITS) -> list[str]:
+    """The records of a ``torch.save`` item whose bytes disagree with their CRC-32 (records
+    saved without one, CRC 0 under ``compute_crc32=False``, are not checked); ``[]`` for an
+    entry of a safetensors blob, which has no checksum.
+
+    Raises
+    ------
+    FormatError, UnsupportedFeatureError
+        The item cannot be read (as :func:`load_dcp`).
+    """
+    if not info.transforms and bytes(files.read(info.relative_path, info.offset,
+                                                min(len(_ZIP), info.length), fqn)) != _ZIP:
+        return []
+    data = item_bytes(files, fqn, info, most)
+    with damage_as_format_error():
+        reader = ZipReader(BytesSource(data), limits=limits)
+        return [r.name for r in reader.records if r.crc32 and not reader.check_crc(r)]
+
+
+def chunk_bound(chunk: ChunkStorageMetadata, item: TensorStorageMetadata) -> int:
+    """The most bytes a chunk's item can inflate to: the chunk and a ZIP's overhead."""
+    return math.prod(chunk.sizes) * item.dtype.itemsize + _ZIP_OVERHEAD_BYTES
 
 
 def _check_tiling(fqn: str, size: tuple[int, ...], chunks: tuple[ChunkStorageMetadata, ...]
@@ -298,8 +355,7 @@ def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
     if not info.transforms and bytes(files.read(info.relative_path, info.offset,
                                                 min(len(_ZIP), info.length), what)) != _ZIP:
         return _blob_chunk(fqn, chunk, item, info, files)
-    nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
-    data = item_bytes(files, fqn, info, nbytes + _ZIP_OVERHEAD_BYTES)
+    data = item_bytes(files, fqn, info, chunk_bound(chunk, item))
     value = _load_item(data, what, limits)
     if not isinstance(value, Tensor) or value.dtype != item.dtype \
             or tuple(value.shape) != chunk.sizes:
@@ -418,7 +474,8 @@ def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
     info = meta.storage_data.get((fqn, None))
     if info is None:
         raise FormatError(f"the bytes item {fqn!r} has no storage entry")
-    return _load_item(item_bytes(files, fqn, info, limits.max_pickle_bytes),
+    # A copy: the value is the caller's, and must not pin (or view) the mapped file.
+    return _load_item(bytes(item_bytes(files, fqn, info, limits.max_pickle_bytes)),
                       f"item {fqn!r}", limits)
 
 

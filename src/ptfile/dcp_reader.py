@@ -14,7 +14,9 @@ a context manager and read-only ``Mapping[str, Tensor]``), keyed by the tensors'
   read by :meth:`DCPReader.value`.
 
 A tensor's layout (``stride``) is the contiguous one ``dcp_to_torch_save`` gives it; it
-has no single storage in the files, so ``storage_key`` and ``data_offset`` are None.
+has no single storage in the files, so its ``storage_key`` is its own FQN (the storage it
+gets when assembled) and its ``data_offset`` None (:meth:`DCPReader.chunks` says where its
+pieces are).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import numpy as np
 
 from ._dcp_files import DirectoryFiles
 from .dcp import (
+    chunk_bound,
     contiguous_stride,
+    crc_mismatches,
     load_metadata,
     object_path,
     place,
@@ -42,7 +46,12 @@ from .dcp import (
 from .dtypes import DType
 from .errors import PtfileError
 from .formats import Format
-from .formats.dcp_metadata import ChunkStorageMetadata, Metadata, TensorStorageMetadata
+from .formats.dcp_metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    StorageInfo,
+    TensorStorageMetadata,
+)
 from .limits import DEFAULT_LIMITS, Limits
 from .reader import TensorInfo
 from .tensor import Tensor
@@ -52,7 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BytesItem", "ChunkInfo", "DCPReader", "DCPSlice", "open_dcp"]
 
-_BASIC: Final = (int, slice, type(Ellipsis), type(None))
+_BASIC: Final = (int, np.integer, slice, type(Ellipsis), type(None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +92,8 @@ class ChunkInfo:
 def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], tuple[Any, ...]]:
     """The bounding box of a basic numpy index on ``shape``, and the index relative to it."""
     keys = key if isinstance(key, tuple) else (key,)
-    if not all(isinstance(k, _BASIC) for k in keys) or sum(k is Ellipsis for k in keys) > 1:
+    if not all(isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_)) for k in keys) \
+            or sum(k is Ellipsis for k in keys) > 1:
         raise IndexError("a DCP tensor slice takes ints, slices, '...' and None")
     fill = len(shape) - sum(k is not None and k is not Ellipsis for k in keys)
     if fill < 0:
@@ -101,8 +111,8 @@ def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int],
             relative.append(None)
             continue
         n = next(dims)
-        if isinstance(k, int):
-            i = k + n if k < 0 else k
+        if isinstance(k, (int, np.integer)):
+            i = int(k) + n if k < 0 else int(k)
             if not 0 <= i < n:
                 raise IndexError(f"index {k} is out of bounds for a dimension of size {n}")
             box.append((i, i + 1))
@@ -268,7 +278,7 @@ class DCPReader(Mapping[str, Tensor]):
         return dict(self._skeleton)
 
     def info(self, name: str) -> TensorInfo:
-        """dtype, shape and (contiguous) stride of one tensor; reads no data.
+        """dtype, shape, (contiguous) stride and byte size of one tensor; reads no data.
 
         Raises
         ------
@@ -277,7 +287,8 @@ class DCPReader(Mapping[str, Tensor]):
         """
         item = self._item(name)
         nbytes = math.prod(item.size) * item.dtype.itemsize
-        return TensorInfo(name, item.dtype, item.size, contiguous_stride(item.size), 0, None,
+        # Its storage, once assembled, is its own (as load_dcp returns it): keyed by its FQN.
+        return TensorInfo(name, item.dtype, item.size, contiguous_stride(item.size), 0, name,
                           nbytes, "cpu", None, item.requires_grad, False)
 
     def infos(self) -> Iterator[TensorInfo]:
@@ -300,25 +311,42 @@ class DCPReader(Mapping[str, Tensor]):
                 for c, i in zip(item.chunks, infos, strict=True)]
 
     def check(self, progress: Callable[[int], None] | None = None
-              ) -> Iterator[tuple[str, str]]:
-        """``(fqn, message)`` for every item that cannot be read as the metadata says: chunks
-        that do not tile their tensor, storage entries missing or outside their files, items
-        whose bytes are not the chunk or value they should be.  Every chunk is read, one at
-        a time (``progress`` is called with each item's stored length).
+              ) -> Iterator[tuple[str, str, str]]:
+        """``(severity, fqn, message)`` for every item that cannot be read as the metadata
+        says (errors: chunks that do not tile their tensor, storage entries missing or
+        outside their files, items whose bytes are not the chunk or value they should be,
+        CRC-32 mismatches).  Every chunk is read, one at a time, and every value
+        (``progress`` is called with each item's stored length).
         """
         for fqn, item in self.meta.state_dict_metadata.items():
             try:
-                if not isinstance(item, TensorStorageMetadata):
-                    self.value(fqn)
+                if isinstance(item, TensorStorageMetadata):
+                    yield from self._check_chunks(fqn, item, progress)
                     continue
-                for chunk in self.chunks(fqn):
-                    box = tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.sizes,
-                                                           strict=True))
-                    read_region(self.meta, self.files, fqn, box, limits=self._limits)
-                    if progress is not None:
-                        progress(chunk.length)
+                self.value(fqn)
+                info = self.meta.storage_data[(fqn, None)]
+                yield from self._check_crc(fqn, info, self._limits.max_pickle_bytes)
+                if progress is not None:
+                    progress(info.length)
             except PtfileError as exc:
-                yield fqn, f"{type(exc).__name__}: {exc}"
+                yield "error", fqn, f"{type(exc).__name__}: {exc}"
+
+    def _check_chunks(self, fqn: str, item: TensorStorageMetadata,
+                      progress: Callable[[int], None] | None) -> Iterator[tuple[str, str, str]]:
+        infos = storage_infos(fqn, item, self.meta)
+        for chunk, info in zip(item.chunks, infos, strict=True):
+            box = tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
+            read_region(self.meta, self.files, fqn, box, limits=self._limits)
+            yield from self._check_crc(fqn, info, chunk_bound(chunk, item))
+            if progress is not None:
+                progress(info.length)
+
+    def _check_crc(self, fqn: str, info: StorageInfo, most: int
+                   ) -> Iterator[tuple[str, str, str]]:
+        for record in crc_mismatches(self.files, fqn, info, most, limits=self._limits):
+            message = (f"CRC-32 mismatch in {record} of its item at "
+                       f"{info.relative_path}@{info.offset}: the bytes were altered")
+            yield "error", fqn, message
 
     def close(self) -> None:
         """Close the data files opened so far."""

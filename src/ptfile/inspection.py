@@ -250,8 +250,8 @@ def _check_dcp(ck: DCPReader, report: VerifyReport, progress: Progress | None) -
         if progress is not None:
             progress(n)
 
-    for fqn, message in ck.check(counted):
-        report.problems.append(Problem("error", fqn, message))
+    for severity, fqn, message in ck.check(counted):
+        report.problems.append(Problem(severity, fqn, message))
 
 
 def _check_layout(ck: CheckpointReader, report: VerifyReport) -> None:

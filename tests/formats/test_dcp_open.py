@@ -1,10 +1,5 @@
-"""ptfile.open, inspect, scan and verify on DCP directories that real torch 2.13 wrote.
-
-A multi-chunk checkpoint is made in one process: torch writes each block of a tensor as an
-item of its own file (``single_file_per_rank=False``), then the ``.metadata`` is rewritten
-(with torch's own dataclasses) so that the blocks are the chunks of one tensor, which is
-what several ranks would have written; torch's dcp_to_torch_save consolidates it.
-"""
+"""ptfile.open, inspect, scan and verify on DCP directories that real torch 2.13 wrote
+(:func:`dcp_cases.make_chunked`: one tensor in three chunks, each in its own file)."""
 
 from __future__ import annotations
 
@@ -22,41 +17,11 @@ import torch.distributed.checkpoint as dcp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    MetadataIndex,
-    TensorStorageMetadata,
-)
+from torch.distributed.checkpoint.metadata import MetadataIndex
 
 import ptfile
+from dcp_cases import BLOCKS, make_chunked
 from oracle import assert_same
-
-ROWS, COLS = 9, 4
-#: Row blocks of ``w``: one chunk (and one file) each.
-BLOCKS = ((0, 3), (3, 5), (5, 9))
-
-
-def make_chunked(directory: Path) -> np.ndarray:
-    """A DCP directory where ``w`` (9x4 float32) has one chunk per row block, each in its
-    own file, beside a plain tensor ``b`` and a value ``step``; returns ``w``'s values."""
-    full = torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS)
-    state: dict[str, Any] = {f"w{i}": full[a:b].clone() for i, (a, b) in enumerate(BLOCKS)}
-    state.update(b=torch.ones(3, dtype=torch.bfloat16), step=7)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, single_file_per_rank=False))
-    meta = pickle.loads((directory / ".metadata").read_bytes())
-    chunks, storage = [], {}
-    props = meta.state_dict_metadata["w0"].properties
-    for i, (a, b) in enumerate(BLOCKS):
-        del meta.state_dict_metadata[f"w{i}"], meta.planner_data[f"w{i}"]
-        info = meta.storage_data.pop(MetadataIndex(f"w{i}", torch.Size([0, 0])))
-        chunks.append(ChunkStorageMetadata(torch.Size([a, 0]), torch.Size([b - a, COLS])))
-        storage[MetadataIndex("w", torch.Size([a, 0]), i)] = info
-    meta.state_dict_metadata["w"] = TensorStorageMetadata(props, torch.Size([ROWS, COLS]),
-                                                          chunks)
-    meta.planner_data["w"] = ("w",)
-    meta.storage_data.update(storage)
-    (directory / ".metadata").write_bytes(pickle.dumps(meta))
-    return full.numpy()
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +65,7 @@ def test_open_reads_metadata_only(chunked: tuple[Path, np.ndarray]) -> None:
 
 
 @pytest.mark.parametrize(("key", "blocks"), [
-    ((slice(0, 2),), {0}), ((4,), {1}), ((slice(4, 6), 1), {1, 2}),
+    ((slice(0, 2),), {0}), ((4,), {1}), ((np.int64(-5),), {1}), ((slice(4, 6), 1), {1, 2}),
     ((Ellipsis, 2), {0, 1, 2}), ((slice(8, 2, -3),), {2}), ((slice(5, 5),), set()),
 ])
 def test_slice_reads_only_the_chunks_it_meets(chunked: tuple[Path, np.ndarray], key: Any,
@@ -149,7 +114,7 @@ def test_inspect_verify_scan(chunked: tuple[Path, np.ndarray]) -> None:
 
     report = verify(directory)
     assert report.ok and report.format == "dcp"
-    assert report.records_checked == 4 and report.tensors_checked == 2
+    assert report.records_checked == 5 and report.tensors_checked == 2  # 4 chunks, 1 value
     result = ptfile.scan(directory)
     assert result.format == "dcp" and result.is_clean, result.to_dict()
     assert "torch.distributed.checkpoint.metadata.Metadata" in result.globals
@@ -196,7 +161,7 @@ def test_cli_on_a_directory(chunked: tuple[Path, np.ndarray], tmp_path: Path) ->
     directory, _ = chunked
     shown = _cli("inspect", directory)
     assert shown.returncode == 0, shown.stderr
-    assert "dcp" in shown.stdout and "w" in shown.stdout
+    assert "dcp" in shown.stdout and "Chunks (4)" in shown.stdout
     doc = json.loads(_cli("inspect", directory, "--json").stdout)
     assert doc["format"] == "dcp" and len(doc["chunks"]["w"]) == 3
     assert _cli("scan", directory).returncode == 0

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import io
-import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,31 +13,8 @@ import torch
 import ptfile
 from oracle import assert_same, torch_bytes
 
-moto_server = pytest.importorskip("moto.server")
-s3fs = pytest.importorskip("s3fs")
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, Any]]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        options = {"client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
-                   "key": "testing", "secret": "testing", "skip_instance_cache": True}
-        fs = s3fs.S3FileSystem(**options)
-        fs.mkdir("models")
-        yield {"fs": fs, "options": options}
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
 
 
 def test_s3_load_open_scan_equal_local(s3: dict[str, Any]) -> None:

@@ -1,0 +1,49 @@
+"""DCP checkpoints for the tests, written by real torch 2.13 in this process.
+
+A multi-chunk checkpoint is made without ranks: torch writes each block of a tensor as an
+item of its own file (``single_file_per_rank=False``), then the ``.metadata`` is rewritten
+(with torch's own dataclasses) so that the blocks are the chunks of one tensor, which is
+what several ranks would have written; torch's dcp_to_torch_save consolidates it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
+
+ROWS, COLS = 9, 4
+#: Row blocks of ``w``: one chunk (and one file) each.
+BLOCKS = ((0, 3), (3, 5), (5, 9))
+
+
+def make_chunked(directory: Path) -> np.ndarray:
+    """A DCP directory where ``w`` (9x4 float32) has one chunk per row block, each in its
+    own file, beside a plain tensor ``b`` and a value ``step``; returns ``w``'s values."""
+    full = torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS)
+    state: dict[str, Any] = {f"w{i}": full[a:b].clone() for i, (a, b) in enumerate(BLOCKS)}
+    state.update(b=torch.ones(3, dtype=torch.bfloat16), step=7)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, single_file_per_rank=False))
+    meta = pickle.loads((directory / ".metadata").read_bytes())
+    chunks, storage = [], {}
+    props = meta.state_dict_metadata["w0"].properties
+    for i, (a, b) in enumerate(BLOCKS):
+        del meta.state_dict_metadata[f"w{i}"], meta.planner_data[f"w{i}"]
+        info = meta.storage_data.pop(MetadataIndex(f"w{i}", torch.Size([0, 0])))
+        chunks.append(ChunkStorageMetadata(torch.Size([a, 0]), torch.Size([b - a, COLS])))
+        storage[MetadataIndex("w", torch.Size([a, 0]), i)] = info
+    meta.state_dict_metadata["w"] = TensorStorageMetadata(props, torch.Size([ROWS, COLS]),
+                                                          chunks)
+    meta.planner_data["w"] = ("w",)
+    meta.storage_data.update(storage)
+    (directory / ".metadata").write_bytes(pickle.dumps(meta))
+    return full.numpy()

@@ -62,6 +62,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.dcp": 4,  # load_dcp and the DCP building blocks (items read with formats.read)
     "ptfile.dcp_reader": 4,  # ptfile.open on a DCP directory (TensorInfo of reader)
     "ptfile.opening": 4,  # ptfile.open: a file's reader or a DCP directory's
+    "ptfile.dcp_writer": 4,  # save_dcp: DCP directories through the formats' ZIP writer
     "ptfile": 4,  # the package's public surface re-exports the front doors
     # 5: many files at once, on a local pool or Dask, built on the front doors.
     "ptfile.bulk": 5,

@@ -32,6 +32,10 @@ CHILD = textwrap.dedent("""
     ptfile.load_torchscript(f"{folder}/script.pt")
     ptfile.save(ptfile.load(f"{folder}/zip.pt"), f"{folder}/resaved.pt")
     dump(ptfile.load(f"{folder}/zip.pt"), f"{folder}/out.safetensors")
+    ptfile.save_dcp(ptfile.load(f"{folder}/zip.pt"), f"{folder}/dcp")
+    assert np.array_equal(ptfile.load_dcp(f"{folder}/dcp")["w"].numpy(), np.arange(6.0).reshape(2, 3))
+    from ptfile.export.dcp import convert_dcp
+    convert_dcp(f"{folder}/dcp", f"{folder}/from_dcp.pt", to="pt")
     assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
     print("ok")
 """)
@@ -55,3 +59,4 @@ def test_no_torch_every_front_door(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert torch.equal(torch.load(tmp_path / "resaved.pt", weights_only=True)["w"], w)
+    assert torch.equal(torch.load(tmp_path / "from_dcp.pt", weights_only=True)["w"], w)

@@ -26,6 +26,7 @@ from .config import (
 )
 from .dcp import load_dcp
 from .dcp_reader import DCPReader, DCPSlice
+from .dcp_writer import save_dcp
 from .dtypes import DTYPES, DType
 from .errors import (
     ArchiveError,
@@ -118,6 +119,7 @@ __all__ = [
     "register_package",
     "safe_globals",
     "save",
+    "save_dcp",
     "scan",
     "set_crc32_options",
     "set_default_load_endianness",
@@ -134,6 +136,6 @@ for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict
               "TorchScriptArchive", "LoadEndianness", "skip_data",
               "get_unsafe_globals_in_checkpoint",
               "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection", "load_dcp",
-              "DCPReader", "DCPSlice"):
+              "DCPReader", "DCPSlice", "save_dcp"):
     globals()[_name].__module__ = "ptfile"
 del _name

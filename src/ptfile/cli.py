@@ -78,6 +78,7 @@ examples:
   ptfile scan *.pt                         is it safe to load? (never executes anything)
   ptfile convert model.pt model.safetensors
   ptfile convert pytorch_model.bin.index.json out/   sharded HF checkpoint, shard by shard
+  ptfile convert checkpoint/ model.pt      a DCP directory, tensor by tensor (or .safetensors, out/)
   ptfile verify model.pt                   CRC of every record, structure, bounds
   ptfile diff before.pt after.pt           added/removed keys, changes, max |a-b|
 """
@@ -410,10 +411,11 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
 
 def _args_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", nargs="+", metavar="PATH",
-                   help="checkpoint, .safetensors, or a Hugging Face *.index.json, then the "
-                        "output file (or folder for a sharded index); one input, or more than "
-                        "two, or --out-prefix: each input converted beside it or under the "
-                        "prefix (JSON Lines)")
+                   help="checkpoint, .safetensors, a Hugging Face *.index.json or a DCP "
+                        "directory, then the output file (or folder: for a sharded index, or "
+                        "Hugging Face shards of a DCP directory); one input, or more than two, "
+                        "or --out-prefix: each input converted beside it or under the prefix "
+                        "(JSON Lines)")
     p.add_argument("--to", choices=("safetensors", "npz", "pt"),
                    help="output kind (default: from the output's suffix; in bulk, "
                         "safetensors)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob as globbing
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -21,8 +22,11 @@ __all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expa
 #: own outputs.
 CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
                                         ".pkl", ".pickle"})
-#: The file that marks a distributed checkpoint's folder.
-DCP_MARKER: Final = ".metadata"
+#: The files that mark a distributed checkpoint's folder: the one ``.metadata``, or each
+#: rank's own ``__<rank>.metadata`` (``use_collectives=False``).  A HuggingFace-writer
+#: folder holds only safetensors shards, like any model folder: it is walked, and a
+#: user names it to convert it.
+DCP_MARKER: Final = re.compile(r"\.metadata|__\d+\.metadata")
 #: Schemes whose URLs have no folders to probe (a probe would be a GET of the page).
 _FLAT_SCHEMES: Final = frozenset({"http", "https"})
 #: The output suffix per conversion kind.
@@ -38,7 +42,10 @@ def _suffix(name: str) -> str:
 
 
 def _is_dcp_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, DCP_MARKER))
+    try:
+        return any(DCP_MARKER.fullmatch(name) for name in os.listdir(path))
+    except OSError:
+        return False
 
 
 def _walk_local(root: str) -> list[str]:
@@ -64,7 +71,7 @@ def _expand_local(item: str) -> list[str]:
 
 def _walk_remote(fs: Any, path: str) -> list[str]:
     files = [p for p, info in fs.find(path, detail=True).items() if info.get("type") != "directory"]
-    dcp = {p.rpartition("/")[0] for p in files if p.rpartition("/")[2] == DCP_MARKER}
+    dcp = {p.rpartition("/")[0] for p in files if DCP_MARKER.fullmatch(p.rpartition("/")[2])}
     kept = [p for p in files if _suffix(p) in CHECKPOINT_SUFFIXES and not _hidden(p, path)
             and not any(p.startswith(d + "/") for d in dcp)]
     return kept + sorted(dcp)

@@ -1,4 +1,5 @@
-"""``ptfile convert``: pick the conversion from the file names, one file or one shard at a time."""
+"""``ptfile convert``: pick the conversion from the file names, one file or one shard at a time
+(a DCP directory: one tensor at a time, :mod:`ptfile.export.dcp`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import api
+from .._dcp_files import is_directory
 from .._io import is_path, is_url
 from .._remote import StorageOptions, open_any, open_target
 from ..errors import UnsupportedFeatureError
 from ..reader import flatten
 from ..reader import open as open_checkpoint
 from ..tensor import Tensor
+from .dcp import convert_dcp
 from .npz import dump_npz
 from .safetensors import SharedPolicy, convert_sharded, dump, load_safetensors
 
@@ -42,6 +45,8 @@ def target_kind(output: str, source: str) -> str:
     >>> target_kind("out/", "pytorch_model.bin.index.json")
     'safetensors'
     """
+    if is_directory(source):  # a DCP checkpoint: .pt, .safetensors or an HF folder
+        return _dcp_kind(output)
     if source.endswith(".safetensors.index.json"):
         return "pt"
     if source.endswith(".index.json"):
@@ -50,6 +55,18 @@ def target_kind(output: str, source: str) -> str:
     if kind is None:
         raise UnsupportedFeatureError(f"cannot tell what to write from {output!r}; "
                                       "use --to safetensors|npz|pt")
+    return kind
+
+
+def _dcp_kind(dst: str) -> str:
+    """``pt``, ``safetensors`` or ``hf`` (a folder: a trailing separator, an existing
+    directory, or no suffix)."""
+    if dst.endswith(("/", os.sep)) or os.path.isdir(dst) or not os.path.splitext(dst)[1]:
+        return "hf"
+    kind = SUFFIXES.get(os.path.splitext(dst)[1].lower())
+    if kind not in ("pt", "safetensors"):
+        raise UnsupportedFeatureError(f"a DCP checkpoint converts to .pt, .safetensors or a "
+                                      f"folder, not {dst!r}")
     return kind
 
 
@@ -148,11 +165,19 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
     dict
         A summary: output, kind, tensors, shards, aliases.
 
+    A DCP directory converts tensor by tensor (:mod:`ptfile.export.dcp`) to ``to``
+    ``"pt"``, ``"safetensors"`` or ``"hf"`` (a sharded folder).
+
     Raises
     ------
     FormatError, UnsafeGlobalError, UnsupportedFeatureError, SaveError
         From reading or writing.
     """
+    if is_directory(src, storage_options):
+        summary = convert_dcp(src, dst, to=to, storage_options=storage_options)
+        if on_step is not None:
+            on_step(1)
+        return summary
     if src.endswith(".index.json"):
         if is_url(src) or is_url(dst):
             raise UnsupportedFeatureError("sharded checkpoints convert between local folders; "

@@ -27,7 +27,7 @@ pickling, so the output is byte-identical to ``torch.save`` of the same object.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._gc import paused_gc
@@ -45,7 +45,10 @@ from .policies import fast
 from .storages import FastStorages, StorageLoader
 from .zipinfo import read_info
 
-__all__ = ["read_zip", "write_zip"]
+__all__ = ["Fill", "read_zip", "write_zip"]
+
+#: The bytes of a storage without data, in pieces (:func:`write_zip`'s ``fill``).
+Fill = Callable[[Storage], Iterable[Any]]
 
 
 def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
@@ -85,14 +88,17 @@ def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
 
 def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: Settings, *,
               pickle_protocol: int = 2, byteorder: str = sys.byteorder,
-              skip_data: bool = False) -> None:
+              skip_data: bool = False, fill: Fill | None = None) -> None:
     """Write ``obj`` as torch.save would, through ``write`` (storages streamed, not joined).
 
     ``byteorder`` (``"little"``/``"big"``) is the order of the storage bytes and
     of the ``byteorder`` record; the host's by default, as torch writes.
     ``skip_data`` writes every storage record as zeros with CRC 0, as torch's
     ``serialization.skip_data()`` does: the layout is final, the bytes are
-    filled in later (e.g. through a shared map of the file).
+    filled in later (e.g. through a shared map of the file).  ``fill`` gives the bytes
+    of each storage made without data (``Storage(None, dtype, nbytes=n)``), in pieces
+    written as they come, one record at a time (:mod:`ptfile.export.dcp` streams a
+    consolidated checkpoint so): the output is that of the same storages with data.
     """
     if byteorder not in ("little", "big"):
         raise ValueError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
@@ -100,11 +106,13 @@ def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: S
     pickler = Pickler(pickle_protocol, reducer=reducer.reduce, persistent_id=reducer.persistent_id,
                       persistent_types=PERSISTENT_TYPES)
     with paused_gc():  # ~10 objects per tensor and record, none of them garbage
-        _write_archive(pickler.dump(obj), reducer, write, prefix, settings, byteorder, skip_data)
+        _write_archive(pickler.dump(obj), reducer, write, prefix, settings, byteorder, skip_data,
+                       fill)
 
 
 def _write_archive(data: bytes, reducer: Reducer, write: Callable[[Any], Any], prefix: str,
-                   settings: Settings, byteorder: str, skip_data: bool) -> None:
+                   settings: Settings, byteorder: str, skip_data: bool,
+                   fill: Fill | None = None) -> None:
     """The records of :func:`write_zip`, in torch's order, ``data`` being ``data.pkl``."""
     writer = ZipWriter(write, prefix, alignment=settings.storage_alignment, crc32=settings.crc32)
     head = [("data.pkl", data), (".format_version", b"1"),
@@ -114,6 +122,13 @@ def _write_archive(data: bytes, reducer: Reducer, write: Callable[[Any], Any], p
     if skip_data:
         for key, storage in enumerate(reducer.storages):
             writer.write_record_skip_data(f"data/{key}", storage.nbytes)
+    elif fill is not None:
+        for key, storage in enumerate(reducer.storages):
+            if storage.data is None:
+                writer.write_record_chunks(f"data/{key}", storage.nbytes, fill(storage))
+            else:
+                writer.write_record(f"data/{key}", ordered_bytes(
+                    storage, reducer.swap_dtype_at(key), byteorder))
     else:
         writer.write_records(_storage_records(reducer, byteorder))
     writer.write_records([("version", b"3\n")] + ([] if settings.byteorder_record else order))

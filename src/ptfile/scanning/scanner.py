@@ -24,9 +24,16 @@ What is scanned
 * The format is the loader's (:func:`ptfile.formats.detect`); a file with a
   tar header is walked as a tar too, as torch tries ``tarfile`` first.
 * A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
-* Nested pickles: every byte string that starts like a pickle or a ZIP
-  (``torch.storage._load_from_bytes`` unpickles such bytes) is scanned in turn,
-  up to :data:`MAX_NESTING` levels.
+* Nested payloads (:mod:`ptfile.scanning.nested`): every byte string or text
+  constant that holds a pickle or a ZIP, raw or as base64 or hex text
+  (``torch.storage._load_from_bytes``, ``pickle.loads(base64.b64decode(...))``
+  and ``bytes.fromhex`` unpickle such constants) is scanned in turn, up to
+  :data:`MAX_NESTING` levels, and reported (kind ``nested``, its findings under
+  ``<record> > nested@<offset>(<encoding>)``) when it reads as one.
+* Bytes after a record's STOP: the consecutive pickles a second
+  ``pickle.load`` reads, then any pickle or ZIP that starts in the rest
+  (:data:`MAX_TRAILING_PROBES` at most).  A legacy stream's bytes after its
+  five pickles are raw storages, and are not searched.
 
 Every pickle is walked by :func:`ptfile.picklevm.symbolic.trace`, whose
 symbolic stack and memo resolve ``STACK_GLOBAL`` names built indirectly.
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -54,6 +62,7 @@ from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
 from .fast import fast_names
+from .nested import looks_like_payload, may_hold_payload, nested_payload
 from .torchscript import TORCHSCRIPT_PREFIX, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
@@ -136,13 +145,9 @@ def _allowed(module: str, name: str) -> bool:
     return verdict_of(module, name) is Verdict.ALLOWED
 
 
-def _heads_look_nested(head: bytes) -> bool:
-    return _looks_like_pickle(head) or head.startswith(b"PK")
-
-
 def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int = 0) -> int:
     """Scan the pickle at ``data[start:]``; returns the offset after STOP (or -1)."""
-    fast = fast_names(data, start, s.limits, _allowed, _heads_look_nested)
+    fast = fast_names(data, start, s.limits, _allowed, may_hold_payload)
     if fast is not None:  # plainly clean, as CPython itself resolves it (see .fast)
         names, end = fast
         for module, name in names:
@@ -199,17 +204,74 @@ def _looks_like_pickle(blob: bytes) -> bool:
 
 
 def _scan_blob(s: _Scan, blob: bytes, where: str, depth: int) -> None:
+    """A constant that holds a pickle or a ZIP, raw or as base64/hex text
+    (:mod:`ptfile.scanning.nested`): scanned, and reported when it reads as one."""
+    encoding = "bytes"
+    if not looks_like_payload(blob):
+        found = nested_payload(blob, s.limits.max_pickle_bytes)
+        if found is None:
+            return
+        encoding, blob = found
+        where = f"{where}({encoding})"
     if depth >= MAX_NESTING:
-        if _looks_like_pickle(blob) or blob.startswith(b"PK\x03\x04"):
-            s.add("nested", Verdict.DANGEROUS, where, 0,
-                  message=f"pickles nested more than {MAX_NESTING} deep")
+        s.add("nested", Verdict.DANGEROUS, where, 0,
+              message=f"pickles nested more than {MAX_NESTING} deep")
         return
-    if blob.startswith(b"PK\x03\x04"):
-        s.add("nested", Verdict.UNKNOWN, where, 0, message="bytes holding a ZIP archive")
-        _scan_source(s, _bytes_source(blob), where, depth + 1)
-    elif _looks_like_pickle(blob):
-        s.add("nested", Verdict.UNKNOWN, where, 0, message="bytes holding a pickle")
-        _scan_stream(s, blob, where, depth + 1)
+    probe = _Scan(s.limits)
+    archive = blob.startswith(b"PK\x03\x04")
+    if archive:
+        _scan_source(probe, _bytes_source(blob), where, depth + 1)
+    else:
+        _scan_stream(probe, blob, where, depth + 1)
+    if any(f.location == where and (f.kind == "format" if archive else
+                                    f.kind == "stream" and f.offset == 0)
+           for f in probe.findings):
+        return  # bytes that merely start like one: data, not a payload
+    s.add("nested", Verdict.ALLOWED, where, 0, message=(
+        f"{'base64' if encoding == 'base64' else 'hex' if encoding == 'hex' else 'a byte'} "
+        f"{'string' if encoding == 'bytes' else 'text'} holding "
+        f"{'a ZIP archive' if archive else 'a pickle'}: whoever loads it runs what the "
+        "findings under this location name"))
+    s.findings.extend(probe.findings)
+
+
+#: Pickles (or ZIPs) looked for in the bytes after a record's STOP, at most.
+MAX_TRAILING_PROBES: Final = 64
+
+
+def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> None:
+    """The bytes after STOP: consecutive pickles (``pickle.load`` called again reads them:
+    second pickles in a record), then pickles or ZIPs that start anywhere in the rest."""
+    for i in range(MAX_STREAM_PICKLES):
+        probe = _Scan(s.limits)
+        end = _scan_pickle(probe, data, f"{where} (after STOP #{i + 1})", pos, depth)
+        if end <= pos:
+            break
+        s.findings.extend(probe.findings)
+        pos = end
+        if pos >= len(data):
+            return
+    at, probes = pos, 0
+    while probes < MAX_TRAILING_PROBES:
+        at = _next_head(data, at)
+        if at < 0:
+            return
+        probes += 1
+        _scan_blob(s, data[at:], f"{where} (after STOP@{at:#x})", depth)
+        at += 1
+
+
+_TRAILING_HEADS: Final = (b"PK\x03\x04", *(bytes([0x80, p]) for p in range(1, 6)))
+#: A protocol 0/1 GLOBAL (``c<module>\n<name>\n``): where a PROTO-less pickle starts.
+_GLOBAL_LINE: Final = re.compile(rb"c[A-Za-z_][\w.]{0,200}\n[A-Za-z_][\w.]{0,200}\n")
+
+
+def _next_head(data: bytes, start: int) -> int:
+    found = [at for head in _TRAILING_HEADS if (at := data.find(head, start)) >= 0]
+    line = _GLOBAL_LINE.search(data, start)
+    if line is not None:
+        found.append(line.start())
+    return min(found, default=-1)
 
 
 def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) -> None:
@@ -226,8 +288,7 @@ def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) 
     if count == 1 and pos < len(data):
         s.add("stream", Verdict.UNKNOWN, where, pos, message=f"{len(data) - pos} bytes after "
               "STOP: loaders ignore them, other tools may not")
-        if _looks_like_pickle(data[pos:pos + 2]):
-            _scan_pickle(s, data, f"{where} (after STOP)", pos, depth)
+        _scan_trailing(s, data, pos, where, depth)
 
 
 def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:

@@ -28,7 +28,7 @@ from ..limits import Limits
 from ..picklevm import unpickle
 from ..picklevm.hazards import tuple_height
 from ..structural import StandIn, make_stand_in
-from .nested import MIN_ENCODED_CHARS
+from .nested import MIN_ENCODED_CHARS, starts_in_alphabet
 from .verdicts import codec_is_standard
 
 __all__ = ["fast_names"]
@@ -96,7 +96,8 @@ def _walk_is_plain(root: object, heads: Callable[[str | bytes | bytearray], bool
             if kind in _TEXT:
                 text: str | bytes | bytearray = child  # type: ignore[assignment]
                 head = bytes(text[:1]) if isinstance(text, bytearray) else text[:1]
-                if (head in _HEADS or len(text) >= MIN_ENCODED_CHARS) and heads(text):
+                if (head in _HEADS or (len(text) >= MIN_ENCODED_CHARS
+                                       and starts_in_alphabet(text))) and heads(text):
                     return False
                 continue
             if id(child) in seen:

@@ -24,8 +24,8 @@ import binascii
 import re
 from typing import Final
 
-__all__ = ["MIN_ENCODED_CHARS", "looks_like_payload", "may_be_encoded", "may_hold_payload",
-           "nested_payload"]
+__all__ = ["MIN_ENCODED_CHARS", "ends_look_like_payload", "looks_like_payload", "may_be_encoded", "may_hold_payload",
+           "nested_payload", "starts_in_alphabet"]
 
 #: Encoded constants shorter than this are not decoded: the shortest pickle that imports
 #: and calls (``cos\nsystem\n(S'x'\ntR.``, 20 bytes) is 28 base64 characters, 40 hex.
@@ -38,6 +38,17 @@ _OPENERS: Final = frozenset(b"c(iSVIN]}")
 _BASE64: Final = re.compile(rb"[A-Za-z0-9+/\-_\r\n]+={0,2}\s*")
 _HEX: Final = re.compile(rb"[0-9a-fA-F\s]+")
 _WHITESPACE: Final = re.compile(rb"\s+")
+#: The first :data:`_HEAD_CHARS` characters of base64 or hex text, as text and as bytes.
+_ALPHABET_HEAD: Final = re.compile(r"[A-Za-z0-9+/\-_\s]{16}")
+_ALPHABET_HEAD_BYTES: Final = re.compile(rb"[A-Za-z0-9+/\-_\s]{16}")
+
+
+def starts_in_alphabet(text: str | bytes | bytearray) -> bool:
+    """Whether the first characters of a constant are all of the base64 or hex alphabet:
+    one regex match, the gate before :func:`may_be_encoded` decodes anything."""
+    if isinstance(text, str):
+        return _ALPHABET_HEAD.match(text) is not None
+    return _ALPHABET_HEAD_BYTES.match(text) is not None
 
 
 def _starts_like_payload(head: bytes) -> bool:
@@ -57,10 +68,11 @@ def looks_like_payload(blob: bytes | bytearray | memoryview) -> bool:
     >>> looks_like_payload(b"cos\nsystem\n(S'id'\ntR."), looks_like_payload(b"conv1.weight")
     (True, False)
     """
-    return _ends_look_like_payload(bytes(blob[:4]), bytes(blob[-8:]))
+    return ends_look_like_payload(bytes(blob[:4]), bytes(blob[-8:]))
 
 
-def _ends_look_like_payload(head: bytes, tail: bytes) -> bool:
+def ends_look_like_payload(head: bytes, tail: bytes) -> bool:
+    """:func:`looks_like_payload` from the first 4 and the last 8 bytes alone."""
     if (len(head) >= 2 and head[0] == 0x80 and 1 <= head[1] <= 5) \
             or head.startswith(b"PK\x03\x04"):
         return True
@@ -74,7 +86,7 @@ def may_hold_payload(text: str | bytes | bytearray) -> bool:
         ends = (text[:4].encode("latin-1", "replace"), text[-8:].encode("latin-1", "replace"))
     else:
         ends = (bytes(text[:4]), bytes(text[-8:]))
-    return _ends_look_like_payload(*ends) or may_be_encoded(text)
+    return ends_look_like_payload(*ends) or may_be_encoded(text)
 
 
 def _as_bytes(text: str | bytes | bytearray | memoryview) -> bytes | None:

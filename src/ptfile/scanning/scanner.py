@@ -52,6 +52,7 @@ from typing import Any, Final
 from .._io import BytesSource, FileLike, Source, is_path
 from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
+from ..archive.records import METHOD_STORED
 from ..errors import LimitExceededError, PtfileError
 from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
@@ -62,7 +63,8 @@ from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
 from .fast import fast_names
-from .nested import looks_like_payload, may_hold_payload, nested_payload
+from .nested import ends_look_like_payload, looks_like_payload, may_hold_payload, nested_payload
+from .pt2 import PT2_MARKER, Role, pt2_role
 from .torchscript import TORCHSCRIPT_PREFIX, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
@@ -335,9 +337,13 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
             _scan_zip(s, source, f"{where}({anomaly.code}@{anomaly.eocd:#x})", depth + 1,
                       anomaly.eocd)
     torchscript = any(e.name.endswith("/constants.pkl") for e in entries)
+    pt2 = any(e.name.split("/", 1)[-1] == PT2_MARKER for e in entries)
     mark = len(s.findings)
     for entry in entries:
         label = f"{where}:{entry.name}" if where else entry.name
+        role = pt2_role(entry.name) if pt2 else None
+        if role is not None:
+            _scan_pt2_record(s, source, entry, label, role, depth)
         if entry.name.split("/", 1)[-1].startswith("code/") and entry.name.endswith(".py"):
             code = _read_record(s, source, entry, label)
             if code is not None:
@@ -350,7 +356,40 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
                 _scan_stream(s, data, label, depth)
     if torchscript:
         s.findings[mark:] = [_torchscript_type(f) for f in s.findings[mark:]]
-    return "torchscript" if torchscript else "zip"
+    return "torchscript" if torchscript else "pt2" if pt2 else "zip"
+
+
+def _scan_pt2_record(s: _Scan, source: Source, entry: ZipEntry, label: str, role: Role,
+                     depth: int) -> None:
+    """A ``.pt2`` record torch may unpickle or run (:mod:`ptfile.scanning.pt2`)."""
+    if role == "native":
+        s.add("native-code", Verdict.DANGEROUS, label, entry.header_offset, "",
+              entry.name.rsplit("/", 1)[-1], message="AOTInductor compiled code: "
+              "torch.export.load loads the compiled model, which runs native code")
+        return
+    if role == "maybe" and entry.method == METHOD_STORED and not _stored_payload(source, entry):
+        return  # raw tensor bytes, read as such
+    data = _read_record(s, source, entry, label)
+    if not data:
+        return
+    if role == "maybe":
+        _scan_blob(s, data, label, depth)
+    elif depth >= MAX_NESTING:
+        s.add("nested", Verdict.DANGEROUS, label, 0,
+              message=f"pickles nested more than {MAX_NESTING} deep")
+    else:
+        _scan_source(s, _bytes_source(data), label, depth + 1)
+
+
+def _stored_payload(source: Source, entry: ZipEntry) -> bool:
+    """Whether a stored record's first and last bytes look like a pickle or a ZIP."""
+    try:
+        head = source.pread(entry.data_offset, min(4, entry.size), "record head")
+        tail = source.pread(entry.data_offset + max(0, entry.size - 8), min(8, entry.size),
+                            "record tail")
+    except PtfileError:
+        return False
+    return ends_look_like_payload(head, tail)
 
 
 def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes | None:

@@ -418,9 +418,15 @@ def _torchscript_type(f: Finding) -> Finding:
                    "it against the archive's code/, it imports nothing")
 
 
-#: Archive anomalies that make loaders read different records for one name: dangerous,
-#: whatever each reads (the others are ``unknown``).
-DIVERGENT_ANOMALIES: Final = frozenset({"duplicate-name", "case-colliding-names"})
+#: Archive anomalies that make readers read different records: dangerous, whatever each
+#: reads (the others are ``unknown``).  Names that collide exactly or by case (miniz and
+#: ``zipfile`` pick different ones); a directory that ends before the end records
+#: (``zipfile`` shifts every offset); a file that is a ZIP but starts otherwise (torch
+#: unpickles its start, ZIP tools read the archive); local headers the directory never
+#: names, or that disagree with it (what readers that scan forward read).
+DIVERGENT_ANOMALIES: Final = frozenset({"duplicate-name", "case-colliding-names",
+                                        "shifted-directory", "polyglot", "shadow-record",
+                                        "local-header-mismatch"})
 
 
 def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
@@ -545,8 +551,8 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
             return "tar"
     legacy = fmt is Format.LEGACY
     data = _stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
-    if walk_zip(source, s.limits) is not None:
-        s.add("archive", Verdict.UNKNOWN, where or "file", 0, "", "polyglot",
+    if _holds_zip(source, s.limits):
+        s.add("archive", Verdict.DANGEROUS, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch reads "
               "the leading bytes, ZIP tools the archive")
         _scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
@@ -558,6 +564,21 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     s.add("format", Verdict.UNKNOWN, where or "file", 0,
           message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
     return "unknown"
+
+
+def _holds_zip(source: Source, limits: Limits) -> bool:
+    """Whether a ZIP reading of ``source`` (miniz's, or the archive another end record or
+    ``zipfile``'s shifted offsets point at) has records: an end record of no entries
+    (tensor bytes that hold its signature) is nothing to read."""
+    walked = walk_zip(source, limits)
+    if walked is None or walked[0]:
+        return walked is not None
+    for anomaly in walked[1]:
+        if anomaly.region is not None and 0 < anomaly.region[1] < source.size:
+            inner = walk_zip(Window(source, *anomaly.region), limits)
+            if inner is not None and inner[0]:
+                return True
+    return False
 
 
 def scan(f: FileLike | bytes, *, limits: Limits | None = None,

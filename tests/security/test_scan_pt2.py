@@ -91,12 +91,16 @@ sys.stdout.buffer.write(buf.getvalue())
 '''
 
 
-@pytest.fixture(scope="module")
-def opaque() -> bytes:
+def opaque_pt2() -> bytes:
     """A real .pt2 with an opaque-object constant (written in a child: the custom op and
     the opaque type register process-wide)."""
     return subprocess.run([sys.executable, "-c", _OPAQUE], capture_output=True, check=True,
                           timeout=300).stdout
+
+
+@pytest.fixture(scope="module")
+def opaque() -> bytes:
+    return opaque_pt2()
 
 
 def rewrite(data: bytes, change: Callable[[str, bytes], bytes | None],

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -57,15 +56,15 @@ from ..errors import LimitExceededError, PtfileError
 from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
-from ..picklevm import check_stream
 from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
 from .fast import fast_names
-from .nested import ends_look_like_payload, looks_like_payload, may_hold_payload, nested_payload
+from .nested import looks_like_payload, may_hold_payload, nested_payload
 from .pt2 import PT2_MARKER, Role, pt2_role
-from .torchscript import TORCHSCRIPT_PREFIX, judge_code
+from .reads import holds_zip, next_head, stored_payload, stream_head
+from .torchscript import as_torchscript_type, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
 __all__ = ["scan"]
@@ -255,25 +254,12 @@ def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> N
             return
     at, probes = pos, 0
     while probes < MAX_TRAILING_PROBES:
-        at = _next_head(data, at)
+        at = next_head(data, at)
         if at < 0:
             return
         probes += 1
         _scan_blob(s, data[at:], f"{where} (after STOP@{at:#x})", depth)
         at += 1
-
-
-_TRAILING_HEADS: Final = (b"PK\x03\x04", *(bytes([0x80, p]) for p in range(1, 6)))
-#: A protocol 0/1 GLOBAL (``c<module>\n<name>\n``): where a PROTO-less pickle starts.
-_GLOBAL_LINE: Final = re.compile(rb"c[A-Za-z_][\w.]{0,200}\n[A-Za-z_][\w.]{0,200}\n")
-
-
-def _next_head(data: bytes, start: int) -> int:
-    found = [at for head in _TRAILING_HEADS if (at := data.find(head, start)) >= 0]
-    line = _GLOBAL_LINE.search(data, start)
-    if line is not None:
-        found.append(line.start())
-    return min(found, default=-1)
 
 
 def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) -> None:
@@ -355,7 +341,7 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
             if data is not None:
                 _scan_stream(s, data, label, depth)
     if torchscript:
-        s.findings[mark:] = [_torchscript_type(f) for f in s.findings[mark:]]
+        s.findings[mark:] = [as_torchscript_type(f) for f in s.findings[mark:]]
     return "torchscript" if torchscript else "pt2" if pt2 else "zip"
 
 
@@ -367,7 +353,7 @@ def _scan_pt2_record(s: _Scan, source: Source, entry: ZipEntry, label: str, role
               entry.name.rsplit("/", 1)[-1], message="AOTInductor compiled code: "
               "torch.export.load loads the compiled model, which runs native code")
         return
-    if role == "maybe" and entry.method == METHOD_STORED and not _stored_payload(source, entry):
+    if role == "maybe" and entry.method == METHOD_STORED and not stored_payload(source, entry):
         return  # raw tensor bytes, read as such
     data = _read_record(s, source, entry, label)
     if not data:
@@ -379,17 +365,6 @@ def _scan_pt2_record(s: _Scan, source: Source, entry: ZipEntry, label: str, role
               message=f"pickles nested more than {MAX_NESTING} deep")
     else:
         _scan_source(s, _bytes_source(data), label, depth + 1)
-
-
-def _stored_payload(source: Source, entry: ZipEntry) -> bool:
-    """Whether a stored record's first and last bytes look like a pickle or a ZIP."""
-    try:
-        head = source.pread(entry.data_offset, min(4, entry.size), "record head")
-        tail = source.pread(entry.data_offset + max(0, entry.size - 8), min(8, entry.size),
-                            "record tail")
-    except PtfileError:
-        return False
-    return ends_look_like_payload(head, tail)
 
 
 def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes | None:
@@ -404,18 +379,6 @@ def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes
         s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
               message="record cannot be read (method or bounds)")
     return data
-
-
-def _torchscript_type(f: Finding) -> Finding:
-    """A ``__torch__.*`` global of a TorchScript archive: a class reference that
-    torch.jit.load resolves against the archive's code, not a Python import
-    (:mod:`ptfile.scanning.torchscript`)."""
-    if f.kind != "global" or f.verdict is not Verdict.UNKNOWN or \
-            f.module.split(".")[0] != TORCHSCRIPT_PREFIX:
-        return f
-    return Finding("torchscript-type", Verdict.ALLOWED, f.location, f.offset, f.module, f.name,
-                   f.opcode, f"TorchScript class {f.module}.{f.name}: torch.jit.load resolves "
-                   "it against the archive's code/, it imports nothing")
 
 
 #: Archive anomalies that make readers read different records: dangerous, whatever each
@@ -506,38 +469,6 @@ def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
         s.findings.extend(probe.findings)
 
 
-#: The first window of a stream read from a source that reads on demand (a URL).
-FIRST_STREAM_WINDOW: Final = 1 << 20
-
-
-def _stream_head(source: Source, limits: Limits, pickles: int) -> bytes:
-    """The bytes the stream scan reads: up to ``Limits.max_pickle_bytes`` of the file; from
-    a source that reads on demand, only a window that holds the first ``pickles``
-    consecutive pickles (a legacy file's five, not its storages after them), grown 4x
-    while a pickle runs past it."""
-    most = min(source.size, limits.max_pickle_bytes)
-    window = most if not source.reads_on_demand or not pickles else \
-        min(most, FIRST_STREAM_WINDOW)
-    while True:
-        data = source.pread(0, window, "pickle stream")
-        if window >= most or _holds_pickles(data, pickles, limits):
-            return data
-        window = min(most, window * 4)
-
-
-def _holds_pickles(data: bytes, count: int, limits: Limits) -> bool:
-    """True when ``data`` holds ``count`` well-formed consecutive pickles from its start."""
-    pos = 0
-    for _ in range(count):
-        try:
-            pos = check_stream(data, limits, start=pos).end
-        except PtfileError:
-            return False
-        if pos >= len(data):
-            return False
-    return True
-
-
 def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     """Scan ``source`` as the loader detects it (:func:`ptfile.formats.detect`), and as a
     tar too when it has a tar header (torch tries ``tarfile`` first on every non-ZIP file)."""
@@ -550,8 +481,8 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
         if fmt is Format.TAR:
             return "tar"
     legacy = fmt is Format.LEGACY
-    data = _stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
-    if _holds_zip(source, s.limits):
+    data = stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
+    if holds_zip(source, s.limits):
         s.add("archive", Verdict.DANGEROUS, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch reads "
               "the leading bytes, ZIP tools the archive")
@@ -564,21 +495,6 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     s.add("format", Verdict.UNKNOWN, where or "file", 0,
           message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
     return "unknown"
-
-
-def _holds_zip(source: Source, limits: Limits) -> bool:
-    """Whether a ZIP reading of ``source`` (miniz's, or the archive another end record or
-    ``zipfile``'s shifted offsets point at) has records: an end record of no entries
-    (tensor bytes that hold its signature) is nothing to read."""
-    walked = walk_zip(source, limits)
-    if walked is None or walked[0]:
-        return walked is not None
-    for anomaly in walked[1]:
-        if anomaly.region is not None and 0 < anomaly.region[1] < source.size:
-            inner = walk_zip(Window(source, *anomaly.region), limits)
-            if inner is not None and inner[0]:
-                return True
-    return False
 
 
 def scan(f: FileLike | bytes, *, limits: Limits | None = None,

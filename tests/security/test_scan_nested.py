@@ -197,3 +197,24 @@ def test_the_encoded_check_is_cheap_and_bounded() -> None:
     assert not may_be_encoded("A" * (MIN_ENCODED_CHARS - 1))
     assert nested_payload("gAJ" + "A" * 40, 10) is None  # longer than twice the limit
     assert nested_payload("not base64 at all, but long enough to be", 1 << 20) is None
+
+
+def test_many_heads_after_stop_stay_bounded() -> None:
+    # Every PROTO after STOP is a probe; each reads one tiny pickle and none recurses into
+    # the rest, so a record of 200,000 of them costs MAX_TRAILING_PROBES probes, not more.
+    import time
+
+    data = checkpoint(pickle.dumps({"w": 1}, 2) + b"\0" + b"\x80\x02N." * 200_000)
+    start = time.perf_counter()
+    result = ptfile.scan(data)
+    assert time.perf_counter() - start < 10
+    assert not result.is_dangerous
+
+
+def test_more_nested_pickles_than_the_budget_leave_the_rest_unknown() -> None:
+    from ptfile.scanning.scanner import MAX_NESTED_SCANS
+
+    blobs = [b"\x80\x02K%c." % (i % 256) for i in range(MAX_NESTED_SCANS + 10)]
+    result = ptfile.scan(pickle.dumps(blobs, 3))
+    limits = [f for f in result.findings if f.kind == "limit" and f.name == "nested-scans"]
+    assert len(limits) == 1 and result.verdict is Verdict.UNKNOWN

@@ -87,15 +87,33 @@ _FRAME_BYTE: Final = b"\x95"
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
 
 
+#: Nested payloads (constants, heads after STOP) scanned per file, at most: each is
+#: smaller than what holds it, but a pickle of a million tiny ones would take minutes.
+MAX_NESTED_SCANS: Final = 10_000
+
+
 @dataclass(slots=True)
 class _Scan:
-    """One scan's state: limits, findings, how deep in nested pickles."""
+    """One scan's state: limits, findings, and the nested scans left (shared by probes)."""
 
     limits: Limits
     findings: list[Finding] = field(default_factory=list)
+    budget: list[int] = field(default_factory=lambda: [MAX_NESTED_SCANS])
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         self.findings.append(Finding(*args, **kwargs))
+
+    def probe(self) -> _Scan:
+        """A scan whose findings are kept only if the caller decides so (same budget)."""
+        return _Scan(self.limits, budget=self.budget)
+
+    def spend(self, where: str) -> bool:
+        """Take one nested scan from the budget; False (and one finding) when none is left."""
+        self.budget[0] -= 1
+        if self.budget[0] == -1:
+            self.add("limit", Verdict.UNKNOWN, where, None, "", "nested-scans", message=(
+                f"more than {MAX_NESTED_SCANS} nested payloads: the rest are not scanned"))
+        return self.budget[0] >= 0
 
 
 def _name_finding(s: _Scan, use: NameUse, where: str) -> None:
@@ -218,7 +236,9 @@ def _scan_blob(s: _Scan, blob: bytes, where: str, depth: int) -> None:
         s.add("nested", Verdict.DANGEROUS, where, 0,
               message=f"pickles nested more than {MAX_NESTING} deep")
         return
-    probe = _Scan(s.limits)
+    if not s.spend(where):
+        return
+    probe = s.probe()
     archive = blob.startswith(b"PK\x03\x04")
     if archive:
         _scan_source(probe, _bytes_source(blob), where, depth + 1)
@@ -244,7 +264,7 @@ def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> N
     """The bytes after STOP: consecutive pickles (``pickle.load`` called again reads them:
     second pickles in a record), then pickles or ZIPs that start anywhere in the rest."""
     for i in range(MAX_STREAM_PICKLES):
-        probe = _Scan(s.limits)
+        probe = s.probe()
         end = _scan_pickle(probe, data, f"{where} (after STOP #{i + 1})", pos, depth)
         if end <= pos:
             break
@@ -253,13 +273,28 @@ def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> N
         if pos >= len(data):
             return
     at, probes = pos, 0
-    while probes < MAX_TRAILING_PROBES:
-        at = next_head(data, at)
-        if at < 0:
-            return
+    while probes < MAX_TRAILING_PROBES and (at := next_head(data, at)) >= 0 \
+            and s.spend(where):
         probes += 1
-        _scan_blob(s, data[at:], f"{where} (after STOP@{at:#x})", depth)
-        at += 1
+        at = max(at + 1, _scan_head(s, data, at, f"{where} (after STOP@{at:#x})", depth))
+
+
+def _scan_head(s: _Scan, data: bytes, at: int, label: str, depth: int) -> int:
+    """The pickle or ZIP that may start at ``data[at]``, kept when it reads as one (read in
+    place: no copy of the rest); returns where its pickle ends (or -1)."""
+    probe, end = s.probe(), -1
+    if data.startswith(b"PK\x03\x04", at):
+        if depth < MAX_NESTING:
+            _scan_source(probe, Window(_bytes_source(data), at, len(data) - at), label,
+                         depth + 1)
+        unread = any(f.location == label and f.kind == "format" for f in probe.findings)
+    else:
+        end = _scan_pickle(probe, data, label, at, depth + 1)
+        unread = any(f.location == label and f.kind == "stream" and f.offset == at
+                     for f in probe.findings)
+    if not unread:
+        s.findings.extend(probe.findings)
+    return end
 
 
 def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) -> None:
@@ -288,7 +323,7 @@ def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:
     """
     if data[:1] not in _OPCODE_BYTES:
         return False
-    probe = _Scan(s.limits)
+    probe = s.probe()
     _scan_stream(probe, data, where or "stream", depth)
     if any(f.kind == "stream" and f.offset == 0 for f in probe.findings):
         return False  # not a readable pickle at byte 0
@@ -411,7 +446,7 @@ def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
         if member.name in TORCH_TAR_MEMBERS:
             _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
             continue
-        probe = _Scan(s.limits)
+        probe = s.probe()
         _scan_tar_member(probe, data, f"tar:{member.name}", starts, depth)
         s.findings.extend(_unread(f) for f in probe.findings)
 
@@ -435,7 +470,7 @@ def _scan_tar_member(s: _Scan, data: bytes, label: str, starts: list[int], depth
     pos, found, done = 0, 0, set[int]()
     while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
         done.add(pos)
-        end = _scan_pickle(_probe := _Scan(s.limits), data, label, pos, depth)
+        end = _scan_pickle(_probe := s.probe(), data, label, pos, depth)
         if end > pos:
             s.findings.extend(_probe.findings)
             found, pos = found + 1, end
@@ -455,7 +490,7 @@ def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
     """
     window, most = tar.BLOCK, min(source.size, s.limits.max_pickle_bytes)
     while True:
-        probe = _Scan(s.limits)
+        probe = s.probe()
         _scan_pickle(probe, source.pread(0, min(window, most), "tar head"), "tar(byte 0)", 0,
                      depth)
         if window >= most or not any(f.kind == "stream" and "truncated" in f.message

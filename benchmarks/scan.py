@@ -36,10 +36,11 @@ from hostile import corpus  # noqa: E402 - the tests' generators, by path
 
 def _techniques() -> tuple[dict[str, bytes], dict[str, bytes]]:
     """(hostile, benign) files of the newer techniques, from the tests' generators: nested
-    payloads (raw, base64, hex, archives, after STOP), ZIPs read two ways, ``.pt2``."""
+    payloads (raw, base64, hex, archives, after STOP), ZIPs read two ways, tar links, ``.pt2``."""
     import test_scan_nested as nested
     import test_scan_pt2 as pt2
     import test_scan_readings as readings
+    import test_scan_tar as tar
     import torch
 
     hostile = {f"nested_{t}": make(nested.EVIL[2]) for t, make in nested.TECHNIQUES.items()}
@@ -53,6 +54,8 @@ def _techniques() -> tuple[dict[str, bytes], dict[str, bytes]]:
         readings.raw_zip([(readings.D, readings.EVIL), (readings.V, b"3\n")]), *m)
         for f, m in readings.MISMATCHES.items()})
     benign.update({f"written_by_{n}": make() for n, make in readings.BENIGN.items()})
+    hostile.update({f"tar_{k}_pickle": tar._linked_checkpoint(tar.SYSTEM, kind)
+                    for k, kind in (("symlink", b"2"), ("hardlink", b"1"))})
     plain = pt2.exported(pt2._Plain(), torch.ones(1, 3))
     opaque = pt2.opaque_pt2()
     benign["pt2_plain"] = plain

@@ -218,3 +218,14 @@ def test_more_nested_pickles_than_the_budget_leave_the_rest_unknown() -> None:
     result = ptfile.scan(pickle.dumps(blobs, 3))
     limits = [f for f in result.findings if f.kind == "limit" and f.name == "nested-scans"]
     assert len(limits) == 1 and result.verdict is Verdict.UNKNOWN
+
+
+def test_many_names_in_the_alphabet_stay_on_the_fast_path_and_clean() -> None:
+    # Names without dots use the base64 alphabet; decoded, they are random bytes, which
+    # must neither count as payloads nor exhaust the nested-scan budget.
+    from ptfile.scanning.nested import may_hold_payload
+
+    names = [f"encoderlayer{i}attentionqueryweight" for i in range(20_000)]
+    assert not any(may_hold_payload(n) for n in names)
+    result = ptfile.scan(pickle.dumps(dict.fromkeys(names, 1.0), 2))
+    assert result.is_clean, [f for f in result.findings if f.verdict is not Verdict.ALLOWED]

@@ -31,14 +31,14 @@ __all__ = ["MIN_ENCODED_CHARS", "ends_look_like_payload", "looks_like_payload", 
 #: and calls (``cos\nsystem\n(S'x'\ntR.``, 20 bytes) is 28 base64 characters, 40 hex.
 MIN_ENCODED_CHARS: Final = 24
 #: Characters decoded to decide whether a constant may be an encoded payload.
-_HEAD_CHARS: Final = 16
+_HEAD_CHARS: Final = 32
 #: Protocol 0/1 opcodes a pickle that imports something starts with, in practice:
 #: GLOBAL, MARK, INST, and pushes that are popped before the call.
 _OPENERS: Final = frozenset(b"c(iSVIN]}")
 _BASE64: Final = re.compile(rb"[A-Za-z0-9+/\-_\r\n]+={0,2}\s*")
 _HEX: Final = re.compile(rb"[0-9a-fA-F\s]+")
 _WHITESPACE: Final = re.compile(rb"\s+")
-#: The first :data:`_HEAD_CHARS` characters of base64 or hex text, as text and as bytes.
+#: Sixteen characters of base64 or hex text (the gate before any decoding), as text and bytes.
 _ALPHABET_HEAD: Final = re.compile(r"[A-Za-z0-9+/\-_\s]{16}")
 _ALPHABET_HEAD_BYTES: Final = re.compile(rb"[A-Za-z0-9+/\-_\s]{16}")
 
@@ -52,9 +52,13 @@ def starts_in_alphabet(text: str | bytes | bytearray) -> bool:
 
 
 def _starts_like_payload(head: bytes) -> bool:
-    """Whether bytes start like a pickle (``PROTO`` 1-5 or a protocol 0/1 opener) or a ZIP."""
+    """Whether decoded bytes start like a pickle or a ZIP: ``PROTO`` 1-5, a ZIP local
+    header, or protocol 0/1 text (an opener, a newline, ASCII: ``cos\nsystem\n``,
+    ``(dp0\n``).  Stricter than :func:`looks_like_payload`, as decoding text that merely
+    uses the alphabet (names without dots) gives random bytes."""
     return (len(head) >= 2 and head[0] == 0x80 and 1 <= head[1] <= 5) \
-        or head.startswith(b"PK\x03\x04") or (head[:1] != b"" and head[0] in _OPENERS)
+        or head.startswith(b"PK\x03\x04") \
+        or (head[:1] != b"" and head[0] in _OPENERS and b"\n" in head and head.isascii())
 
 
 def looks_like_payload(blob: bytes | bytearray | memoryview) -> bool:

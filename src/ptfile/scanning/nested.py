@@ -53,8 +53,8 @@ def starts_in_alphabet(text: str | bytes | bytearray) -> bool:
 
 def _starts_like_payload(head: bytes) -> bool:
     """Whether decoded bytes start like a pickle or a ZIP: ``PROTO`` 1-5, a ZIP local
-    header, or protocol 0/1 text (an opener, a newline, ASCII: ``cos\nsystem\n``,
-    ``(dp0\n``).  Stricter than :func:`looks_like_payload`, as decoding text that merely
+    header, or protocol 0/1 text (an opener, a newline, ASCII: ``cos\\nsystem\\n``,
+    ``(dp0\\n``).  Stricter than :func:`looks_like_payload`, as decoding text that merely
     uses the alphabet (names without dots) gives random bytes."""
     return (len(head) >= 2 and head[0] == 0x80 and 1 <= head[1] <= 5) \
         or head.startswith(b"PK\x03\x04") \
@@ -67,9 +67,9 @@ def looks_like_payload(blob: bytes | bytearray | memoryview) -> bool:
 
     Examples
     --------
-    >>> looks_like_payload(b"\x80\x04\x95"), looks_like_payload(b"PK\x03\x04")
+    >>> looks_like_payload(b"\\x80\\x04\\x95"), looks_like_payload(b"PK\\x03\\x04")
     (True, True)
-    >>> looks_like_payload(b"cos\nsystem\n(S'id'\ntR."), looks_like_payload(b"conv1.weight")
+    >>> looks_like_payload(b"cos\\nsystem\\n(S'id'\\ntR."), looks_like_payload(b"conv1.weight")
     (True, False)
     """
     return ends_look_like_payload(bytes(blob[:4]), bytes(blob[-8:]))
@@ -149,7 +149,7 @@ def nested_payload(text: str | bytes | bytearray | memoryview,
 
     Examples
     --------
-    >>> nested_payload(b"80 02 63 6f 73 0a 73 79 73 74 65 6d 0a 2e", 1 << 20) is None  # short
+    >>> nested_payload(b"80 02 63 6f 73 0a 2e", 1 << 20) is None  # under MIN_ENCODED_CHARS
     True
     >>> nested_payload("80026370" * 8, 1 << 20)[0]
     'hex'

@@ -227,6 +227,8 @@ class _Walk:
         self.members: list[TarMember] = []
         #: Fields of PAX global headers: the base of every later PAX header (as tarfile's).
         self.globals: dict[bytes, bytes] = {}
+        #: Tolerant mode: (members before it, type, name, target, header offset) of each link.
+        self.links: list[tuple[int, bytes, str, str, int]] = []
 
     def run(self) -> None:
         pos, pending, source = 0, dict[bytes, bytes](), self.source
@@ -278,23 +280,31 @@ class _Walk:
 
 
     def _link(self, kind: bytes, name: str, target: str, pos: int) -> None:
-        """Tolerant mode: a link is listed with its target's bytes, as ``tarfile`` reads it
-        (a symbolic link's target relative to its folder, the last member of that name; a
-        hard link's among the members before it); the strict loader does not follow links."""
+        """Tolerant mode: a link, resolved when the walk ends (:meth:`resolve_links`)."""
         if kind == SYMBOLIC_LINK_TYPE:
             target = "/".join(filter(None, (posixpath.dirname(name), target)))
-        wanted = posixpath.normpath(target)
-        found = next((m for m in reversed(self.members)
-                      if posixpath.normpath(m.name) == wanted), None)
-        what = "hard" if kind == HARD_LINK_TYPE else "symbolic"
+        self.links.append((len(self.members), kind, name, target, pos))
+
+    def resolve_links(self) -> None:
+        """Each link is listed, in archive order, with its target's bytes, as ``tarfile``
+        reads it: the last regular member whose normalised name is the target, among all
+        members (symbolic) or those before the link (hard); the strict loader follows no
+        link."""
         anomalies = self.anomalies
-        if anomalies is None:
+        if anomalies is None or not self.links:
             return
-        anomalies.append(Anomaly("tar-link", f"a {what} link to {target!r}: tarfile (torch) "
-                                      f"reads {'its bytes' if found else 'nothing'} under this "
-                                      "name, ptfile's loader no link", pos, name))
-        if found is not None:
-            self.members.append(TarMember(name, found.offset, found.size))
+        regular = list(self.members)
+        for at, kind, name, target, _ in reversed(self.links):
+            wanted = posixpath.normpath(target)
+            scope = regular if kind == SYMBOLIC_LINK_TYPE else regular[:at]
+            found = next((m for m in reversed(scope) if posixpath.normpath(m.name) == wanted),
+                         None)
+            if found is not None:
+                self.members.insert(at, TarMember(name, found.offset, found.size))
+        anomalies.extend(Anomaly(
+            "tar-link", f"a {'hard' if kind == HARD_LINK_TYPE else 'symbolic'} link to "
+            f"{target!r}: tarfile (torch) reads its target's bytes under this name, ptfile's "
+            "loader follows no link", pos, name) for _, kind, name, target, pos in self.links)
 
 
 class _Stop(Exception):
@@ -341,4 +351,5 @@ def read_members(source: Source, limits: Limits,
         report(anomalies, stop.code, stop.error)
     except PtfileError as exc:
         report(anomalies, "bad-tar-header", exc)
+    walk.resolve_links()
     return walk.members

@@ -5,7 +5,9 @@ Usage::
     python benchmarks/scan.py            # needs: pip install picklescan fickling
 
 The corpus is generated here, nothing is downloaded: the hostile checkpoints of
-``tests/security/hostile.py`` (each payload would only create a marker file)
+``tests/security/hostile.py`` (each payload would only create a marker file),
+the nested payloads, two-way ZIPs and ``.pt2`` archives of
+``tests/security/test_scan_{nested,readings,pt2}.py`` with their benign twins,
 plus benign files torch writes (state dicts, a whole pickled module, a
 TorchScript model, a legacy file, a protocol-4 file).  Each scanner reads every
 file from disk in this process; a file counts as *flagged* when the scanner
@@ -19,6 +21,7 @@ with ``weights_only=True`` and that is flagged is a false positive.
 from __future__ import annotations
 
 import io
+import pickle
 import sys
 import tempfile
 import time
@@ -29,6 +32,48 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "security"))
 
 from hostile import corpus  # noqa: E402 - the tests' generators, by path
+
+
+def _techniques() -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """(hostile, benign) files of the newer techniques, from the tests' generators: nested
+    payloads (raw, base64, hex, archives, after STOP), ZIPs read two ways, tar links, ``.pt2``."""
+    import test_scan_nested as nested
+    import test_scan_pt2 as pt2
+    import test_scan_readings as readings
+    import test_scan_tar as tar
+    import torch
+
+    hostile = {f"nested_{t}": make(nested.EVIL[2]) for t, make in nested.TECHNIQUES.items()}
+    benign = {f"nested_{t}_ok": make(nested.KIND) for t, make in nested.TECHNIQUES.items()
+              if "stop" not in t and "second" not in t}
+    benign.update({f"lookalike_{n}": nested.holder(v) for n, v in nested.LOOKALIKES.items()})
+    hostile.update({"two_directories": readings.two_directories(),
+                    "concatenated_zip": pickle.dumps({"v": 1}, 2) + readings.checkpoint(
+                        readings.EVIL)})
+    hostile.update({f"local_{f}_mismatch": readings._patch_local(
+        readings.raw_zip([(readings.D, readings.EVIL), (readings.V, b"3\n")]), *m)
+        for f, m in readings.MISMATCHES.items()})
+    benign.update({f"written_by_{n}": make() for n, make in readings.BENIGN.items()})
+    hostile.update({f"tar_{k}_pickle": tar._linked_checkpoint(tar.SYSTEM, kind)
+                    for k, kind in (("symlink", b"2"), ("hardlink", b"1"))})
+    plain = pt2.exported(pt2._Plain(), torch.ones(1, 3))
+    opaque = pt2.opaque_pt2()
+    benign["pt2_plain"] = plain
+    hostile.update({"pt2_evil_weight": pt2.evil_weight(plain),
+                    "pt2_evil_opaque": pt2.evil_opaque(opaque)})
+    return hostile, benign
+
+
+def _weights_only(data: bytes) -> bool:
+    """Whether torch loads the file with ``weights_only=True`` (a .pt2: torch.export.load
+    reads it without unpickling an object)."""
+    import torch
+
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception:  # noqa: BLE001 - any refusal counts
+        return data[:4] == b"PK\x03\x04" and b"archive_format" in data
+    return True
 
 
 def _benign(folder: Path) -> dict[str, tuple[Path, bool]]:
@@ -107,12 +152,19 @@ def main() -> int:
             path = folder / f"{case.name}.pt"
             path.write_bytes(case.data)
             files[case.name] = (path, None if not case.dangerous else False)
+        more_hostile, more_benign = _techniques()
+        for name, data in more_hostile.items():
+            (folder / f"{name}.pt").write_bytes(data)
+            files[name] = (folder / f"{name}.pt", False)
         hostile = {k for k, (_, v) in files.items() if v is False}
         benign = _benign(folder)
+        for name, data in more_benign.items():
+            (folder / f"{name}.pt").write_bytes(data)
+            benign[name] = (folder / f"{name}.pt", _weights_only(data))
         files.update({k: (p, w) for k, (p, w) in benign.items()})
         totals = {name: {"miss": 0, "false+": 0, "error": 0, "seconds": 0.0}
                   for name in SCANNERS}
-        print(f"{'file':26} " + " ".join(f"{n:>18}" for n in SCANNERS))
+        print(f"{'file':34} " + " ".join(f"{n:>18}" for n in SCANNERS))
         for name, (path, weights_only) in files.items():
             cells = []
             for scanner_name, scanner in SCANNERS.items():
@@ -124,7 +176,7 @@ def main() -> int:
                 row["false+"] += bool(weights_only) and flagged != "pass"
                 cells.append(f"{flagged:>6} {seconds * 1000:8.1f} ms")
             kind = "hostile" if name in hostile else "benign" if name in benign else "resource"
-            print(f"{name[:18]:18} {kind:7} " + " ".join(f"{c:>18}" for c in cells))
+            print(f"{name[:26]:26} {kind:7} " + " ".join(f"{c:>18}" for c in cells))
         print(f"\n{len(hostile)} hostile files that must be flagged; "
               f"{sum(1 for _, w in benign.values() if w)} benign files torch loads with "
               "weights_only=True, which must pass")

@@ -148,3 +148,48 @@ def test_issue_11_tar_pickles_after_storage_bytes_are_scanned_where_the_loader_r
     assert result.is_dangerous
     assert {f.location for f in result.findings if f.qualname == "posix.system"} == \
         {"tar:storages"}
+
+
+def _linked_checkpoint(payload: bytes, kind: bytes, link: str = "pickle",
+                       target: str = "x.npy") -> bytes:
+    """A legacy tar whose ``link`` member is a link to ``target``, a member torch never
+    reads by name that holds ``payload``."""
+    empty = pickle.dumps(0, protocol=2) + pickle.dumps([], protocol=2)
+    regular = {"sys_info": pickle.dumps({}, 2), "pickle": GOOD, "tensors": pickle.dumps(0, 2),
+               "storages": empty, target: payload}
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in regular.items():
+            if name == link:
+                continue
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(link)
+        info.type, info.linkname = kind, target
+        tar.addfile(info)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE], ids=["symlink", "hardlink"])
+def test_a_tar_link_named_pickle_is_read_as_torch_reads_it(kind: bytes, tmp_path: Path) -> None:
+    # tarfile.extractfile("pickle") follows the link: torch unpickles x.npy's bytes (torch
+    # tries tarfile only on real files).
+    CALLS.clear()
+    oracle = tmp_path / "oracle.pt"
+    oracle.write_bytes(_linked_checkpoint(b"\x80\x02c" + __name__.encode()
+                                          + b"\nrecord_call\n)R.", kind))
+    torch.load(oracle, weights_only=False)
+    assert CALLS == [()]
+    data = _linked_checkpoint(SYSTEM, kind)
+    result = ptfile.scan(data)
+    assert result.is_dangerous
+    assert "tar:pickle" in {f.location for f in result.findings if f.qualname == "posix.system"}
+    assert "tar-link" in {f.name for f in result.findings if f.kind == "archive"}
+    with pytest.raises(ptfile.PtfileError):  # the loader follows no link: 'pickle' is missing
+        ptfile.load(io.BytesIO(data))
+
+
+def test_strict_tar_reading_still_skips_links() -> None:
+    data = _linked_checkpoint(SYSTEM, tarfile.SYMTYPE)
+    assert "pickle" not in {m.name for m in read_members(BytesSource(data), DEFAULT_LIMITS)}

@@ -19,6 +19,9 @@ Strict mode raises what the loader raises.  Tolerant mode
 * ``bad-zip64-end``: a ZIP64 locator or record that cannot be read (the
   classic values are used);
 * ``spanned-archive``: disk numbers of a multi-disk archive;
+* ``shifted-directory``: bytes between the central directory and the end
+  records (strict mode refuses it): Python's ``zipfile`` reads every offset that
+  many bytes later (``region``: the archive as it reads it), miniz as written;
 * ``bad-central-directory``: a directory running past the end records, or
   too small for its entry count (it is clipped), or more entries than
   ``Limits.max_records``.
@@ -200,7 +203,8 @@ def locate_directory(source: Source, anomalies: list[Anomaly] | None = None, *,
     ------
     ArchiveError
         Strict mode: no end record, a damaged ZIP64 record the classic one
-        needs, or a central directory running past the end records.
+        needs, or a central directory that runs past the end records or ends
+        before them (``zipfile`` would shift every offset).
     UnsupportedFeatureError
         Strict mode: a multi-disk archive.
     """
@@ -225,7 +229,37 @@ def locate_directory(source: Source, anomalies: list[Anomaly] | None = None, *,
             f"{found.end:#x}", offset=found.offset))
         size = max(0, min(found.size, source.size - found.offset))
         found = Directory(found.offset, size, found.entries, found.end)
+    elif found.entries and found.offset + found.size < (start := _records_start(source, end,
+                                                                                found)):
+        _shifted(source, found, start, anomalies)
     return found
+
+
+def _records_start(source: Source, end: EndRecord, found: Directory) -> int:
+    """Where the end records start: the ZIP64 record's place when a ZIP64 locator precedes
+    the end record (even one whose record cannot be read), else the end record."""
+    at = end.offset - Zip64Locator.SIZE
+    if found.end == end.offset and at >= 0 and \
+            source.pread(at, 4, "ZIP64 locator") == ZIP64_LOCATOR_SIGNATURE:
+        return max(0, at - Zip64EndOfCentralDirectory.SIZE)
+    return found.end
+
+
+def _shifted(source: Source, found: Directory, start: int,
+             anomalies: list[Anomaly] | None) -> None:
+    """Bytes between the central directory and the end records: Python's ``zipfile``
+    takes them for a file prepended to the archive and adds their count to every offset
+    (reading the directory and records that many bytes later), while miniz (torch) and
+    this reader take the offsets as written: two readings."""
+    shift = start - found.offset - found.size
+    error = ArchiveError(
+        f"{shift} bytes lie between the central directory ({found.offset:#x}+{found.size:#x}) "
+        f"and the end records at {start:#x}: Python's zipfile shifts every offset by "
+        f"{shift} and reads other records than torch", offset=found.offset + found.size)
+    if anomalies is None:
+        raise error
+    anomalies.append(Anomaly("shifted-directory", str(error), error.offset,
+                             region=(shift, source.size - shift)))
 
 
 def check_counts(directory: Directory, limits: Limits,

@@ -38,11 +38,19 @@ Tolerant mode (:mod:`ptfile.archive.anomalies`) reports these codes:
   (its bytes up to the end are listed); the walk stops;
 * ``too-many-members``: more than ``Limits.max_records`` members; the walk stops;
 * ``sparse-tar-member``: a sparse member, which ``tarfile`` reads and ptfile
-  does not (its stored bytes are listed, for a scanner to read).
+  does not (its stored bytes are listed, for a scanner to read);
+* ``tar-link``: a hard (``1``) or symbolic (``2``) link; ``tarfile.extractfile``
+  (how torch reads ``pickle``) and ``extract`` of a hard link (``storages``,
+  ``tensors``) give the target member's bytes, so tolerant mode lists the link
+  with its target's bytes (symbolic: the target relative to the link's folder,
+  the last member of that name; hard: the last such member before it), and
+  strict mode skips links as before.  A ``K`` (GNU long link name) or PAX
+  ``linkpath`` gives a long target.
 """
 
 from __future__ import annotations
 
+import posixpath
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -59,6 +67,12 @@ BLOCK: Final = 512
 REGULAR_TYPES: Final = frozenset({b"0", b"\0", b"7"})
 SPARSE_TYPE: Final = b"S"
 LONG_NAME_TYPE: Final = b"L"
+LONG_LINK_TYPE: Final = b"K"
+#: Hard and symbolic links: ``tarfile.extractfile`` (how torch reads ``pickle``) and
+#: ``extract`` of a hard link (``storages``, ``tensors``) give the target member's bytes.
+HARD_LINK_TYPE: Final = b"1"
+SYMBOLIC_LINK_TYPE: Final = b"2"
+LINK_TYPES: Final = frozenset({HARD_LINK_TYPE, SYMBOLIC_LINK_TYPE})
 PAX_TYPE: Final = b"x"
 PAX_GLOBAL_TYPE: Final = b"g"
 PAX_TYPES: Final = frozenset({PAX_TYPE, PAX_GLOBAL_TYPE})
@@ -125,6 +139,7 @@ class TarHeader:
     size: int
     kind: bytes
     sparse_extended: bool
+    linkname: bytes = b""
 
     @classmethod
     def from_bytes(cls, block: bytes, offset: int) -> TarHeader:
@@ -135,7 +150,7 @@ class TarHeader:
         FormatError
             Its checksum or a numeric field is wrong.
         """
-        (name, _, _, _, size, _, chksum, kind, _, _, _, _, _, _, _, prefix,
+        (name, _, _, _, size, _, chksum, kind, linkname, _, _, _, _, _, _, prefix,
          _) = _USTAR.unpack(block)  # fmt: skip
         stored = _octal(chksum, "chksum", offset)
         body = block[:_CHKSUM_AT] + b" " * len(chksum) + block[_CHKSUM_AT + len(chksum):]
@@ -151,7 +166,8 @@ class TarHeader:
         if kind == SPARSE_TYPE:
             *_, is_extended, _, _ = _GNU_TAIL.unpack_from(block, _GNU_TAIL_AT)
             extended = is_extended != b"\0"
-        return cls(name, _octal(size, "size", offset), kind, extended)
+        return cls(name, _octal(size, "size", offset), kind, extended,
+                   linkname.split(b"\0", 1)[0])
 
 
 def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
@@ -187,8 +203,8 @@ def _extended(source: Source, pos: int, size: int, kind: bytes,
         raise LimitExceededError("max_name_length", limits.max_name_length, size,
                                  "tar extended header")
     data = source.pread(pos + BLOCK, size, "tar extended header")
-    if kind == LONG_NAME_TYPE:
-        return {b"path": data.split(b"\0", 1)[0]}
+    if kind in (LONG_NAME_TYPE, LONG_LINK_TYPE):
+        return {b"path" if kind == LONG_NAME_TYPE else b"linkpath": data.split(b"\0", 1)[0]}
     return _pax(data, pos + BLOCK)
 
 
@@ -211,6 +227,8 @@ class _Walk:
         self.members: list[TarMember] = []
         #: Fields of PAX global headers: the base of every later PAX header (as tarfile's).
         self.globals: dict[bytes, bytes] = {}
+        #: Tolerant mode: (members before it, type, name, target, header offset) of each link.
+        self.links: list[tuple[int, bytes, str, str, int]] = []
 
     def run(self) -> None:
         pos, pending, source = 0, dict[bytes, bytes](), self.source
@@ -228,12 +246,12 @@ class _Walk:
                 raise _Stop("truncated-tar-member", FormatError(
                     f"tar member of {size} bytes reaches beyond the end of the input",
                     offset=pos))
-            if kind == LONG_NAME_TYPE or kind in PAX_TYPES:
+            if kind in (LONG_NAME_TYPE, LONG_LINK_TYPE) or kind in PAX_TYPES:
                 fields = _extended(source, pos, size, kind, self.limits)
                 if kind == PAX_GLOBAL_TYPE:
                     self.globals.update(fields)
                 pending = {**self.globals, **fields} if kind == PAX_TYPE else \
-                    {} if kind == PAX_GLOBAL_TYPE else fields
+                    {} if kind == PAX_GLOBAL_TYPE else {**pending, **fields}
             else:
                 self._add(kind, pending, header, data, size, pos)
                 pending = {}
@@ -242,9 +260,13 @@ class _Walk:
     def _add(self, kind: bytes, pending: dict[bytes, bytes], header: TarHeader, data: int,
              size: int, pos: int) -> None:
         sparse = kind == SPARSE_TYPE or any(k.startswith(b"GNU.sparse.") for k in pending)
+        name = (pending.get(b"path") or header.name).decode("utf-8", "replace")
+        if kind in LINK_TYPES and self.anomalies is not None:
+            self._link(kind, name, (pending.get(b"linkpath") or header.linkname).decode(
+                "utf-8", "replace"), pos)
+            return
         if kind not in REGULAR_TYPES and not sparse:
             return
-        name = (pending.get(b"path") or header.name).decode("utf-8", "replace")
         if sparse:
             if self.anomalies is None:
                 return  # the loader does not read sparse members
@@ -255,6 +277,34 @@ class _Walk:
         if len(self.members) > self.limits.max_records:
             raise _Stop("too-many-members", LimitExceededError(
                 "max_records", self.limits.max_records, len(self.members), "tar members"))
+
+
+    def _link(self, kind: bytes, name: str, target: str, pos: int) -> None:
+        """Tolerant mode: a link, resolved when the walk ends (:meth:`resolve_links`)."""
+        if kind == SYMBOLIC_LINK_TYPE:
+            target = "/".join(filter(None, (posixpath.dirname(name), target)))
+        self.links.append((len(self.members), kind, name, target, pos))
+
+    def resolve_links(self) -> None:
+        """Each link is listed, in archive order, with its target's bytes, as ``tarfile``
+        reads it: the last regular member whose normalised name is the target, among all
+        members (symbolic) or those before the link (hard); the strict loader follows no
+        link."""
+        anomalies = self.anomalies
+        if anomalies is None or not self.links:
+            return
+        regular = list(self.members)
+        for at, kind, name, target, _ in reversed(self.links):
+            wanted = posixpath.normpath(target)
+            scope = regular if kind == SYMBOLIC_LINK_TYPE else regular[:at]
+            found = next((m for m in reversed(scope) if posixpath.normpath(m.name) == wanted),
+                         None)
+            if found is not None:
+                self.members.insert(at, TarMember(name, found.offset, found.size))
+        anomalies.extend(Anomaly(
+            "tar-link", f"a {'hard' if kind == HARD_LINK_TYPE else 'symbolic'} link to "
+            f"{target!r}: tarfile (torch) reads its target's bytes under this name, ptfile's "
+            "loader follows no link", pos, name) for _, kind, name, target, pos in self.links)
 
 
 class _Stop(Exception):
@@ -301,4 +351,5 @@ def read_members(source: Source, limits: Limits,
         report(anomalies, stop.code, stop.error)
     except PtfileError as exc:
         report(anomalies, "bad-tar-header", exc)
+    walk.resolve_links()
     return walk.members

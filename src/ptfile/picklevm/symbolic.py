@@ -111,7 +111,8 @@ class Trace:
         ``EXT1``/``EXT2``/``EXT4`` codes.
     blobs : list of (bytes, pos)
         Byte-string literals (and latin-1 text literals that start like a
-        pickle or a ZIP): where nested pickles hide.
+        pickle or a ZIP, or are ASCII and long enough to be base64 or hex of
+        one): where nested pickles hide.
     persistent_ids : list of (object, pos)
         Persistent ids handed to ``persistent_load``.
     global_builds : list of NameUse
@@ -142,8 +143,10 @@ class _StackError(Exception):
     """The symbolic machine hit what would be an unpickling error."""
 
 
-#: Text that may carry a nested pickle or archive once latin-1 encoded.
-_BLOB_HEADS: Final = ("\x80", "PK\x03\x04", "c", "(")
+#: Text that may carry a nested pickle or archive once latin-1 encoded: by its first
+#: characters (a pickle's opcodes), or ASCII text this long (base64 or hex of one).
+_BLOB_HEADS: Final = ("\x80", "PK\x03\x04", *"c(iSVIN]}")
+_ENCODED_CHARS: Final = 24
 
 
 @dataclass(slots=True)
@@ -257,7 +260,8 @@ def _push_arg(m: _Machine, op: Op) -> None:
     arg = op.arg
     if isinstance(arg, bytes):
         m.out.blobs.append((arg, op.pos))
-    elif isinstance(arg, str) and arg.startswith(_BLOB_HEADS) and len(arg) > 4:
+    elif isinstance(arg, str) and len(arg) > 4 and (arg.startswith(_BLOB_HEADS) or (
+            len(arg) >= _ENCODED_CHARS and arg.isascii())):
         try:
             m.out.blobs.append((arg.encode("latin-1"), op.pos))
         except UnicodeEncodeError:

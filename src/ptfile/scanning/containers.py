@@ -23,6 +23,8 @@ only a scanner asks:
   header (name and extra field as the local header gives them);
 * ``shadow-record``: a local header in the gaps between the records the
   directory names (a record only a forward-scanning reader sees);
+* ``local-header-mismatch``: a local header whose method, CRC or sizes differ
+  from its central directory entry's (what a forward-scanning reader reads);
 * ``outside-prefix``: a record not under the first record's folder.
 
 tar (:func:`walk_tar`): :func:`ptfile.archive.tar.read_members`, the loader's
@@ -140,6 +142,31 @@ def _shadow(source: Source, at: int, out: list[Anomaly]) -> list[ZipEntry]:
                      header.method, shadow=True)]
 
 
+#: The general purpose flag that moves CRC and sizes to a data descriptor (4.4.4 bit 3).
+_DESCRIPTOR_FLAG: Final = 0x8
+_U32_SENTINEL: Final = 0xFFFFFFFF
+
+
+def _check_local_fields(source: Source, name: str, offset: int,
+                        central: tuple[int, int, int, int], out: list[Anomaly]) -> None:
+    """``local-header-mismatch``: a local header whose method, CRC or sizes differ from the
+    central directory's.  miniz and ``zipfile`` read the directory's; readers that scan
+    forward through local headers read the local ones: other bytes.  CRC and sizes are
+    compared only where the local header holds them (no data descriptor, no ZIP64)."""
+    raw = _pread(source, offset, LOCAL_FILE_HEADER_STRUCT.size)
+    if raw is None:
+        return
+    _, _, flags, method, _, _, crc, csize, size, _, _ = LOCAL_FILE_HEADER_STRUCT.unpack(raw)
+    local = (method, crc, csize, size)
+    compared = 1 if flags & _DESCRIPTOR_FLAG or _U32_SENTINEL in (csize, size) else 4
+    if local[:compared] != central[:compared]:
+        fields = ("method", "crc32", "compressed size", "size")
+        differ = [f"{f} {a} (central {b})" for f, a, b in
+                  zip(fields[:compared], local, central, strict=False) if a != b]
+        out.append(Anomaly("local-header-mismatch", "the local header disagrees with the "
+                           f"central directory: {', '.join(differ)}", offset, name))
+
+
 def _deduplicated(anomalies: list[Anomaly]) -> list[Anomaly]:
     """The first of the anomalies two checks found alike (same code, offset and member)."""
     seen: set[tuple[str, int | None, str | None]] = set()
@@ -170,10 +197,11 @@ def walk_zip(source: Source, limits: Limits = DEFAULT_LIMITS, eocd: int | None =
     for row, name in enumerate(parsed.names):
         if row % PREFETCH_HEADERS == 0:  # a remote source fetches the next headers at once
             source.prefetch(_header_ranges(parsed, row, source.size))
-        offset, size, csize, method, _, _ = parsed.row(row)
+        offset, size, csize, method, crc, _ = parsed.row(row)
         data = read_local_header(source, name, offset, csize, directory.offset, out)
         if data is not None:
             entries.append(ZipEntry(name, offset, data, size, csize, method))
+            _check_local_fields(source, name, offset, (method, crc, csize, size), out)
     _check_names(entries, out)
     ranges = _check_layout(entries, out)
     return entries + _shadows(source, ranges, directory.offset, out), _deduplicated(out)

@@ -14,8 +14,8 @@ The fast path only *clears* streams.  It gives up (returns None), and the
 scanner does the precise symbolic walk, whenever anything is off: an error of
 any kind (EXT codes, ``BUILD`` on a global, a non-string ``STACK_GLOBAL``
 operand, a hash flood, damage), a name that is not allowed, ``_codecs.encode``
-with a codec outside the standard set, a byte string that
-starts like a pickle or a ZIP, or tuples nested deeper than ``Limits.max_depth``.
+with a codec outside the standard set, a text or byte string that may hold a
+pickle or a ZIP (raw, base64 or hex: :func:`.nested.may_hold_payload`), or tuples nested deeper than ``Limits.max_depth``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..limits import Limits
 from ..picklevm import unpickle
 from ..picklevm.hazards import tuple_height
 from ..structural import StandIn, make_stand_in
+from .nested import MIN_ENCODED_CHARS, starts_in_alphabet
 from .verdicts import codec_is_standard
 
 __all__ = ["fast_names"]
@@ -59,8 +60,9 @@ class _Recorder:
 _ENCODE: Final = ("_codecs", "encode")
 _ATOMS: Final = frozenset({int, float, bool, complex, type(None)})
 _TEXT: Final = frozenset({str, bytes, bytearray})
-#: First characters (str) and bytes that may open a pickle or a ZIP.
-_HEADS: Final = frozenset({"\x80", "P", "c", "(", b"\x80", b"P", b"c", b"("})
+#: First characters (str) and bytes that may open a pickle or a ZIP (:data:`.nested._OPENERS`);
+#: longer texts may be base64 or hex of one (:data:`.nested.MIN_ENCODED_CHARS`).
+_HEADS: Final = frozenset({*"\x80Pc(iSVIN]}", *(bytes([c]) for c in b"\x80Pc(iSVIN]}")})
 
 
 class _NotPlain(Exception):
@@ -80,13 +82,8 @@ def _children(obj: object) -> tuple[object, ...]:
     return ()
 
 
-def _suspicious(obj: str | bytes | bytearray, heads: Callable[[bytes], bool]) -> bool:
-    if isinstance(obj, str):
-        return obj[:1] in ("\x80", "P", "c", "(") and heads(obj[:8].encode("latin-1", "replace"))
-    return heads(bytes(obj[:8]))
-
-
-def _walk_is_plain(root: object, heads: Callable[[bytes], bool], max_depth: int) -> bool:
+def _walk_is_plain(root: object, heads: Callable[[str | bytes | bytearray], bool],
+                   max_depth: int) -> bool:
     """No suspicious blob and no tuple taller than ``max_depth`` in the result graph."""
     seen: set[int] = set()
     heights: dict[int, int] = {}
@@ -99,7 +96,8 @@ def _walk_is_plain(root: object, heads: Callable[[bytes], bool], max_depth: int)
             if kind in _TEXT:
                 text: str | bytes | bytearray = child  # type: ignore[assignment]
                 head = bytes(text[:1]) if isinstance(text, bytearray) else text[:1]
-                if head in _HEADS and _suspicious(text, heads):
+                if (head in _HEADS or (len(text) >= MIN_ENCODED_CHARS
+                                       and starts_in_alphabet(text))) and heads(text):
                     return False
                 continue
             if id(child) in seen:
@@ -117,7 +115,8 @@ def _walk_is_plain(root: object, heads: Callable[[bytes], bool], max_depth: int)
 
 
 def fast_names(data: bytes, start: int, limits: Limits, allowed: Callable[[str, str], bool],
-               heads: Callable[[bytes], bool]) -> tuple[list[tuple[str, str]], int] | None:
+               heads: Callable[[str | bytes | bytearray], bool],
+               ) -> tuple[list[tuple[str, str]], int] | None:
     """The names the pickle at ``data[start:]`` resolves and its end, if it is plainly clean.
 
     Returns None when the precise symbolic walk must decide (see the module docstring).

@@ -24,9 +24,16 @@ What is scanned
 * The format is the loader's (:func:`ptfile.formats.detect`); a file with a
   tar header is walked as a tar too, as torch tries ``tarfile`` first.
 * A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
-* Nested pickles: every byte string that starts like a pickle or a ZIP
-  (``torch.storage._load_from_bytes`` unpickles such bytes) is scanned in turn,
-  up to :data:`MAX_NESTING` levels.
+* Nested payloads (:mod:`ptfile.scanning.nested`): every byte string or text
+  constant that holds a pickle or a ZIP, raw or as base64 or hex text
+  (``torch.storage._load_from_bytes``, ``pickle.loads(base64.b64decode(...))``
+  and ``bytes.fromhex`` unpickle such constants) is scanned in turn, up to
+  :data:`MAX_NESTING` levels, and reported (kind ``nested``, its findings under
+  ``<record> > nested@<offset>(<encoding>)``) when it reads as one.
+* Bytes after a record's STOP: the consecutive pickles a second
+  ``pickle.load`` reads, then any pickle or ZIP that starts in the rest
+  (:data:`MAX_TRAILING_PROBES` at most).  A legacy stream's bytes after its
+  five pickles are raw storages, and are not searched.
 
 Every pickle is walked by :func:`ptfile.picklevm.symbolic.trace`, whose
 symbolic stack and memo resolve ``STACK_GLOBAL`` names built indirectly.
@@ -45,18 +52,21 @@ from .._dcp_files import is_directory
 from .._io import BytesSource, FileLike, Source, is_path
 from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
+from ..archive.records import METHOD_STORED
 from ..errors import LimitExceededError, PtfileError
 from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
 from ..limits import DEFAULT_LIMITS, Limits
-from ..picklevm import check_stream
 from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
 from .dcp import scan_directory
 from .fast import fast_names
-from .torchscript import TORCHSCRIPT_PREFIX, judge_code
+from .nested import looks_like_payload, may_hold_payload, nested_payload
+from .pt2 import PT2_MARKER, Role, pt2_role
+from .reads import holds_zip, next_head, stored_payload, stream_head
+from .torchscript import as_torchscript_type, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
 __all__ = ["scan"]
@@ -79,15 +89,33 @@ _FRAME_BYTE: Final = b"\x95"
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
 
 
+#: Nested payloads (constants, heads after STOP) scanned per file, at most: each is
+#: smaller than what holds it, but a pickle of a million tiny ones would take minutes.
+MAX_NESTED_SCANS: Final = 10_000
+
+
 @dataclass(slots=True)
 class _Scan:
-    """One scan's state: limits, findings, how deep in nested pickles."""
+    """One scan's state: limits, findings, and the nested scans left (shared by probes)."""
 
     limits: Limits
     findings: list[Finding] = field(default_factory=list)
+    budget: list[int] = field(default_factory=lambda: [MAX_NESTED_SCANS])
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         self.findings.append(Finding(*args, **kwargs))
+
+    def probe(self) -> _Scan:
+        """A scan whose findings are kept only if the caller decides so (same budget)."""
+        return _Scan(self.limits, budget=self.budget)
+
+    def spend(self, where: str) -> bool:
+        """Take one nested scan from the budget; False (and one finding) when none is left."""
+        self.budget[0] -= 1
+        if self.budget[0] == -1:
+            self.add("limit", Verdict.UNKNOWN, where, None, "", "nested-scans", message=(
+                f"more than {MAX_NESTED_SCANS} nested payloads: the rest are not scanned"))
+        return self.budget[0] >= 0
 
 
 def _name_finding(s: _Scan, use: NameUse, where: str) -> None:
@@ -138,13 +166,9 @@ def _allowed(module: str, name: str) -> bool:
     return verdict_of(module, name) is Verdict.ALLOWED
 
 
-def _heads_look_nested(head: bytes) -> bool:
-    return _looks_like_pickle(head) or head.startswith(b"PK")
-
-
 def _scan_pickle(s: _Scan, data: bytes, where: str, start: int = 0, depth: int = 0) -> int:
     """Scan the pickle at ``data[start:]``; returns the offset after STOP (or -1)."""
-    fast = fast_names(data, start, s.limits, _allowed, _heads_look_nested)
+    fast = fast_names(data, start, s.limits, _allowed, may_hold_payload)
     if fast is not None:  # plainly clean, as CPython itself resolves it (see .fast)
         names, end = fast
         for module, name in names:
@@ -201,17 +225,78 @@ def _looks_like_pickle(blob: bytes) -> bool:
 
 
 def _scan_blob(s: _Scan, blob: bytes, where: str, depth: int) -> None:
+    """A constant that holds a pickle or a ZIP, raw or as base64/hex text
+    (:mod:`ptfile.scanning.nested`): scanned, and reported when it reads as one."""
+    encoding = "bytes"
+    if not looks_like_payload(blob):
+        found = nested_payload(blob, s.limits.max_pickle_bytes)
+        if found is None:
+            return
+        encoding, blob = found
+        where = f"{where}({encoding})"
     if depth >= MAX_NESTING:
-        if _looks_like_pickle(blob) or blob.startswith(b"PK\x03\x04"):
-            s.add("nested", Verdict.DANGEROUS, where, 0,
-                  message=f"pickles nested more than {MAX_NESTING} deep")
+        s.add("nested", Verdict.DANGEROUS, where, 0,
+              message=f"pickles nested more than {MAX_NESTING} deep")
         return
-    if blob.startswith(b"PK\x03\x04"):
-        s.add("nested", Verdict.UNKNOWN, where, 0, message="bytes holding a ZIP archive")
-        _scan_source(s, _bytes_source(blob), where, depth + 1)
-    elif _looks_like_pickle(blob):
-        s.add("nested", Verdict.UNKNOWN, where, 0, message="bytes holding a pickle")
-        _scan_stream(s, blob, where, depth + 1)
+    if not s.spend(where):
+        return
+    probe = s.probe()
+    archive = blob.startswith(b"PK\x03\x04")
+    if archive:
+        _scan_source(probe, _bytes_source(blob), where, depth + 1)
+    else:
+        _scan_stream(probe, blob, where, depth + 1)
+    if any(f.location == where and (f.kind == "format" if archive else
+                                    f.kind == "stream" and f.offset == 0)
+           for f in probe.findings):
+        return  # bytes that merely start like one: data, not a payload
+    s.add("nested", Verdict.ALLOWED, where, 0, message=(
+        f"{'base64' if encoding == 'base64' else 'hex' if encoding == 'hex' else 'a byte'} "
+        f"{'string' if encoding == 'bytes' else 'text'} holding "
+        f"{'a ZIP archive' if archive else 'a pickle'}: whoever loads it runs what the "
+        "findings under this location name"))
+    s.findings.extend(probe.findings)
+
+
+#: Pickles (or ZIPs) looked for in the bytes after a record's STOP, at most.
+MAX_TRAILING_PROBES: Final = 64
+
+
+def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> None:
+    """The bytes after STOP: consecutive pickles (``pickle.load`` called again reads them:
+    second pickles in a record), then pickles or ZIPs that start anywhere in the rest."""
+    for i in range(MAX_STREAM_PICKLES):
+        probe = s.probe()
+        end = _scan_pickle(probe, data, f"{where} (after STOP #{i + 1})", pos, depth)
+        if end <= pos:
+            break
+        s.findings.extend(probe.findings)
+        pos = end
+        if pos >= len(data):
+            return
+    at, probes = pos, 0
+    while probes < MAX_TRAILING_PROBES and (at := next_head(data, at)) >= 0 \
+            and s.spend(where):
+        probes += 1
+        at = max(at + 1, _scan_head(s, data, at, f"{where} (after STOP@{at:#x})", depth))
+
+
+def _scan_head(s: _Scan, data: bytes, at: int, label: str, depth: int) -> int:
+    """The pickle or ZIP that may start at ``data[at]``, kept when it reads as one (read in
+    place: no copy of the rest); returns where its pickle ends (or -1)."""
+    probe, end = s.probe(), -1
+    if data.startswith(b"PK\x03\x04", at):
+        if depth < MAX_NESTING:
+            _scan_source(probe, Window(_bytes_source(data), at, len(data) - at), label,
+                         depth + 1)
+        unread = any(f.location == label and f.kind == "format" for f in probe.findings)
+    else:
+        end = _scan_pickle(probe, data, label, at, depth + 1)
+        unread = any(f.location == label and f.kind == "stream" and f.offset == at
+                     for f in probe.findings)
+    if not unread:
+        s.findings.extend(probe.findings)
+    return end
 
 
 def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) -> None:
@@ -228,8 +313,7 @@ def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) 
     if count == 1 and pos < len(data):
         s.add("stream", Verdict.UNKNOWN, where, pos, message=f"{len(data) - pos} bytes after "
               "STOP: loaders ignore them, other tools may not")
-        if _looks_like_pickle(data[pos:pos + 2]):
-            _scan_pickle(s, data, f"{where} (after STOP)", pos, depth)
+        _scan_trailing(s, data, pos, where, depth)
 
 
 def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:
@@ -241,7 +325,7 @@ def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:
     """
     if data[:1] not in _OPCODE_BYTES:
         return False
-    probe = _Scan(s.limits)
+    probe = s.probe()
     _scan_stream(probe, data, where or "stream", depth)
     if any(f.kind == "stream" and f.offset == 0 for f in probe.findings):
         return False  # not a readable pickle at byte 0
@@ -276,9 +360,13 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
             _scan_zip(s, source, f"{where}({anomaly.code}@{anomaly.eocd:#x})", depth + 1,
                       anomaly.eocd)
     torchscript = any(e.name.endswith("/constants.pkl") for e in entries)
+    pt2 = any(e.name.split("/", 1)[-1] == PT2_MARKER for e in entries)
     mark = len(s.findings)
     for entry in entries:
         label = f"{where}:{entry.name}" if where else entry.name
+        role = pt2_role(entry.name) if pt2 else None
+        if role is not None:
+            _scan_pt2_record(s, source, entry, label, role, depth)
         if entry.name.split("/", 1)[-1].startswith("code/") and entry.name.endswith(".py"):
             code = _read_record(s, source, entry, label)
             if code is not None:
@@ -290,8 +378,30 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
             if data is not None:
                 _scan_stream(s, data, label, depth)
     if torchscript:
-        s.findings[mark:] = [_torchscript_type(f) for f in s.findings[mark:]]
-    return "torchscript" if torchscript else "zip"
+        s.findings[mark:] = [as_torchscript_type(f) for f in s.findings[mark:]]
+    return "torchscript" if torchscript else "pt2" if pt2 else "zip"
+
+
+def _scan_pt2_record(s: _Scan, source: Source, entry: ZipEntry, label: str, role: Role,
+                     depth: int) -> None:
+    """A ``.pt2`` record torch may unpickle or run (:mod:`ptfile.scanning.pt2`)."""
+    if role == "native":
+        s.add("native-code", Verdict.DANGEROUS, label, entry.header_offset, "",
+              entry.name.rsplit("/", 1)[-1], message="AOTInductor compiled code: "
+              "torch.export.load loads the compiled model, which runs native code")
+        return
+    if role == "maybe" and entry.method == METHOD_STORED and not stored_payload(source, entry):
+        return  # raw tensor bytes, read as such
+    data = _read_record(s, source, entry, label)
+    if not data:
+        return
+    if role == "maybe":
+        _scan_blob(s, data, label, depth)
+    elif depth >= MAX_NESTING:
+        s.add("nested", Verdict.DANGEROUS, label, 0,
+              message=f"pickles nested more than {MAX_NESTING} deep")
+    else:
+        _scan_source(s, _bytes_source(data), label, depth + 1)
 
 
 def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes | None:
@@ -308,21 +418,15 @@ def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes
     return data
 
 
-def _torchscript_type(f: Finding) -> Finding:
-    """A ``__torch__.*`` global of a TorchScript archive: a class reference that
-    torch.jit.load resolves against the archive's code, not a Python import
-    (:mod:`ptfile.scanning.torchscript`)."""
-    if f.kind != "global" or f.verdict is not Verdict.UNKNOWN or \
-            f.module.split(".")[0] != TORCHSCRIPT_PREFIX:
-        return f
-    return Finding("torchscript-type", Verdict.ALLOWED, f.location, f.offset, f.module, f.name,
-                   f.opcode, f"TorchScript class {f.module}.{f.name}: torch.jit.load resolves "
-                   "it against the archive's code/, it imports nothing")
-
-
-#: Archive anomalies that make loaders read different records for one name: dangerous,
-#: whatever each reads (the others are ``unknown``).
-DIVERGENT_ANOMALIES: Final = frozenset({"duplicate-name", "case-colliding-names"})
+#: Archive anomalies that make readers read different records: dangerous, whatever each
+#: reads (the others are ``unknown``).  Names that collide exactly or by case (miniz and
+#: ``zipfile`` pick different ones); a directory that ends before the end records
+#: (``zipfile`` shifts every offset); a file that is a ZIP but starts otherwise (torch
+#: unpickles its start, ZIP tools read the archive); local headers the directory never
+#: names, or that disagree with it (what readers that scan forward read).
+DIVERGENT_ANOMALIES: Final = frozenset({"duplicate-name", "case-colliding-names",
+                                        "shifted-directory", "polyglot", "shadow-record",
+                                        "local-header-mismatch"})
 
 
 def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
@@ -344,7 +448,7 @@ def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
         if member.name in TORCH_TAR_MEMBERS:
             _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
             continue
-        probe = _Scan(s.limits)
+        probe = s.probe()
         _scan_tar_member(probe, data, f"tar:{member.name}", starts, depth)
         s.findings.extend(_unread(f) for f in probe.findings)
 
@@ -368,7 +472,7 @@ def _scan_tar_member(s: _Scan, data: bytes, label: str, starts: list[int], depth
     pos, found, done = 0, 0, set[int]()
     while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
         done.add(pos)
-        end = _scan_pickle(_probe := _Scan(s.limits), data, label, pos, depth)
+        end = _scan_pickle(_probe := s.probe(), data, label, pos, depth)
         if end > pos:
             s.findings.extend(_probe.findings)
             found, pos = found + 1, end
@@ -388,7 +492,7 @@ def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
     """
     window, most = tar.BLOCK, min(source.size, s.limits.max_pickle_bytes)
     while True:
-        probe = _Scan(s.limits)
+        probe = s.probe()
         _scan_pickle(probe, source.pread(0, min(window, most), "tar head"), "tar(byte 0)", 0,
                      depth)
         if window >= most or not any(f.kind == "stream" and "truncated" in f.message
@@ -400,38 +504,6 @@ def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
               message="the first tar header starts with a pickle: torch unpickles it when "
               "tarfile cannot read the archive")
         s.findings.extend(probe.findings)
-
-
-#: The first window of a stream read from a source that reads on demand (a URL).
-FIRST_STREAM_WINDOW: Final = 1 << 20
-
-
-def _stream_head(source: Source, limits: Limits, pickles: int) -> bytes:
-    """The bytes the stream scan reads: up to ``Limits.max_pickle_bytes`` of the file; from
-    a source that reads on demand, only a window that holds the first ``pickles``
-    consecutive pickles (a legacy file's five, not its storages after them), grown 4x
-    while a pickle runs past it."""
-    most = min(source.size, limits.max_pickle_bytes)
-    window = most if not source.reads_on_demand or not pickles else \
-        min(most, FIRST_STREAM_WINDOW)
-    while True:
-        data = source.pread(0, window, "pickle stream")
-        if window >= most or _holds_pickles(data, pickles, limits):
-            return data
-        window = min(most, window * 4)
-
-
-def _holds_pickles(data: bytes, count: int, limits: Limits) -> bool:
-    """True when ``data`` holds ``count`` well-formed consecutive pickles from its start."""
-    pos = 0
-    for _ in range(count):
-        try:
-            pos = check_stream(data, limits, start=pos).end
-        except PtfileError:
-            return False
-        if pos >= len(data):
-            return False
-    return True
 
 
 def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
@@ -446,9 +518,9 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
         if fmt is Format.TAR:
             return "tar"
     legacy = fmt is Format.LEGACY
-    data = _stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
-    if walk_zip(source, s.limits) is not None:
-        s.add("archive", Verdict.UNKNOWN, where or "file", 0, "", "polyglot",
+    data = stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
+    if holds_zip(source, s.limits):
+        s.add("archive", Verdict.DANGEROUS, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch reads "
               "the leading bytes, ZIP tools the archive")
         _scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)

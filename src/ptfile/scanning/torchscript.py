@@ -22,9 +22,10 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .verdicts import Verdict
+from .verdicts import Finding, Verdict
 
-__all__ = ["DANGEROUS_CODE", "STANDARD_OP_NAMESPACES", "TORCHSCRIPT_PREFIX", "judge_code"]
+__all__ = ["DANGEROUS_CODE", "STANDARD_OP_NAMESPACES", "TORCHSCRIPT_PREFIX",
+           "as_torchscript_type", "judge_code"]
 
 #: The module prefix of TorchScript class references.
 TORCHSCRIPT_PREFIX: Final = "__torch__"
@@ -61,3 +62,15 @@ def judge_code(text: str) -> tuple[Verdict, str]:
                                    f"{methods}) calls {', '.join(calls)[:300]}")
     return Verdict.ALLOWED, (f"TorchScript code that torch.jit.load compiles (methods: "
                              f"{methods[:300]}); it calls only TorchScript builtins")
+
+
+def as_torchscript_type(f: Finding) -> Finding:
+    """A ``__torch__.*`` global of a TorchScript archive: a class reference that
+    torch.jit.load resolves against the archive's code, not a Python import
+    (:mod:`ptfile.scanning.torchscript`)."""
+    if f.kind != "global" or f.verdict is not Verdict.UNKNOWN or \
+            f.module.split(".")[0] != TORCHSCRIPT_PREFIX:
+        return f
+    return Finding("torchscript-type", Verdict.ALLOWED, f.location, f.offset, f.module, f.name,
+                   f.opcode, f"TorchScript class {f.module}.{f.name}: torch.jit.load resolves "
+                   "it against the archive's code/, it imports nothing")

@@ -11,10 +11,14 @@ unresolvable ``STACK_GLOBAL`` names, numpy object arrays and hash-flooding or
 deeply nested keys), or ``unknown`` (anything else: ``ptfile.load`` refuses it
 by default, ``torch.load(weights_only=False)`` would import and run it).  EXT
 codes are ``unknown``: copyreg's registry is empty in a fresh interpreter, so
-torch and CPython raise on them.  Ambiguities that make loaders read different
-bytes (names that collide exactly or by case, opcodes that straddle a frame)
-are ``dangerous``; other anomalies (data after ``STOP``, archive oddities) are
-``unknown``.
+torch and CPython raise on them.  Ambiguities that make readers read different
+bytes (names that collide exactly or by case, opcodes that straddle a frame,
+a central directory that ends before the end records, a ZIP that starts
+otherwise, local headers the directory never names or that disagree with it:
+:data:`ptfile.scanning.scanner.DIVERGENT_ANOMALIES`) are ``dangerous``; other
+anomalies (data after ``STOP``, archive oddities every reader reads alike) are
+``unknown``.  Nested payloads (:mod:`ptfile.scanning.nested`) are judged by
+what they hold.
 """
 
 from __future__ import annotations

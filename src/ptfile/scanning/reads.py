@@ -1,0 +1,98 @@
+"""What the scanner reads of a source before judging it: windows, heads and ends.
+
+* :func:`stream_head`: the bytes a stream scan reads (a URL's: a window that
+  holds the first pickles, grown while a pickle runs past it);
+* :func:`stored_payload`: whether a stored ZIP record's first and last bytes
+  look like a pickle or a ZIP (:func:`.nested.ends_look_like_payload`), read
+  without reading the record;
+* :func:`next_head`: where a pickle (``PROTO``, or a protocol 0/1 ``GLOBAL``
+  line) or a ZIP local header starts in bytes after a record's ``STOP``;
+* :func:`holds_zip`: whether a file holds a ZIP archive with records.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .._io import Source
+from ..errors import PtfileError
+from ..limits import Limits
+from ..picklevm import check_stream
+from .containers import Window, ZipEntry, walk_zip
+from .nested import ends_look_like_payload
+
+__all__ = ["FIRST_STREAM_WINDOW", "holds_pickles", "holds_zip", "next_head", "stored_payload",
+           "stream_head"]
+
+#: Where a pickle or a ZIP may start in the bytes after STOP.
+_TRAILING_HEADS: Final = (b"PK\x03\x04", *(bytes([0x80, p]) for p in range(1, 6)))
+#: A protocol 0/1 GLOBAL (``c<module>\n<name>\n``): where a PROTO-less pickle starts.
+_GLOBAL_LINE: Final = re.compile(rb"c[A-Za-z_][\w.]{0,200}\n[A-Za-z_][\w.]{0,200}\n")
+
+
+def next_head(data: bytes, start: int) -> int:
+    """The first offset from ``start`` where a pickle or a ZIP may start, or -1."""
+    found = [at for head in _TRAILING_HEADS if (at := data.find(head, start)) >= 0]
+    line = _GLOBAL_LINE.search(data, start)
+    if line is not None:
+        found.append(line.start())
+    return min(found, default=-1)
+
+
+def stored_payload(source: Source, entry: ZipEntry) -> bool:
+    """Whether a stored record's first and last bytes look like a pickle or a ZIP."""
+    try:
+        head = source.pread(entry.data_offset, min(4, entry.size), "record head")
+        tail = source.pread(entry.data_offset + max(0, entry.size - 8), min(8, entry.size),
+                            "record tail")
+    except PtfileError:
+        return False
+    return ends_look_like_payload(head, tail)
+
+
+#: The first window of a stream read from a source that reads on demand (a URL).
+FIRST_STREAM_WINDOW: Final = 1 << 20
+
+
+def stream_head(source: Source, limits: Limits, pickles: int) -> bytes:
+    """The bytes the stream scan reads: up to ``Limits.max_pickle_bytes`` of the file; from
+    a source that reads on demand, only a window that holds the first ``pickles``
+    consecutive pickles (a legacy file's five, not its storages after them), grown 4x
+    while a pickle runs past it."""
+    most = min(source.size, limits.max_pickle_bytes)
+    window = most if not source.reads_on_demand or not pickles else \
+        min(most, FIRST_STREAM_WINDOW)
+    while True:
+        data = source.pread(0, window, "pickle stream")
+        if window >= most or holds_pickles(data, pickles, limits):
+            return data
+        window = min(most, window * 4)
+
+
+def holds_pickles(data: bytes, count: int, limits: Limits) -> bool:
+    """True when ``data`` holds ``count`` well-formed consecutive pickles from its start."""
+    pos = 0
+    for _ in range(count):
+        try:
+            pos = check_stream(data, limits, start=pos).end
+        except PtfileError:
+            return False
+        if pos >= len(data):
+            return False
+    return True
+
+
+def holds_zip(source: Source, limits: Limits) -> bool:
+    """Whether a ZIP reading of ``source`` (miniz's, or the archive another end record or
+    ``zipfile``'s shifted offsets point at) has records: an end record of no entries
+    (tensor bytes that hold its signature) is nothing to read."""
+    walked = walk_zip(source, limits)
+    if walked is None or walked[0]:
+        return walked is not None
+    for anomaly in walked[1]:
+        if anomaly.region is not None and 0 < anomaly.region[1] < source.size:
+            inner = walk_zip(Window(source, *anomaly.region), limits)
+            if inner is not None and inner[0]:
+                return True
+    return False

@@ -74,6 +74,16 @@ def test_expand_treats_a_distributed_checkpoint_as_one_input(tmp_path: Path) -> 
     assert not bulk.expands(str(tmp_path / "run" / "dcp")) and bulk.expands(str(tmp_path))
 
 
+def test_expand_treats_a_per_rank_metadata_folder_as_one_input(tmp_path: Path) -> None:
+    """use_collectives=False writes __<rank>.metadata and no .metadata."""
+    ranks = tmp_path / "run" / "ranks"
+    ranks.mkdir(parents=True)
+    for name in ("__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp"):
+        (ranks / name).write_bytes(b"")
+    assert bulk.expand(tmp_path) == [str(ranks)]
+    assert not bulk.expands(str(ranks))
+
+
 def test_expand_url_prefixes_and_globs_through_fsspec() -> None:
     fsspec = pytest.importorskip("fsspec")
     fs = fsspec.filesystem("memory")

@@ -80,6 +80,37 @@ def test_a_concatenated_archive_is_read_as_zipfile_reads_it() -> None:
     assert {"polyglot", "shifted-directory"} <= {f.name for f in result.findings}
 
 
+@pytest.mark.parametrize(("tail", "torch_reads"), [(b"x", True), (EVIL, True),
+                                                   (b"\0" * 4096, False)])
+def test_load_refuses_data_appended_after_the_archive(tail: bytes, torch_reads: bool) -> None:
+    # zipfile reads the archive before the tail, and torch does for a short one, but a
+    # longer tail moves torch's reading (4 KiB of zeros: ValueError, negative seek), and
+    # what is appended is a place for a second payload (``cat model.pt evil.pkl``): load
+    # refuses it, while the archive comment (part of the end record) stays allowed.
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(3)}, buf)
+    data = buf.getvalue() + tail
+    if torch_reads:
+        assert torch.equal(torch.load(io.BytesIO(data), weights_only=True)["w"], torch.arange(3))
+    else:
+        with pytest.raises(Exception):  # noqa: B017, PT011 - whatever torch's reader raises
+            torch.load(io.BytesIO(data), weights_only=True)
+    assert zipfile.ZipFile(io.BytesIO(data)).namelist()
+    with pytest.raises(ArchiveError, match=f"{len(tail)} bytes after the end of the archive"):
+        ptfile.load(data)
+    result = ptfile.scan(data)
+    assert not result.is_clean and "data-after-archive" in {f.name for f in result.findings}
+
+
+def test_an_archive_comment_is_not_appended_data() -> None:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps({"v": 1}, protocol=2))
+        archive.writestr("archive/version", b"3\n")
+        archive.comment = b"made by a tool"
+    assert ptfile.load(out.getvalue()) == {"v": 1}
+
+
 def _patch_local(data: bytes, at: int, fmt: str, *values: int) -> bytes:
     out = bytearray(data)
     struct.pack_into(fmt, out, at, *values)

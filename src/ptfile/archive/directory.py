@@ -9,7 +9,9 @@ central directory that lies before the end records and can hold its entries.
 Strict mode raises what the loader raises.  Tolerant mode
 (:mod:`ptfile.archive.anomalies`) goes on with what it can read, and reports:
 
-* ``data-after-archive``: bytes after the end record's comment;
+* ``data-after-archive``: bytes after the end record's comment (strict mode
+  refuses them: torch writes none, and a payload appended there is what
+  readers that look past the end record, or for a second archive, act on);
 * ``archive-in-comment``: ZIP records inside the comment (``region``: the comment);
 * ``several-end-records``: another end record before the one chosen, in the
   search window, whose directory lies before it and starts with a central
@@ -99,6 +101,16 @@ def _tolerant_checks(source: Source, eocd: EndOfCentralDirectory, tail: bytes, p
             eocd=base + earlier))
 
 
+def _refuse_trailing(eocd: EndOfCentralDirectory, tail: bytes, pos: int, base: int) -> None:
+    """Strict mode: nothing may follow the end record and its comment."""
+    comment_end = pos + EndOfCentralDirectory.SIZE + len(eocd.comment)
+    if comment_end < len(tail):
+        raise ArchiveError(f"{len(tail) - comment_end} bytes after the end of the archive (its "
+                           "end record and comment): torch writes none, and appended data is "
+                           "where a second payload hides; ptfile.scan reports it",
+                           offset=base + comment_end)
+
+
 def _is_plausible_end(source: Source, tail: bytes, pos: int, base: int) -> bool:
     """Whether the signature at ``pos`` opens an end record of another archive, not bytes
     of a member that happen to hold it: its directory lies before it and starts with a
@@ -158,6 +170,8 @@ def find_end(source: Source, anomalies: list[Anomaly] | None = None, *,
     if eocd is not None:
         if anomalies is not None:
             _tolerant_checks(source, eocd, tail, pos, base, anomalies)
+        else:
+            _refuse_trailing(eocd, tail, pos, base)
         return EndRecord(eocd, base + pos)
     if anomalies is None:
         raise ArchiveError("no end of central directory record: not a ZIP archive, or truncated",

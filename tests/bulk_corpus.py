@@ -8,6 +8,7 @@ record must say.  ``benchmarks/bulk.py`` uses it too.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from typing import Final
 
@@ -94,3 +95,11 @@ def corpus(n: int, elems: int = 64, with_torch: bool = True) -> dict[str, bytes]
         suffix, write = KINDS[kind]
         out[f"d{i // 50:02d}/{i:04d}-{kind}{suffix}"] = write(i, elems)
     return out
+
+
+def die_on(command: str, url: str, options: object, out: object) -> dict[str, object]:
+    """A stand-in for ``run_one`` for the pool tests: the worker process dies on "die"."""
+    if url == "die":
+        os._exit(3)
+    return {"url": url, "command": command, "ok": True, "verdict": "clean", "exit_code": 0,
+            "pid": os.getpid()}

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import ptfile
-from bulk_corpus import corpus, kind_of
+from bulk_corpus import corpus, die_on, kind_of
 from ptfile import bulk
 
 #: What each kind of corpus file must give, per command.
@@ -223,3 +223,17 @@ def test_cli_bulk_convert_and_rerun(tree: Path, tmp_path: Path) -> None:
     # two names without a bulk option: one conversion, as before
     single = cli("convert", tree / "d00" / "0000-clean.pt", tmp_path / "one.safetensors")
     assert single.returncode == 0 and single.stdout.startswith("wrote ")
+
+
+def test_process_pool_outlives_a_worker_that_dies() -> None:
+    """A dead worker breaks a ProcessPoolExecutor and fails every future in flight: those
+    files run again, each alone, so only the one that kills its process is an error."""
+    from ptfile.bulk.execution import _on_pool
+
+    urls = [f"f{i}" for i in range(10)] + ["die"] + [f"g{i}" for i in range(10)]
+    jobs = [("scan", url, None, None) for url in urls]
+    records = list(_on_pool(jobs, "process", 2, work=die_on))  # type: ignore[arg-type]
+    assert sorted(r["url"] for r in records) == sorted(urls)
+    by_url = {r["url"]: r for r in records}
+    assert by_url["die"]["verdict"] == "error" and by_url["die"]["exit_code"] == 2
+    assert all(by_url[u]["ok"] for u in urls if u != "die")

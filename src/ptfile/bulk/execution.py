@@ -8,7 +8,7 @@ import itertools
 import multiprocessing
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
 from .._io import is_url
@@ -70,21 +70,50 @@ def _executor(kind: str, workers: int | None) -> cf.Executor:
                                   mp_context=multiprocessing.get_context(method))
 
 
-def _on_pool(jobs: Sequence[Job], kind: str, workers: int | None) -> Iterator[Record]:
+def _on_pool(jobs: Sequence[Job], kind: str, workers: int | None,
+             work: Callable[..., Record] = run_one) -> Iterator[Record]:
+    """Every job's record, on a pool of ``kind``.  A worker process that dies (killed for
+    memory, a crash in a native library) breaks a process pool and fails every future in
+    flight: those jobs are run again on a fresh pool, each one alone, so the one that
+    breaks it by itself gets the error record and the others their own results."""
     if kind == "serial":
         for job in jobs:
-            yield run_one(*job)
+            yield work(*job)
         return
+    pending: Iterator[Job] = iter(jobs)
+    suspects: list[Job] | None = []
+    while suspects is not None:
+        suspects = yield from _pool_round(pending, suspects, kind, workers, work)
+
+
+def _pool_round(pending: Iterator[Job], suspects: list[Job], kind: str, workers: int | None,
+                work: Callable[..., Record]) -> Generator[Record, None, list[Job] | None]:
+    """One pool's life: the suspects alone, then the pending jobs in a window.  Returns the
+    jobs to run again when the pool broke (a list), or None when every job has its record."""
     with _executor(kind, workers) as pool:
+        for i, job in enumerate(suspects):
+            alone = pool.submit(work, *job)
+            cf.wait([alone])
+            yield _result_of(alone, job)
+            if isinstance(alone.exception(), cf.BrokenExecutor):
+                return suspects[i + 1:]
         window = WINDOW_PER_WORKER * (getattr(pool, "_max_workers", None) or 1)
-        pending = iter(jobs)
-        running = {pool.submit(run_one, *job): job for job in _take(pending, window)}
+        running = {pool.submit(work, *job): job for job in _take(pending, window)}
         while running:
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            if any(isinstance(f.exception(), cf.BrokenExecutor) for f in done):
+                cf.wait(running)  # a broken pool fails the rest at once
+                again = []
+                for future, job in running.items():
+                    if isinstance(future.exception(), cf.BrokenExecutor):
+                        again.append(job)
+                    else:
+                        yield _result_of(future, job)
+                return again
             for future in done:
-                job = running.pop(future)
-                yield _result_of(future, job)
-            running.update({pool.submit(run_one, *job): job for job in _take(pending, len(done))})
+                yield _result_of(future, running.pop(future))
+            running.update({pool.submit(work, *job): job for job in _take(pending, len(done))})
+    return None
 
 
 def _take(jobs: Iterator[Job], n: int) -> list[Job]:

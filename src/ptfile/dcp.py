@@ -75,6 +75,7 @@ from .tensor import Storage, Tensor
 
 __all__ = [
     "TRANSFORMS",
+    "blob_entry",
     "contiguous_stride",
     "load_dcp",
     "load_metadata",
@@ -250,9 +251,11 @@ def _blob(files: DirectoryFiles, fqn: str, info: StorageInfo) -> tuple[dict[str,
     return found
 
 
-def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
-                info: StorageInfo, files: DirectoryFiles) -> np.ndarray:
-    """A chunk in a safetensors blob: its entry, by FQN, in the blob at the offset."""
+def blob_entry(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
+               info: StorageInfo, files: DirectoryFiles) -> tuple[int, int]:
+    """Where a chunk in a safetensors blob lies, ``(offset in its file, nbytes)``: its
+    entry, by FQN, in the blob at the item's offset, checked against the chunk (dtype,
+    shape, offsets, length) and the file."""
     header, data_start = _blob(files, fqn, info)
     entry: Any = header.get(fqn)
     nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
@@ -264,9 +267,16 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
                   and end - begin == nbytes == info.length)
     except (TypeError, ValueError, KeyError) as exc:
         raise FormatError(f"the safetensors entry of {fqn!r} is damaged") from exc
-    if not agrees or begin < data_start:
+    if not agrees or begin < data_start or end > files.size(info.relative_path):
         raise FormatError(f"the safetensors entry of {fqn!r} {entry!r:.160} disagrees with "
                           f"its chunk at {chunk.offsets} of sizes {chunk.sizes}")
+    return begin, nbytes
+
+
+def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
+                info: StorageInfo, files: DirectoryFiles) -> np.ndarray:
+    """A chunk in a safetensors blob, read (see :func:`blob_entry`)."""
+    begin, nbytes = blob_entry(fqn, chunk, item, info, files)
     data = files.read(info.relative_path, begin, nbytes, f"the safetensors entry of {fqn!r}")
     raw = np.dtype(f"V{item.dtype.itemsize}")
     return np.frombuffer(data, raw, nbytes // raw.itemsize).reshape(chunk.sizes)

@@ -54,7 +54,7 @@ from .._io import FileSource
 from ..api import _atomic_target, archive_prefix, load
 from ..archive import ZipReader
 from ..dcp import (
-    _blob,
+    blob_entry,
     contiguous_stride,
     load_metadata,
     object_path,
@@ -184,19 +184,7 @@ class _Reader:
                                      f"chunk {chunk.offsets} of {fqn!r}"))
         if head == _ZIP:
             return self._zip_layout(fqn, chunk, item, info)
-        header, data_start = _blob(self.files, fqn, info)
-        entry: Any = header.get(fqn)
-        try:
-            begin, end = (data_start + int(x) for x in entry["data_offsets"])
-            nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
-            agrees = (CODES.get(entry["dtype"]) == item.dtype.name
-                      and tuple(entry["shape"]) == chunk.sizes
-                      and tuple(entry["saved"]) == chunk.offsets and end - begin == nbytes)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise FormatError(f"the safetensors entry of {fqn!r} is damaged") from exc
-        if not agrees or begin < data_start or end > self.files.size(info.relative_path):
-            raise FormatError(f"the safetensors entry of {fqn!r} {entry!r:.160} disagrees with "
-                              f"its chunk at {chunk.offsets} of sizes {chunk.sizes}")
+        begin, _ = blob_entry(fqn, chunk, item, info, self.files)
         return _Layout(info.relative_path, begin, tuple(range(len(chunk.sizes))), "little")
 
     def _copy(self, layout: _Layout, target: np.ndarray, dtype_swap: int) -> None:

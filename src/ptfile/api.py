@@ -145,6 +145,7 @@ def load(
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
     f = local_path(f)  # type: ignore[assignment]
+    _refuse_dcp_directory(f)
     access = _mapped_access(f, config.current().mmap if mmap is None else mmap)
     limits = limits or DEFAULT_LIMITS
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
@@ -158,6 +159,17 @@ def load(
                 find_class=policies.structural() if structural else policies.strict()))
     finally:
         source.close()
+
+
+def _refuse_dcp_directory(f: object) -> None:
+    """A local distributed-checkpoint folder given to :func:`load` is named as such (any
+    other folder raises the OS's IsADirectoryError, as a missing file raises its own)."""
+    if not isinstance(f, (str, os.PathLike)) or not is_path(f):
+        return
+    path = os.fsdecode(os.fspath(f))
+    if os.path.isdir(path) and detect_directory(os.listdir(path)) is Format.DCP:
+        raise FormatError(f"{path!r} is a torch.distributed.checkpoint directory: read it "
+                          "with ptfile.load_dcp(), or ptfile.open() for its metadata first")
 
 
 def archive_prefix(f: object) -> str:

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
@@ -54,6 +54,7 @@ from .formats.dcp_metadata import (
 )
 from .limits import DEFAULT_LIMITS, Limits
 from .reader import TensorInfo
+from .selection import expand
 from .tensor import Tensor
 
 if TYPE_CHECKING:
@@ -95,18 +96,10 @@ def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int],
     if not all(isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_)) for k in keys) \
             or sum(k is Ellipsis for k in keys) > 1:
         raise IndexError("a DCP tensor slice takes ints, slices, '...' and None")
-    fill = len(shape) - sum(k is not None and k is not Ellipsis for k in keys)
-    if fill < 0:
-        raise IndexError(f"too many indices for a tensor of {len(shape)} dimensions")
-    expanded: list[Any] = []
-    for k in keys:
-        expanded.extend([slice(None)] * fill if k is Ellipsis else [k])
-    if Ellipsis not in keys:
-        expanded.extend([slice(None)] * fill)
     box: list[tuple[int, int]] = []
     relative: list[Any] = []
     dims = iter(shape)
-    for k in expanded:
+    for k in expand(keys, len(shape)):
         if k is None:
             relative.append(None)
             continue
@@ -118,7 +111,7 @@ def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int],
             box.append((i, i + 1))
             relative.append(0)
             continue
-        r = range(*k.indices(n))
+        r = range(*cast(slice, k).indices(n))  # only slices are left (checked above)
         if not r:
             box.append((0, 0))
             relative.append(slice(0, 0))

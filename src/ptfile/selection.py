@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-__all__ = ["runs", "select", "span"]
+__all__ = ["expand", "runs", "select", "span"]
 
 
 def span(offset: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int]:
@@ -23,24 +23,36 @@ def span(offset: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[
     return low, high
 
 
-def select(key: object, shape: tuple[int, ...], stride: tuple[int, ...],
-            offset: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    """Apply a basic numpy index (ints, slices, ``...``, ``None``) to a strided view."""
+def expand(key: object, ndim: int) -> list[object]:
+    """A basic numpy index as one entry per dimension (``...`` and missing trailing
+    dimensions become full slices; ``None`` entries are kept).
+
+    Examples
+    --------
+    >>> expand((1, ..., None), 3)
+    [1, slice(None, None, None), slice(None, None, None), None]
+    """
     keys = key if isinstance(key, tuple) else (key,)
     if sum(k is Ellipsis for k in keys) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    fill = len(shape) - sum(k is not None and k is not Ellipsis for k in keys)
+    fill = ndim - sum(k is not None and k is not Ellipsis for k in keys)
     if fill < 0:
-        raise IndexError(f"too many indices for a tensor of {len(shape)} dimensions")
+        raise IndexError(f"too many indices for a tensor of {ndim} dimensions")
     expanded: list[object] = []
     for k in keys:
         expanded.extend([slice(None)] * fill if k is Ellipsis else [k])
     if Ellipsis not in keys:
         expanded.extend([slice(None)] * fill)
+    return expanded
+
+
+def select(key: object, shape: tuple[int, ...], stride: tuple[int, ...],
+            offset: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """Apply a basic numpy index (ints, slices, ``...``, ``None``) to a strided view."""
     new_shape: list[int] = []
     new_stride: list[int] = []
     dim = 0
-    for k in expanded:
+    for k in expand(key, len(shape)):
         if k is None:
             new_shape.append(1)
             new_stride.append(0)

@@ -47,3 +47,13 @@ def make_chunked(directory: Path) -> np.ndarray:
     meta.storage_data.update(storage)
     (directory / ".metadata").write_bytes(pickle.dumps(meta))
     return full.numpy()
+
+
+def trained() -> dict[str, Any]:
+    """A small model's state dict and its Adam state after one step (seeded)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optim": optimizer.state_dict()}

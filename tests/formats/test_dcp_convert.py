@@ -25,6 +25,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from test_dcp import _save_ranks  # noqa: E402  (the gloo harness of the reading tests)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
+from dcp_cases import trained  # noqa: E402
+
 
 def convert_dcp(src: Path | str, dst: Path, **options: Any) -> dict[str, Any]:
     """:func:`ptfile.export.dcp.convert_dcp` to the kind the CLI tells from the names."""
@@ -32,13 +34,8 @@ def convert_dcp(src: Path | str, dst: Path, **options: Any) -> dict[str, Any]:
 
 
 def _state() -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    optimizer = torch.optim.Adam(model.parameters())
-    model(torch.randn(5, 3)).sum().backward()
-    optimizer.step()
     return {
-        "model": model.state_dict(), "optim": optimizer.state_dict(),
+        **trained(),
         "dtypes": {name: torch.arange(-3, 9).reshape(3, 4).to(getattr(torch, name))
                    for name in ("float16", "float64", "bfloat16", "int8", "uint8", "int32",
                                 "bool", "uint16", "uint64", "float8_e4m3fn")},

@@ -24,19 +24,16 @@ torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
+from dcp_cases import trained  # noqa: E402
+
 _DTYPES = ("float16", "float32", "float64", "bfloat16", "int8", "uint8", "int16", "int32",
            "int64", "bool", "complex64", "complex128", "uint16", "uint32", "uint64",
            "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
 def _state() -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    optimizer = torch.optim.Adam(model.parameters())
-    model(torch.randn(5, 3)).sum().backward()
-    optimizer.step()
     return {
-        "model": model.state_dict(), "optim": optimizer.state_dict(),
+        **trained(),
         "dtypes": {name: torch.arange(-3, 9).reshape(3, 4).to(getattr(torch, name))
                    for name in _DTYPES},
         "transposed": torch.arange(15.0).reshape(3, 5).t(),

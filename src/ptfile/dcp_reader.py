@@ -53,7 +53,7 @@ from .formats.dcp_metadata import (
     TensorStorageMetadata,
 )
 from .limits import DEFAULT_LIMITS, Limits
-from .reader import TensorInfo
+from .reader import SliceNames, TensorInfo
 from .selection import expand
 from .tensor import Tensor
 
@@ -123,7 +123,7 @@ def _bounds(key: object, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int],
     return tuple(box), tuple(relative)
 
 
-class DCPSlice:
+class DCPSlice(SliceNames):
     """A DCP tensor not yet read: ``[...]`` reads only the chunks the selection meets."""
 
     def __init__(self, reader: DCPReader, name: str, item: TensorStorageMetadata) -> None:
@@ -139,22 +139,11 @@ class DCPSlice:
         """The tensor's dtype."""
         return self._item.dtype
 
-    def get_shape(self) -> list[int]:
-        """safetensors' name for :attr:`shape`."""
-        return list(self.shape)
-
-    def get_dtype(self) -> str:
-        """The dtype name (``float32``)."""
-        return self.dtype.name
-
     def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
         box, relative = _bounds(key, self.shape)
         region = self._reader._region(self.name, box)
         values: np.ndarray[Any, Any] = region_tensor(region, self._item).numpy()
         return np.asarray(values[relative])
-
-    def __repr__(self) -> str:
-        return f"<DCPSlice {self.name!r} {self.dtype!r} {list(self.shape)}>"
 
 
 class DCPReader(Mapping[str, Tensor]):

@@ -162,7 +162,35 @@ _make_info: Final = TensorInfo._make
 MAX_SLICE_RUNS: Final = 1024
 
 
-class TensorSlice:
+class SliceNames:
+    """What a slice read on demand shows besides ``[...]``: safetensors' names over its
+    ``shape`` and ``dtype`` (:class:`TensorSlice`, :class:`ptfile.DCPSlice`)."""
+
+    name: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> DType:
+        """The tensor's dtype."""
+        raise NotImplementedError
+
+    def get_shape(self) -> list[int]:
+        """safetensors' name for :attr:`shape`."""
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        """The dtype name (``float32``)."""
+        return self.dtype.name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.dtype!r} {list(self.shape)}>"
+
+
+class TensorSlice(SliceNames):
     """A tensor not yet read: ``[...]`` reads only the bytes the selection needs.
 
     Mirrors safetensors' slice object (``get_shape``, ``get_dtype``).
@@ -189,21 +217,10 @@ class TensorSlice:
         """The tensor's dtype."""
         return self._tensor.dtype
 
-    def get_shape(self) -> list[int]:
-        """safetensors' name for :attr:`shape`."""
-        return list(self.shape)
-
-    def get_dtype(self) -> str:
-        """The dtype name (``float32``)."""
-        return self.dtype.name
-
     def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
         t = self._tensor
         offset, shape, stride = select(key, t._shape, t._stride, t._offset)
         return self._reader._read_view(t, self.name, offset, shape, stride)
-
-    def __repr__(self) -> str:
-        return f"<TensorSlice {self.name!r} {self.dtype!r} {list(self.shape)}>"
 
 
 class CheckpointReader(Mapping[str, Tensor]):

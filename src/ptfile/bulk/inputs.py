@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import glob as globbing
 import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from .._io import is_url, url_scheme
 from .._remote import StorageOptions, filesystem
 from ..errors import RemoteError
+from ..formats.detection import DCP_METADATA_NAME
 
 __all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expands", "output_for",
            "outputs"]
@@ -22,11 +22,10 @@ __all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expa
 #: own outputs.
 CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
                                         ".pkl", ".pickle"})
-#: The files that mark a distributed checkpoint's folder: the one ``.metadata``, or each
-#: rank's own ``__<rank>.metadata`` (``use_collectives=False``).  A HuggingFace-writer
-#: folder holds only safetensors shards, like any model folder: it is walked, and a
-#: user names it to convert it.
-DCP_MARKER: Final = re.compile(r"\.metadata|__\d+\.metadata")
+#: The files that mark a distributed checkpoint's folder: its metadata pickles.  A
+#: HuggingFace-writer folder holds only safetensors shards, like any model folder: it is
+#: walked, and a user names it to convert it.
+DCP_MARKER: Final = DCP_METADATA_NAME
 #: Schemes whose URLs have no folders to probe (a probe would be a GET of the page).
 _FLAT_SCHEMES: Final = frozenset({"http", "https"})
 #: The output suffix per conversion kind.

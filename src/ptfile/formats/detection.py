@@ -30,7 +30,7 @@ from ..archive import ZipReader
 from ..archive.tar import is_tar
 from ..limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["HEAD_BYTES", "LEGACY_MAGIC_PICKLE", "Detected", "Format", "detect",
+__all__ = ["DCP_METADATA_NAME", "HEAD_BYTES", "LEGACY_MAGIC_PICKLE", "Detected", "Format", "detect",
            "detect_directory", "detect_source", "zip_kind"]
 
 
@@ -69,10 +69,12 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
 _ZIP_KINDS: Final = (("archive_format", Format.PT2), ("constants.pkl", Format.TORCHSCRIPT))
 
 
-#: The file names that make a directory a DCP checkpoint: the coordinator's ``.metadata``,
-#: a rank's own ``__<rank>.metadata`` (``use_collectives=False``), or the ``*.safetensors``
-#: of a HuggingFaceStorageWriter (which writes no metadata pickle).
-_DCP_NAMES: Final = re.compile(r"\.metadata|__\d+\.metadata|.+\.safetensors")
+#: A DCP metadata pickle's file name: the coordinator's ``.metadata``, or a rank's own
+#: ``__<rank>.metadata`` (``use_collectives=False``).
+DCP_METADATA_NAME: Final = re.compile(r"\.metadata|__\d+\.metadata")
+#: The file names that make a directory a DCP checkpoint: a metadata pickle, or the
+#: ``*.safetensors`` of a HuggingFaceStorageWriter (which writes no metadata pickle).
+_DCP_NAMES: Final = re.compile(f"{DCP_METADATA_NAME.pattern}|.+\\.safetensors")
 
 
 def detect_directory(names: Iterable[str]) -> Format:

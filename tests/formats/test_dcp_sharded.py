@@ -126,8 +126,11 @@ def test_tensor_parallel_shards_rows_and_columns(saved: Path) -> None:
     item = meta.state_dict_metadata["model.l2.weight"]
     assert sorted(c.offsets for c in item.chunks) == [(0, 0), (0, 3)]  # RowwiseParallel
     fsdp = ptfile.load_dcp(saved / "fsdp2")["model"]
-    np.testing.assert_array_equal(ptfile.load_dcp(saved / "tp")["model"]["l2.weight"].numpy(),
-                                  fsdp["l2.weight"].numpy())
+    # The same training, sharded otherwise: a shard put back in the wrong rows or columns
+    # changes whole values, while RowwiseParallel's all-reduce sums the partial products in
+    # another order (a last-bit difference, seen in CI), so equal up to float32 rounding.
+    np.testing.assert_allclose(ptfile.load_dcp(saved / "tp")["model"]["l2.weight"].numpy(),
+                               fsdp["l2.weight"].numpy(), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("case", ["hf_dist", "hf_cons"])

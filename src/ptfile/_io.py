@@ -332,6 +332,12 @@ PARALLEL_READ_MIN_BYTES: Final = 64 << 20
 _READ_CHUNK_BYTES: Final = 32 << 20
 #: Files at least this big are read into an anonymous map (:func:`read_file`).
 ANONYMOUS_MAP_BYTES: Final = 4 << 20
+#: mmap flags of that map where the platform has them: private, anonymous and populated
+#: (``MAP_POPULATE``, Linux: every page is made in the one ``mmap`` call, ~1.6 µs a page
+#: on the benchmark VM, instead of a fault on its first touch, ~3.5 µs a page).
+_ANONYMOUS_FLAGS: Final = (_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS
+                           | getattr(_mmap, "MAP_POPULATE", 0)) \
+    if hasattr(_mmap, "MAP_ANONYMOUS") else None
 _READ_THREADS: Final = min(4, max(2, os.cpu_count() or 1))
 #: Positioned reads into a buffer (not on Windows).
 _PREADV: Final = getattr(os, "preadv", None)
@@ -347,11 +353,15 @@ def read_file(path: str) -> memoryview:
     arrays, and where the kernel then compacts memory to find them, the first
     touch of each page stalls (2 GiB read into ``numpy.empty`` memory on the
     benchmark VM: 13 s, 5.3 s of CPU; into an anonymous map: 2.4 s, 1.0 s).
-    Big files are read in chunks by a few threads (:data:`PARALLEL_READ_MIN_BYTES`).
+    Where the platform can, the map's pages are all made when it is created
+    (``MAP_POPULATE``) rather than one fault at a time as the read first
+    touches them: on the benchmark VM a 29 MB file then reads in 19 ms instead
+    of 32 ms, 2 GiB in 1.0 s instead of 1.6-6.5 s.  Big files are read in
+    chunks by a few threads (:data:`PARALLEL_READ_MIN_BYTES`).
     """
     with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size
-        view = memoryview(_mmap.mmap(-1, size)) if size and size >= ANONYMOUS_MAP_BYTES else \
+        view = _anonymous_map(size) if size and size >= ANONYMOUS_MAP_BYTES else \
             np.empty(size, np.uint8).data.cast("B")
         if size >= PARALLEL_READ_MIN_BYTES and _read_in_chunks(fp.fileno(), view):
             done = fp.seek(size)
@@ -361,6 +371,13 @@ def read_file(path: str) -> memoryview:
         if extra or done < size:  # the file changed size while we read it
             return memoryview(bytes(view[:done]) + extra)
         return view
+
+
+def _anonymous_map(size: int) -> memoryview:
+    """``size`` bytes of fresh memory of their own (:func:`read_file`)."""
+    if _ANONYMOUS_FLAGS is None:  # Windows: no flags (its anonymous maps are committed later)
+        return memoryview(_mmap.mmap(-1, size))
+    return memoryview(_mmap.mmap(-1, size, flags=_ANONYMOUS_FLAGS))
 
 
 def _read_into(fp: IO[bytes], view: memoryview) -> int:

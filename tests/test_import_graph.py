@@ -47,6 +47,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.location": 2,  # location tags of storages
     "ptfile.policy": 2,  # which globals a pickle may name (find_class policies)
     "ptfile.structural": 2,  # any pickle as an inert tree of the model's objects
+    "ptfile.tree": 2,  # tensors of an object tree by state-dict name (flatten)
     # 3: the checkpoint formats: the one way in.
     "ptfile.formats": 3,
     "ptfile.formats.pt2_program": 3,  # a .pt2 program's signature (inspect)

@@ -25,7 +25,7 @@ from rangeserver import Behaviour, RangeServer
 
 import ptfile
 from oracle import assert_same
-from ptfile.reader import flatten
+from ptfile.tree import flatten
 
 torch.manual_seed(13)
 GOLDEN = Path(__file__).parent.parent / "golden"

@@ -16,9 +16,9 @@ from .._dcp_files import is_directory
 from .._io import is_path, is_url
 from .._remote import StorageOptions, open_any, open_target
 from ..errors import UnsupportedFeatureError
-from ..reader import flatten
 from ..reader import open as open_checkpoint
 from ..tensor import Tensor
+from ..tree import flatten
 from .dcp import convert_dcp
 from .npz import dump_npz
 from .safetensors import SharedPolicy, convert_sharded, dump, load_safetensors

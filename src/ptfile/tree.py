@@ -1,0 +1,74 @@
+"""Tensors of a loaded object tree by state-dict name: :func:`flatten`.
+
+A checkpoint holds a state dict (names to tensors) or any tree of dicts, lists
+and tuples around its tensors (a training checkpoint: ``{"model": {...},
+"optim": {...}}``).  Every tool that names tensors (``open``, ``convert``,
+``inspect``) names them as :func:`flatten` does: dict keys and list or tuple
+indices joined with ``.``, as ``state_dict()`` names a module's parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from .errors import FormatError
+from .tensor import Parameter, Tensor
+
+__all__ = ["flatten"]
+
+
+def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
+    """Tensors of an object tree by dotted state-dict name (``model.layers.0.weight``).
+
+    Dict keys and list/tuple indices are joined with ``.``; a bare tensor is
+    named ``""``.  A container reached twice is listed under its first path.
+
+    Raises
+    ------
+    FormatError
+        The tree is deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> import numpy as np, ptfile
+    >>> t = ptfile.Tensor(ptfile.Storage(memoryview(np.zeros(2, "f4")), ptfile.DTYPES["float32"]),
+    ...                   0, (2,), (1,))
+    >>> list(flatten({"a": {"b": t}, "c": [t]}))
+    ['a.b', 'c.0']
+    """
+    if isinstance(obj, dict) and _is_flat(obj):
+        return dict(obj)  # a state dict: the keys are the names
+    out: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    stack: list[tuple[str, object, int]] = [("", obj, 0)]
+    while stack:
+        name, node, depth = stack.pop()
+        if isinstance(node, Tensor):
+            out.setdefault(name, node)
+            continue
+        items = _children(node)
+        if items is None or id(node) in seen:
+            continue
+        if depth >= max_depth:
+            raise FormatError(f"object tree deeper than {max_depth} levels at {name!r:.80}")
+        seen.add(id(node))
+        prefix = f"{name}." if name else ""
+        stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))
+    return out
+
+
+_LEAVES: Final = frozenset({Tensor, Parameter})
+
+
+def _is_flat(obj: dict[Any, Any]) -> bool:
+    """Str keys and Tensor/Parameter values (a dict flatten returns as is)."""
+    return bool(obj) and _LEAVES.issuperset(map(type, obj.values())) \
+        and set(map(type, obj)) == {str}
+
+
+def _children(node: object) -> list[tuple[object, object]] | None:
+    if isinstance(node, dict):
+        return list(node.items())
+    if isinstance(node, (list, tuple)):
+        return list(enumerate(node))
+    return None

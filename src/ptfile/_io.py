@@ -26,6 +26,7 @@ import io
 import mmap as _mmap
 import os
 import re
+import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ __all__ = [
     "FileSource",
     "MmapSource",
     "Source",
+    "atomic_file",
     "open_source",
 ]
 
@@ -449,3 +451,32 @@ def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",
     if isinstance(fp, io.BytesIO):
         return BytesSource(bytearray(fp.getbuffer()[fp.tell():]))
     return BytesSource(bytearray(fp.read()))  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, fsync: bool) -> Iterator[IO[bytes]]:
+    """A temporary file beside ``path``, renamed over it only on success (after an fsync of
+    the file, and of its folder after the rename, when ``fsync``): a crash leaves the old
+    file or the new one, never a partial one.  Every local write of a whole file goes
+    through it (``save``, ``convert_dcp``)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fp:
+            yield fp
+            fp.flush()
+            if fsync:
+                os.fsync(fp.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if not fsync:
+        return
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Any, Final
 
 import numpy as np
 
 from . import config
 from ._dcp_files import DirectoryFiles, is_directory
-from ._io import FileLike, damage_as_format_error, is_path, is_url
+from ._io import FileLike, atomic_file, damage_as_format_error, is_path, is_url
 from ._remote import StorageOptions, local_path, open_any, open_target
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
@@ -187,33 +185,6 @@ def archive_prefix(f: object) -> str:
     return stem
 
 
-@contextlib.contextmanager
-def _atomic_target(path: str, fsync: bool) -> Iterator[IO[bytes]]:
-    """A temporary file beside ``path``, renamed over it only on success (after an fsync of
-    the file, and of its folder after the rename, when ``fsync``)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fp:
-            yield fp
-            fp.flush()
-            if fsync:
-                os.fsync(fp.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if not fsync:
-        return
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
 def save(
     obj: object,
     f: FileLike,
@@ -327,7 +298,7 @@ def save(
         return
     f = local_path(f)  # type: ignore[assignment]
     if is_path(f):
-        with _atomic_target(os.fspath(f), fsync) as fp:  # type: ignore[arg-type]
+        with atomic_file(os.fspath(f), fsync) as fp:  # type: ignore[arg-type]
             (_emit_sparse if skip_data else _emit_direct)(emit, fp)
         return
     emit(f.write)  # type: ignore[union-attr]

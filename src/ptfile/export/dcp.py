@@ -50,8 +50,8 @@ import numpy as np
 
 from .. import config
 from .._dcp_files import DirectoryFiles
-from .._io import FileSource
-from ..api import _atomic_target, archive_prefix, load
+from .._io import FileSource, atomic_file
+from ..api import archive_prefix, load
 from ..archive import ZipReader
 from ..dcp import (
     blob_entry,
@@ -293,7 +293,7 @@ def _write_pt(reader: _Reader, dst: str) -> int:
     def fill(storage: Storage) -> Iterator[memoryview]:
         yield reader.tensor(fqn_of[id(storage)]).reshape(-1).view(np.uint8).data
 
-    with _atomic_target(dst, fsync=False) as fp:
+    with atomic_file(dst, fsync=False) as fp:
         write_zip(root, fp.write, archive_prefix(dst), config.current(),
                   byteorder=sys.byteorder, fill=fill)
     return len(fqn_of)
@@ -324,7 +324,7 @@ def _safetensors_header(meta: Metadata, fqns: list[str]) -> tuple[bytes, list[st
 
 def _write_safetensors(reader: _Reader, dst: str, fqns: list[str]) -> int:
     head, order = _safetensors_header(reader.meta, fqns)
-    with _atomic_target(dst, fsync=False) as fp:
+    with atomic_file(dst, fsync=False) as fp:
         fp.write(head)
         for fqn in order:
             _write_all(fp, reader.tensor(fqn))
@@ -381,7 +381,7 @@ def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, in
                 (meta.state_dict_metadata[f] for f in fqns)
                 if isinstance(item, TensorStorageMetadata))
     index = os.path.join(out, "model.safetensors.index.json")
-    with _atomic_target(index, fsync=False) as fp:
+    with atomic_file(index, fsync=False) as fp:
         fp.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                             indent=2).encode())
     return index, len(fqns), len(shards)

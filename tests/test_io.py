@@ -101,7 +101,8 @@ def test_read_file_reads_big_files_into_an_anonymous_map(tmp_path: Path) -> None
 @pytest.mark.skipif(not hasattr(mmap, "MAP_POPULATE"), reason="MAP_POPULATE is Linux's")
 def test_read_file_makes_the_pages_of_its_map_up_front(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """One populated map (issue 15: half the cost of faulting each page in on first touch)."""
+    """One populated map below the threads' size (issue 15: half the cost of faulting each
+    page in on first touch; for big files the threads' parallel faults win)."""
     path = tmp_path / "big.bin"
     path.write_bytes(bytes(range(256)) * (_io.ANONYMOUS_MAP_BYTES // 256 + 1))
     made: list[int] = []
@@ -114,3 +115,7 @@ def test_read_file_makes_the_pages_of_its_map_up_front(tmp_path: Path,
     monkeypatch.setattr(_io._mmap, "mmap", spy)
     assert bytes(_io.read_file(str(path))) == path.read_bytes()
     assert len(made) == 1 and made[0] & mmap.MAP_POPULATE and made[0] & mmap.MAP_PRIVATE
+    made.clear()
+    monkeypatch.setattr(_io, "PARALLEL_READ_MIN_BYTES", _io.ANONYMOUS_MAP_BYTES)
+    assert bytes(_io.read_file(str(path))) == path.read_bytes()  # read by the threads
+    assert len(made) == 1 and not made[0] & mmap.MAP_POPULATE

@@ -334,10 +334,11 @@ PARALLEL_READ_MIN_BYTES: Final = 64 << 20
 _READ_CHUNK_BYTES: Final = 32 << 20
 #: Files at least this big are read into an anonymous map (:func:`read_file`).
 ANONYMOUS_MAP_BYTES: Final = 4 << 20
-#: mmap flags of that map where the platform has them: private, anonymous and populated
-#: (``MAP_POPULATE``, Linux: every page is made in the one ``mmap`` call, ~1.6 µs a page
-#: on the benchmark VM, instead of a fault on its first touch, ~3.5 µs a page).
-_ANONYMOUS_FLAGS: Final = (_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS
+#: mmap flags of that map, for a file read by one thread, where the platform has them:
+#: private, anonymous and populated (``MAP_POPULATE``, Linux: every page is made in the
+#: one ``mmap`` call, ~1.6 µs a page on the benchmark VM, instead of a fault on its first
+#: touch, ~3.5 µs a page).
+_POPULATED_FLAGS: Final = (_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS
                            | getattr(_mmap, "MAP_POPULATE", 0)) \
     if hasattr(_mmap, "MAP_ANONYMOUS") else None
 _READ_THREADS: Final = min(4, max(2, os.cpu_count() or 1))
@@ -355,11 +356,13 @@ def read_file(path: str) -> memoryview:
     arrays, and where the kernel then compacts memory to find them, the first
     touch of each page stalls (2 GiB read into ``numpy.empty`` memory on the
     benchmark VM: 13 s, 5.3 s of CPU; into an anonymous map: 2.4 s, 1.0 s).
-    Where the platform can, the map's pages are all made when it is created
-    (``MAP_POPULATE``) rather than one fault at a time as the read first
-    touches them: on the benchmark VM a 29 MB file then reads in 19 ms instead
-    of 32 ms, 2 GiB in 1.0 s instead of 1.6-6.5 s.  Big files are read in
-    chunks by a few threads (:data:`PARALLEL_READ_MIN_BYTES`).
+    Big files are read in chunks by a few threads (:data:`PARALLEL_READ_MIN_BYTES`),
+    whose page faults then run on every core.  Below that, where the platform
+    can, the map's pages are all made when it is created (``MAP_POPULATE``)
+    rather than one fault at a time as the read first touches them: on the
+    benchmark VM a 29 MB file then reads in 19 ms instead of 32 ms.  (Populating
+    a 2 GiB map so, in the one thread that calls ``mmap``, took 1.2-6.9 s there,
+    against 1.2-1.6 s for the threads' faults.)
     """
     with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size
@@ -376,10 +379,11 @@ def read_file(path: str) -> memoryview:
 
 
 def _anonymous_map(size: int) -> memoryview:
-    """``size`` bytes of fresh memory of their own (:func:`read_file`)."""
-    if _ANONYMOUS_FLAGS is None:  # Windows: no flags (its anonymous maps are committed later)
-        return memoryview(_mmap.mmap(-1, size))
-    return memoryview(_mmap.mmap(-1, size, flags=_ANONYMOUS_FLAGS))
+    """``size`` bytes of fresh memory of their own (:func:`read_file`), populated when one
+    thread will fill them."""
+    if _POPULATED_FLAGS is None or size >= PARALLEL_READ_MIN_BYTES:
+        return memoryview(_mmap.mmap(-1, size))  # (Windows has no flags)
+    return memoryview(_mmap.mmap(-1, size, flags=_POPULATED_FLAGS))
 
 
 def _read_into(fp: IO[bytes], view: memoryview) -> int:
@@ -457,8 +461,7 @@ def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",
 def atomic_file(path: str, fsync: bool) -> Iterator[IO[bytes]]:
     """A temporary file beside ``path``, renamed over it only on success (after an fsync of
     the file, and of its folder after the rename, when ``fsync``): a crash leaves the old
-    file or the new one, never a partial one.  Every local write of a whole file goes
-    through it (``save``, ``convert_dcp``)."""
+    file or the new one, never a partial one (``save`` and ``convert_dcp`` write so)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:

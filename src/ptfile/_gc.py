@@ -20,13 +20,16 @@ resets the allocation count).  They are still collected, by full collections.
 The move takes the objects of other threads too (they are then collected by a
 full collection, not a young one), and it is skipped while anything is frozen
 (``gc.get_freeze_count()``): unfreezing would thaw objects someone froze on
-purpose (a pre-fork server keeping pages shared).
+purpose (a pre-fork server keeping pages shared).  It is skipped on free-threaded
+builds too, whose collector has no generations to move between (freezing there
+marks every object, one by one).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import sysconfig
 from collections.abc import Iterator
 from typing import Final
 
@@ -35,6 +38,7 @@ __all__ = ["PROMOTE_MIN_OBJECTS", "paused_gc"]
 #: Container objects a paused block must leave behind (allocations less deallocations,
 #: as the collector counts them) for them to go straight to the oldest generation.
 PROMOTE_MIN_OBJECTS: Final = 20_000
+_GENERATIONAL: Final = not sysconfig.get_config_var("Py_GIL_DISABLED")
 
 
 @contextlib.contextmanager
@@ -56,7 +60,8 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
-            if gc.get_count()[0] - before >= PROMOTE_MIN_OBJECTS and not gc.get_freeze_count():
+            if _GENERATIONAL and gc.get_count()[0] - before >= PROMOTE_MIN_OBJECTS \
+                    and not gc.get_freeze_count():
                 gc.freeze()
                 gc.unfreeze()
             gc.enable()

@@ -366,9 +366,10 @@ def read_file(path: str) -> memoryview:
     """
     with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size
-        view = _anonymous_map(size) if size and size >= ANONYMOUS_MAP_BYTES else \
-            np.empty(size, np.uint8).data.cast("B")
-        if size >= PARALLEL_READ_MIN_BYTES and _read_in_chunks(fp.fileno(), view):
+        threads = size >= PARALLEL_READ_MIN_BYTES
+        view = _anonymous_map(size, populate=not threads) if size and size >= ANONYMOUS_MAP_BYTES \
+            else np.empty(size, np.uint8).data.cast("B")
+        if threads and _read_in_chunks(fp.fileno(), view):
             done = fp.seek(size)
         else:
             done = _read_into(fp, view)
@@ -378,10 +379,10 @@ def read_file(path: str) -> memoryview:
         return view
 
 
-def _anonymous_map(size: int) -> memoryview:
-    """``size`` bytes of fresh memory of their own (:func:`read_file`), populated when one
-    thread will fill them."""
-    if _POPULATED_FLAGS is None or size >= PARALLEL_READ_MIN_BYTES:
+def _anonymous_map(size: int, populate: bool) -> memoryview:
+    """``size`` bytes of fresh memory of their own (:func:`read_file`), their pages made
+    up front when ``populate`` and the platform can."""
+    if not populate or _POPULATED_FLAGS is None:
         return memoryview(_mmap.mmap(-1, size))  # (Windows has no flags)
     return memoryview(_mmap.mmap(-1, size, flags=_POPULATED_FLAGS))
 

@@ -237,3 +237,32 @@ def test_process_pool_outlives_a_worker_that_dies() -> None:
     by_url = {r["url"]: r for r in records}
     assert by_url["die"]["verdict"] == "error" and by_url["die"]["exit_code"] == 2
     assert all(by_url[u]["ok"] for u in urls if u != "die")
+
+
+def test_pool_that_breaks_before_a_submit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool can break after the last future was read and before the next submit (the
+    race CI hit: ``submit`` raised BrokenProcessPool out of the run).  The jobs then in
+    flight, and the one being submitted, are run again on a fresh pool."""
+    import concurrent.futures as cf
+    import concurrent.futures.process as cfp
+
+    from ptfile.bulk import execution
+
+    pools: list[cf.ThreadPoolExecutor] = []
+
+    class BreaksOnce(cf.ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+            if args[1] == "g1" and len(pools) == 1:
+                raise cfp.BrokenProcessPool("a child process terminated abruptly")
+            return super().submit(fn, *args, **kwargs)
+
+    def executor(kind: str, workers: int | None) -> cf.Executor:
+        pools.append(BreaksOnce(workers))
+        return pools[-1]
+
+    monkeypatch.setattr(execution, "_executor", executor)
+    urls = [f"f{i}" for i in range(10)] + [f"g{i}" for i in range(10)]
+    records = list(execution._on_pool([("scan", u, None, None) for u in urls], "process", 2,
+                                      work=die_on))  # type: ignore[arg-type]
+    assert sorted(r["url"] for r in records) == sorted(urls)
+    assert all(r["ok"] for r in records) and len(pools) == 2

@@ -92,13 +92,13 @@ def _pool_round(pending: Iterator[Job], suspects: list[Job], kind: str, workers:
     jobs to run again when the pool broke (a list), or None when every job has its record."""
     with _executor(kind, workers) as pool:
         for i, job in enumerate(suspects):
-            alone = pool.submit(work, *job)
+            alone = _submit(pool, work, job)
             cf.wait([alone])
             yield _result_of(alone, job)
             if isinstance(alone.exception(), cf.BrokenExecutor):
                 return suspects[i + 1:]
         window = WINDOW_PER_WORKER * (getattr(pool, "_max_workers", None) or 1)
-        running = {pool.submit(work, *job): job for job in _take(pending, window)}
+        running = {_submit(pool, work, job): job for job in _take(pending, window)}
         while running:
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             if any(isinstance(f.exception(), cf.BrokenExecutor) for f in done):
@@ -112,8 +112,20 @@ def _pool_round(pending: Iterator[Job], suspects: list[Job], kind: str, workers:
                 return again
             for future in done:
                 yield _result_of(future, running.pop(future))
-            running.update({pool.submit(work, *job): job for job in _take(pending, len(done))})
+            running.update({_submit(pool, work, job): job for job in _take(pending, len(done))})
     return None
+
+
+def _submit(pool: cf.Executor, work: Callable[..., Record], job: Job) -> cf.Future[Record]:
+    """The job's future.  A pool can break between one future's end and the next submit
+    (a worker dies while its neighbour's result is read): ``submit`` then raises at once, and
+    the job gets a future failed with that error, to be run again like the others in flight."""
+    try:
+        return pool.submit(work, *job)
+    except cf.BrokenExecutor as exc:
+        future: cf.Future[Record] = cf.Future()
+        future.set_exception(exc)
+        return future
 
 
 def _take(jobs: Iterator[Job], n: int) -> list[Job]:

@@ -328,9 +328,12 @@ def is_path(f: object) -> bool:
 
 
 #: Files at least this big are read by several threads at once, in chunks: the page
-#: faults of the fresh buffer and the copies then run on every core (a 2 GiB file
-#: on 2 cores: ~0.55 s, against 1-3 s for one ``readinto`` on the same machine).
-PARALLEL_READ_MIN_BYTES: Final = 64 << 20
+#: faults of the fresh buffer and the copies then run on every core (a 2 GiB file on
+#: the 2-core benchmark VM: 1.2-2.4 s, against 2.3-3.4 s for one populated read).
+#: Smaller files are read by one thread into a populated map, which is faster there
+#: and takes half the CPU (200 MB: 0.09-0.11 s and 0.1 s of CPU, against 0.11-0.14 s
+#: and 0.2 s for the threads, whose faults contend for the same address space).
+PARALLEL_READ_MIN_BYTES: Final = 256 << 20
 _READ_CHUNK_BYTES: Final = 32 << 20
 #: Files at least this big are read into an anonymous map (:func:`read_file`).
 ANONYMOUS_MAP_BYTES: Final = 4 << 20
@@ -360,9 +363,10 @@ def read_file(path: str) -> memoryview:
     whose page faults then run on every core.  Below that, where the platform
     can, the map's pages are all made when it is created (``MAP_POPULATE``)
     rather than one fault at a time as the read first touches them: on the
-    benchmark VM a 29 MB file then reads in 19 ms instead of 32 ms.  (Populating
-    a 2 GiB map so, in the one thread that calls ``mmap``, took 1.2-6.9 s there,
-    against 1.2-1.6 s for the threads' faults.)
+    benchmark VM a 29 MB file then reads in 19 ms instead of 32 ms, a 200 MB
+    file in 0.09-0.11 s instead of the threads' 0.11-0.14 s.  (Populating a
+    2 GiB map so, in the one thread that calls ``mmap``, took 2.3-3.4 s there,
+    against 1.2-2.4 s for the threads' faults.)
     """
     with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size

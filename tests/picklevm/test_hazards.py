@@ -2,7 +2,33 @@
 
 from __future__ import annotations
 
-from ptfile.picklevm.hazards import DEEP_TUPLE_LEVELS, deepest_tuple, tuple_height
+import pickle
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ptfile.picklevm.hazards import (
+    DEEP_TUPLE_LEVELS,
+    STACK_BYTES_PER_LEVEL,
+    deepest_tuple,
+    stack_bytes_for,
+    tuple_height,
+)
+
+#: The opcodes that build a tuple: TUPLE1, TUPLE2, TUPLE3, TUPLE.
+_TUPLE_CODES = (pickle.TUPLE1, pickle.TUPLE2, pickle.TUPLE3, pickle.TUPLE)
+
+
+@given(st.binary(max_size=2000))
+def test_stack_bytes_count_every_tuple_opcode_byte(stream: bytes) -> None:
+    """The stack bound counts every byte that could be a tuple opcode, wherever it lies."""
+    levels = sum(stream.count(code) for code in _TUPLE_CODES)
+    assert stack_bytes_for(stream) == levels * STACK_BYTES_PER_LEVEL
+
+
+def test_stack_bytes_of_a_real_pickle() -> None:
+    stream = pickle.dumps([(1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), ((),)], protocol=2)
+    assert stack_bytes_for(stream) == 5 * STACK_BYTES_PER_LEVEL
 
 
 def _chain(n: int) -> tuple[object, ...]:

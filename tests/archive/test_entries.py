@@ -26,6 +26,7 @@ from ptfile.archive import ZipReader
 from ptfile.archive._bulk import bulk_data_offsets, gathered_data_offsets, sparse
 from ptfile.archive._entries import (
     COLUMNS,
+    SMALL_ENTRIES,
     Entries,
     check_overlaps,
     parse_entries,
@@ -448,6 +449,21 @@ def test_entries_sparse_archives_are_told_from_dense_ones() -> None:
     assert sparse(spaced, 70 * 70_000)
     assert not sparse(spaced // 1000, 70 * 70)  # all in one window
     assert not sparse(spaced[:0], 0)
+
+
+@given(st.lists(st.integers(0, 1 << 40), max_size=300), st.integers(0, 1 << 41))
+def test_entries_sparse_decides_the_same_on_lists(offsets: list[int], size: int) -> None:
+    """A small directory's column (a list: no numpy call) gets the array's answer."""
+    assert sparse(offsets, size) == sparse(np.array(offsets, np.int64), size)
+
+
+def test_entries_column_held_keeps_the_parse_form() -> None:
+    small = ZipReader(BytesSource(sparse_archive(8, 10))).entries
+    assert isinstance(small.column_held("size"), list)
+    assert small.column_held("size") == small.column("size").tolist()
+    many = write_archive([(f"data/{i}", b"x") for i in range(SMALL_ENTRIES + 1)])
+    big = ZipReader(BytesSource(many)).entries
+    assert isinstance(big.column_held("size"), np.ndarray)
 
 
 def test_entries_mapped_sparse_archive_reads_its_headers(tmp_path: Path) -> None:

@@ -81,17 +81,24 @@ def _names_match(buffer: bytes | memoryview, local: np.ndarray, central: np.ndar
     return match
 
 
-def sparse(header_offsets: np.ndarray, size: int) -> bool:
+def sparse(header_offsets: np.ndarray | Sequence[int], size: int) -> bool:
     """Do so many headers lie in a window of their own that reading them beats mapping them?
 
     Counts the changes of 64 KiB window in directory order (the distinct
-    windows when the headers are in file order, as writers put them).
+    windows when the headers are in file order, as writers put them).  A list
+    (a small directory's column) is counted without numpy: a process's first
+    numpy calls here cost ~0.15 ms, a tenth of a mapped load of 100 tensors.
     """
     n = len(header_offsets)
     if n == 0 or ((size >> FAULT_WINDOW_BITS) + 1) * HEADERS_PER_FAULT <= n:
         return False  # not enough windows in the whole file
-    windows = header_offsets >> FAULT_WINDOW_BITS
-    return int(np.count_nonzero(windows[1:] != windows[:-1])) * HEADERS_PER_FAULT >= n
+    if isinstance(header_offsets, np.ndarray):
+        windows = header_offsets >> FAULT_WINDOW_BITS
+        changes = int(np.count_nonzero(windows[1:] != windows[:-1]))
+    else:
+        shifted = [offset >> FAULT_WINDOW_BITS for offset in header_offsets]
+        changes = sum(map(int.__ne__, shifted[1:], shifted[:-1]))
+    return changes * HEADERS_PER_FAULT >= n
 
 
 def bulk_data_offsets(buffer: memoryview, header_offsets: np.ndarray, name_at: np.ndarray,

@@ -175,6 +175,11 @@ class Entries:
         found: list[int] = self.values[:, at].tolist()
         return found
 
+    def column_held(self, name: str) -> np.ndarray | list[int]:
+        """One of the :data:`COLUMNS` in the form the parse made: a list for a small
+        directory (no numpy call), else the read-only array."""
+        return self.column_list(name) if self._rows is not None else self.column(name)
+
     def starting_with(self, prefix: str) -> np.ndarray:
         """Per row: does the name start with ``prefix``?  (Compared as UTF-8 bytes.)"""
         raw = prefix.encode("utf-8")

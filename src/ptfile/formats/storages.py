@@ -301,7 +301,7 @@ def _dense(reader: ZipReader, size: int) -> bool:
     0.25 s.)  A few hundred large tensors are located lazily: their headers lie on
     pages far apart, which the load then never touches."""
     return len(reader) >= BULK_MIN_RECORDS and not sparse(
-        reader.entries.column("header_offset"), size)
+        reader.entries.column_held("header_offset"), size)
 
 
 def _data_offsets(reader: ZipReader, prefix: str, slow: StorageLoader,

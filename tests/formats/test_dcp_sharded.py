@@ -81,6 +81,10 @@ def work(rank, world, out, store):
         writer = HuggingFaceStorageWriter(os.path.join(out, name), save_distributed=True, **more)
         dcp.save(sd, storage_writer=writer)
     dist.destroy_process_group()
+    # Every file is written and closed; skip the C++ teardown, which in torch 2.13 aborts a
+    # rank about one exit in two on the 2-core machine ("terminate called without an
+    # active exception", SIGABRT) and fails the spawn after the checkpoints are complete.
+    os._exit(0)
 
 if __name__ == "__main__":
     mp.spawn(work, args=(2, sys.argv[1], sys.argv[1] + ".store"), nprocs=2)
@@ -93,8 +97,10 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out.mkdir()
     script = out.parent / "ranks.py"
     script.write_text(_RANKS)
-    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True,
-                   timeout=300)
+    done = subprocess.run([sys.executable, str(script), str(out)], check=False,
+                          capture_output=True,
+                          timeout=300, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 

@@ -98,8 +98,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = out.parent / "ranks.py"
     script.write_text(_RANKS)
     done = subprocess.run([sys.executable, str(script), str(out)], check=False,
-                          capture_output=True,
-                          timeout=300, text=True)
+                          capture_output=True, timeout=300, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 

@@ -101,5 +101,5 @@ def die_on(command: str, url: str, options: object, out: object) -> dict[str, ob
     """A stand-in for ``run_one`` for the pool tests: the worker process dies on "die"."""
     if url == "die":
         os._exit(3)
-    return {"url": url, "command": command, "ok": True, "verdict": "clean", "exit_code": 0,
+    return {"path": url, "command": command, "ok": True, "verdict": "clean", "exit_code": 0,
             "pid": os.getpid()}

@@ -44,7 +44,7 @@ from .errors import (
 )
 from .formats import Format
 from .formats.torchscript import ScriptObject, TorchScriptArchive
-from .inspection import Inspection, inspect
+from .inspection import DiffReport, Inspection, VerifyReport, diff, inspect, verify
 from .limits import DEFAULT_LIMITS, Limits
 from .location import register_package
 from .opening import open
@@ -72,6 +72,7 @@ __all__ = [
     "DCPSlice",
     "DType",
     "Device",
+    "DiffReport",
     "Finding",
     "Format",
     "FormatError",
@@ -102,10 +103,12 @@ __all__ = [
     "UnsafeGlobalError",
     "UnsupportedFeatureError",
     "Verdict",
+    "VerifyReport",
     "__version__",
     "add_safe_globals",
     "clear_safe_globals",
     "detect_format",
+    "diff",
     "get_crc32_options",
     "get_default_load_endianness",
     "get_default_mmap_options",
@@ -127,6 +130,7 @@ __all__ = [
     "settings",
     "skip_data",
     "state_dict",
+    "verify",
 ]
 
 for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict",

@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
                    help="threads (URLs) or processes (local files) at once; on --dask, "
                         "worker processes")
     g.add_argument("--dask", action="store_true",
-                   help="run on a Dask LocalCluster on this machine (pip install 'ptfile[dask]')")
+                   help="run on a Dask LocalCluster on this machine (needs ptfile's dask extra: pip install 'dask[distributed]')")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="run on the Dask cluster at ADDRESS (tcp://host:port)")
     g.add_argument("--retries", type=int, default=bulk.RETRIES, metavar="N",
@@ -127,8 +127,10 @@ def _records(args: argparse.Namespace, urls: list[str], client: Any) -> Iterator
         return bulk.inspect(urls, structural=args.structural, **common)
     if args.command == "verify":
         return bulk.verify(urls, **common)
-    return bulk.convert(urls, args.out_prefix, args.to or "safetensors", shared=args.shared,
-                        structural=args.structural, **common)
+    # The inputs as given, not their expansion: each file's output keeps its path relative
+    # to the folder or glob that named it (teamN/runNN/model.pt under --out-prefix).
+    return bulk.convert(_inputs(args), args.out_prefix, args.to or "safetensors", shared=args.shared,
+                        structural=args.structural, npz_upcast=args.npz_upcast, **common)
 
 
 def _write(doc: bulk.Record, out: TextIO) -> None:

@@ -29,7 +29,10 @@ def progress_bar(total: int, desc: str, enabled: bool = True,
     if enabled and (force or sys.stderr.isatty()):
         with contextlib.suppress(ImportError):
             tqdm = importlib.import_module("tqdm").tqdm
-            bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
+            # Bytes scale (1.2 MB); counts of files or tensors stay whole (7/50, not
+            # 7.00/50.0).  A total of 0 is unknown: the bar counts up.
+            bar = tqdm(total=total or None, desc=desc, unit=unit, unit_scale=unit == "B",
+                       unit_divisor=1024 if unit == "B" else 1000, leave=False,
                        file=sys.stderr)
     try:
         yield (bar.update if bar is not None else (lambda _n: None))

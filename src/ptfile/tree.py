@@ -1,10 +1,14 @@
-"""Tensors of a loaded object tree by state-dict name: :func:`flatten`.
+"""Tensors of a loaded object tree by state-dict name (:func:`flatten`), and the other
+values beside them (:func:`values`).
 
 A checkpoint holds a state dict (names to tensors) or any tree of dicts, lists
 and tuples around its tensors (a training checkpoint: ``{"model": {...},
 "optim": {...}}``).  Every tool that names tensors (``open``, ``convert``,
 ``inspect``) names them as :func:`flatten` does: dict keys and list or tuple
 indices joined with ``.``, as ``state_dict()`` names a module's parameters.
+What is neither a tensor nor a dict, list or tuple (``step``, ``lr``, a string,
+None) is a value, named the same way by :func:`values`: what ``diff`` compares
+and ``convert`` reports beside the tensors.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any, Final
 from .errors import FormatError
 from .tensor import Parameter, Tensor
 
-__all__ = ["flatten"]
+__all__ = ["flatten", "values"]
 
 
 def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
@@ -48,6 +52,45 @@ def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
             continue
         items = _children(node)
         if items is None or id(node) in seen:
+            continue
+        if depth >= max_depth:
+            raise FormatError(f"object tree deeper than {max_depth} levels at {name!r:.80}")
+        seen.add(id(node))
+        prefix = f"{name}." if name else ""
+        stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))
+    return out
+
+
+def values(obj: object, *, max_depth: int = 1000) -> dict[str, object]:
+    """The leaves of an object tree that are not tensors, by the dotted names of
+    :func:`flatten` (a training checkpoint's ``epoch``, ``optim.param_groups.0.lr``).
+
+    An empty dict, list or tuple is a value of its own (it holds no leaf to name).
+
+    Raises
+    ------
+    FormatError
+        The tree is deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> values({"model": {}, "epoch": 3, "optim": {"groups": [{"lr": 0.1, "nesterov": None}]}})
+    {'model': {}, 'epoch': 3, 'optim.groups.0.lr': 0.1, 'optim.groups.0.nesterov': None}
+    """
+    if isinstance(obj, dict) and _is_flat(obj):
+        return {}
+    out: dict[str, object] = {}
+    seen: set[int] = set()
+    stack: list[tuple[str, object, int]] = [("", obj, 0)]
+    while stack:
+        name, node, depth = stack.pop()
+        if isinstance(node, Tensor):
+            continue
+        items = _children(node)
+        if items is None or not items:
+            out.setdefault(name, node)
+            continue
+        if id(node) in seen:
             continue
         if depth >= max_depth:
             raise FormatError(f"object tree deeper than {max_depth} levels at {name!r:.80}")

@@ -66,13 +66,13 @@ def sequential(s3: dict[str, Any]) -> list[dict[str, Any]]:
 def test_bulk_s3_sequential_verdicts_and_bytes(s3: dict[str, Any],
                                                 sequential: list[dict[str, Any]]) -> None:
     assert len(sequential) == N_FILES
-    assert all(r["url"].startswith("s3://zoo/models/d0") for r in sequential)
-    verdicts = {kind_of(r["url"]): r["verdict"] for r in sequential}
+    assert all(r["path"].startswith("s3://zoo/models/d0") for r in sequential)
+    verdicts = {kind_of(r["path"]): r["verdict"] for r in sequential}
     assert verdicts["dangerous-zip"] == verdicts["dangerous-pickle"] == "dangerous"
     assert verdicts["clean"] == verdicts["torch"] == verdicts["legacy"] == "allowed"
     assert all(r["bytes_fetched"] > 0 and r["requests"] >= 1 for r in sequential)
     assert bulk.expand("s3://zoo/models/**/*-damaged.bin", s3["options"]) == \
-        [r["url"] for r in sequential if kind_of(r["url"]) == "damaged"]
+        [r["path"] for r in sequential if kind_of(r["path"]) == "damaged"]
 
 
 def test_bulk_s3_threads_and_dask_equal_the_sequential_run(
@@ -98,7 +98,7 @@ def test_bulk_dask_worker_killed_mid_run_loses_no_result(
                 client.run(os._exit, 1, workers=[killed])
     assert killed is not None and killed not in client.scheduler_info()["workers"]
     assert comparable(got) == sequential
-    assert len({r["url"] for r in got}) == N_FILES
+    assert len({r["path"] for r in got}) == N_FILES
 
 
 def test_bulk_dask_convert_to_an_s3_prefix_resumes(s3: dict[str, Any], client: Any) -> None:

@@ -24,7 +24,7 @@ Inputs
 Results
 -------
 Each function yields one **record** per file, as it finishes (unordered;
-:func:`ordered` sorts them): a JSON-able dict with ``url``, ``command``,
+:func:`ordered` sorts them): a JSON-able dict with ``path`` (the file or URL), ``command``,
 ``verdict``, ``ok``, ``exit_code``, ``error`` (``{"type", "message"}`` or None),
 ``seconds``, ``attempts``, ``bytes_fetched`` and ``requests`` (range reads of
 URLs; None for local files) and ``result`` (the command's own report).  One bad
@@ -81,7 +81,9 @@ for ``s3://b/zoo/bert/model.bin``.  Outputs appear whole or not at all: a local 
 written in a temporary folder beside it and renamed into place; a URL output is
 uploaded once written (object stores show an object only once complete).  So an
 existing output is a complete one, and a rerun skips it (``skipped``): bulk
-conversion resumes where it stopped.
+conversion resumes where it stopped.  A ``converted`` record's ``result`` has the
+conversion's ``kind``, ``tensors``, ``aliases``, ``dropped`` and ``changed``
+(:mod:`ptfile.export.convert`).
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Poo
     >>> ptfile.save({"w": np.ones(2, "float32")}, os.path.join(root, "a.pt"))
     >>> with open(os.path.join(root, "b.pt"), "wb") as fp:
     ...     _ = fp.write(b"\\x80\\x02cposix\\nsystem\\nX\\x02\\x00\\x00\\x00hi\\x85R.")
-    >>> [(os.path.basename(r["url"]), r["verdict"], r["exit_code"])
+    >>> [(os.path.basename(r["path"]), r["verdict"], r["exit_code"])
     ...  for r in ptfile.bulk.ordered(ptfile.bulk.scan(root, pool="serial"))]
     [('a.pt', 'allowed', 0), ('b.pt', 'dangerous', 1)]
     """
@@ -236,7 +238,7 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
             client: Any = None, workers: int | None = None, pool: Pool = "auto",
             storage_options: StorageOptions = None, limits: Limits | None = None,
             retries: int = RETRIES, shared: str = "dedupe",
-            structural: bool = False) -> Iterator[Record]:
+            structural: bool = False, npz_upcast: bool = False) -> Iterator[Record]:
     """Convert every file to ``fmt`` (``safetensors``, ``npz`` or ``pt``), beside it or
     under ``out_prefix`` (:func:`output_for`; inputs under ``out_prefix`` are left out:
     they are earlier outputs); an existing output is ``skipped``.
@@ -255,7 +257,7 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
         raise UnsupportedFeatureError(f"cannot convert to {fmt!r}: use one of "
                                       f"{', '.join(OUTPUT_SUFFIXES)}")
     options = Options(storage_options, limits, retries, structural=structural, fmt=fmt,
-                       shared=shared)
+                       shared=shared, extra={"npz_upcast": npz_upcast})
     items = as_items(urls)
     return run("convert", items, options, client=client, workers=workers, pool=pool,
                 targets=lambda found: outputs(found, items, out_prefix, fmt))
@@ -277,7 +279,7 @@ def worst(codes: Iterable[int]) -> int:
 
 def ordered(records: Iterable[Record]) -> list[Record]:
     """The records in the inputs' order (sorted by URL), for a stable report."""
-    return sorted(records, key=lambda r: str(r["url"]))
+    return sorted(records, key=lambda r: str(r["path"]))
 
 
 def summarize(records: Sequence[Record], seconds: float | None = None) -> Record:

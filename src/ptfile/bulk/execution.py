@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
 from .._io import is_url
-from ..errors import UnsupportedFeatureError
+from ..errors import PtfileError, UnsupportedFeatureError
 from .inputs import expand
 from .tasks import EXIT_ERROR, Options, Record, error_of, run_one
 
@@ -143,7 +143,7 @@ def _result_of(future: cf.Future[Record], job: Job) -> Record:
 
 def failed(job: Job, exc: BaseException) -> Record:
     command, url = job[0], job[1]
-    return {"url": url, "command": command, "verdict": "error", "exit_code": EXIT_ERROR,
+    return {"path": url, "command": command, "verdict": "error", "exit_code": EXIT_ERROR,
             "error": error_of(exc), "result": None, "ok": False, "attempts": 1, "seconds": 0.0,
             "bytes_fetched": None, "requests": None}
 
@@ -154,7 +154,7 @@ def require_dask() -> Any:
         import distributed  # type: ignore[import-untyped,unused-ignore]  # the dask extra
     except ImportError:
         raise UnsupportedFeatureError("running on Dask needs dask[distributed]: "
-                                      "pip install 'ptfile[dask]'") from None
+                                      "pip install 'dask[distributed]' (ptfile's dask extra)") from None
     return distributed
 
 
@@ -217,6 +217,31 @@ def _dask_result(future: Any, job: Job) -> Record:
     return failed(job, RuntimeError("no record came back"))
 
 
+def _without_clashes(jobs: Sequence[Job]) -> tuple[list[Job], list[Record]]:
+    """The jobs whose output no other job writes, and an error record for each of the
+    others: two inputs that would convert to one path (``run1/model.pt`` and
+    ``run1/model.bin`` both to ``run1/model.safetensors``) are both refused, so neither
+    output silently replaces the other and the run says so."""
+    claimed: dict[str, list[str]] = {}
+    for job in jobs:
+        if job[3] is not None:
+            claimed.setdefault(os.path.abspath(job[3]) if not is_url(job[3]) else job[3],
+                               []).append(job[1])
+    keep: list[Job] = []
+    clashes: list[Record] = []
+    for job in jobs:
+        key = job[3] if job[3] is None or is_url(job[3]) else os.path.abspath(job[3])
+        others = [] if key is None else [u for u in claimed[key] if u != job[1]]
+        if not others:
+            keep.append(job)
+            continue
+        clashes.append(failed(job, PtfileError(
+            f"{job[1]}: not converted: {', '.join(others)} would be written to the same "
+            f"output {job[3]}; convert them one at a time (ptfile convert IN OUT) or move "
+            f"one aside")))
+    return keep, clashes
+
+
 def run(command: Command, inputs: Any, options: Options, *, client: Any, workers: int | None,
          pool: Pool,
          targets: Callable[[list[str]], tuple[list[str], list[str | None]]] | None = None
@@ -225,7 +250,9 @@ def run(command: Command, inputs: Any, options: Options, *, client: Any, workers
     outputs: list[str | None] = [None] * len(urls)
     if targets is not None:
         urls, outputs = targets(urls)
-    jobs = [(command, url, options, out) for url, out in zip(urls, outputs, strict=True)]
+    jobs, clashes = _without_clashes(
+        [(command, url, options, out) for url, out in zip(urls, outputs, strict=True)])
+    yield from clashes
     if client is not None:
         yield from _on_dask(client, jobs, options.retries)
     else:

@@ -236,7 +236,7 @@ class ScanResult:
         >>> ScanResult(None, "zip").to_dict()["verdict"]
         'allowed'
         """
-        return {"source": self.source, "format": self.format, "verdict": self.verdict.value,
+        return {"path": self.source, "format": self.format, "verdict": self.verdict.value,
                 "is_dangerous": self.is_dangerous,
                 "findings": [f.to_dict() for f in self.findings]}
 

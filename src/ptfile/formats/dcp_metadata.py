@@ -4,7 +4,7 @@ torch writes ``.metadata`` (and, with ``use_collectives=False``, one
 ``__{rank}.metadata`` per rank) as a plain ``pickle.dump`` of its dataclasses
 (``../shared/spec/dcp-format.md`` §2-§3).  ptfile never runs that pickle with
 torch's classes: the restricted unpickler resolves exactly these names
-(:func:`ptfile.formats.policies.dcp_metadata`), and every other global raises
+(:func:`ptfile.formats.policies.dcp`), and every other global raises
 :class:`~ptfile.errors.UnsafeGlobalError`:
 
 =========================================================  ==================================
@@ -20,20 +20,41 @@ global                                                     becomes
 ``torch.Size`` (called with a tuple of ints)               a tuple of ints
 ``torch.<dtype>``                                          ptfile's :class:`~ptfile.DType`
 ``torch.serialization._get_layout`` (``'torch.strided'``)  the str
-``pathlib.PosixPath`` (called with ``Path.parts``)         the path as a str
+a ``pathlib`` class of :data:`PATH_CLASSES` (called with   the path as a str
+``Path.parts``)
 =========================================================  ==================================
 
 The BUILD state is a dict of fields for every class but ``TensorProperties``,
 whose state is the 5-tuple ``(dtype, layout, requires_grad, memory_format,
 pin_memory)``.  ``MetadataIndex`` of a bytes item has no ``offset`` key;
 ``_StorageInfo`` has ``transform_descriptors`` only when an extension was used.
+
+Only the path class depends on the Python that wrote the file.  torch keeps
+``StorageMeta.checkpoint_id`` as ``Path(checkpoint_id)``, a concrete class, and
+pickle names a class by the module that defines it, so the name follows the
+writer's platform and CPython (:data:`PATH_CLASSES`):
+
+==============================  ======================  =========================
+global                          written by CPython      on
+==============================  ======================  =========================
+``pathlib.PosixPath``           3.12 and older, 3.14+   POSIX
+``pathlib._local.PosixPath``    3.13                    POSIX
+``pathlib.WindowsPath``         3.12 and older, 3.14+   Windows
+``pathlib._local.WindowsPath``  3.13                    Windows
+==============================  ======================  =========================
+
+Every other global, and each item's own pickle, is the same from Python 3.10 to
+3.13 (``tests/fixtures/pythons/``).  torch itself reads fewer: CPython before
+3.13 has no ``pathlib._local`` and cannot unpickle a 3.13 file's path; CPython
+on POSIX cannot make a ``WindowsPath``, nor on Windows a ``PosixPath``.  ptfile
+reads all four, as the str of the matching pure path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, Final
 
 from ..dtypes import DType
@@ -41,9 +62,11 @@ from ..errors import FormatError
 
 __all__ = [
     "DCP_CLASSES",
+    "PATH_CLASSES",
     "BytesStorageMetadata",
     "ChunkStorageMetadata",
     "Metadata",
+    "PathClass",
     "Record",
     "StorageInfo",
     "TensorStorageMetadata",
@@ -51,7 +74,6 @@ __all__ = [
     "convert",
     "layout",
     "mem_format",
-    "posix_path",
     "size",
 ]
 
@@ -106,11 +128,37 @@ def layout(name: Any) -> str:
     return "torch.strided"
 
 
-def posix_path(*parts: Any) -> str:
-    """``pathlib.PosixPath(*parts)``, kept as its str (only shown, never opened)."""
-    if not all(isinstance(p, str) for p in parts):
-        raise FormatError("pathlib.PosixPath in .metadata takes strs")
-    return str(PurePosixPath(*parts))
+@dataclass(frozen=True, slots=True)
+class PathClass:
+    """A ``pathlib`` class as a ``.metadata`` pickle names it, which CPythons write that
+    name, and the pure path class that joins its ``Path.parts`` the same on every platform.
+
+    Examples
+    --------
+    >>> PathClass("pathlib._local", "PosixPath", "3.13", PurePosixPath).join("/", "tmp", "ck")
+    '/tmp/ck'
+    """
+
+    module: str
+    name: str
+    pythons: str
+    pure: type[PurePath]
+
+    def join(self, *parts: Any) -> str:
+        """``<module>.<name>(*parts)``, kept as its str (only shown, never opened)."""
+        if not all(isinstance(p, str) for p in parts):
+            raise FormatError(f"{self.module}.{self.name} in .metadata takes strs")
+        return str(self.pure(*parts))
+
+
+#: Every global a ``StorageMeta.checkpoint_id`` is pickled under (the module docstring's
+#: table): CPython 3.13 alone defines the concrete classes in ``pathlib._local``.
+PATH_CLASSES: Final = (
+    PathClass("pathlib", "PosixPath", "3.12 and older, 3.14+", PurePosixPath),
+    PathClass("pathlib._local", "PosixPath", "3.13", PurePosixPath),
+    PathClass("pathlib", "WindowsPath", "3.12 and older, 3.14+", PureWindowsPath),
+    PathClass("pathlib._local", "WindowsPath", "3.13", PureWindowsPath),
+)
 
 
 @dataclass(frozen=True, slots=True)

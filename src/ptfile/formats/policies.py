@@ -23,7 +23,8 @@ policy              resolves                                                    
 :func:`dcp`         exactly the names a DCP ``.metadata`` holds                 ``ptfile.load_dcp``
                     (:mod:`.dcp_metadata`: torch's dataclasses as per-load
                     records, ``torch.Size``, dtypes, the layout,
-                    ``pathlib.PosixPath``); else ``UnsafeGlobalError``
+                    the path classes of every Python); else
+                    ``UnsafeGlobalError``
 ==================  ==========================================================  ======================
 
 Whatever a policy returns, a stream can call and ``BUILD`` on it: policies only
@@ -235,6 +236,6 @@ def dcp() -> FindClass:
         ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"):
             CallOnly(dcp_metadata.mem_format),
         ("torch.serialization", "_get_layout"): CallOnly(dcp_metadata.layout),
-        ("pathlib", "PosixPath"): CallOnly(dcp_metadata.posix_path),
     })
+    names.update({(p.module, p.name): CallOnly(p.join) for p in dcp_metadata.PATH_CLASSES})
     return Overlay(_not_dcp, names=names)

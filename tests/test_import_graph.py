@@ -59,7 +59,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.scanning": 4,  # ptfile.scan: the static scanner
     "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
     "ptfile._dcp_files": 4,  # a DCP directory's files, local or by URL (uses _remote)
-    "ptfile._dcp_hf": 4,  # HuggingFace-writer directories' metadata (uses export.safetensors)
+    "ptfile._dcp_hf": 4,  # HuggingFace-writer directories' metadata (formats.safetensors headers)
     "ptfile.dcp": 4,  # load_dcp and the DCP building blocks (items read with formats.read)
     "ptfile.dcp_reader": 4,  # ptfile.open on a DCP directory (TensorInfo of reader)
     "ptfile.opening": 4,  # ptfile.open: a file's reader or a DCP directory's

@@ -69,8 +69,8 @@ def load(
     f
         A path, ``os.PathLike``, bytes, a binary file object (read from its
         current position; non-seekable streams are read whole), or a URL fsspec
-        knows (``https://``, ``s3://``, ``hf://``…; ``pip install
-        'ptfile[remote]'``), whose file is fetched with concurrent range requests.
+        knows (``https://``, ``s3://``, ``hf://``…; ptfile's ``remote``
+        extra), whose file is fetched with concurrent range requests.
     map_location
         As torch takes it: a tag string, a dict from recorded tags to new ones,
         or a callable ``(storage, location)``.  Data always lives in host memory;
@@ -117,7 +117,11 @@ def load(
 
     Returns
     -------
-    The saved object, with :class:`ptfile.Tensor` leaves.
+    The saved object, with :class:`ptfile.Tensor` leaves.  A safetensors file (known by
+    its bytes, whatever its name: torch.load needs the ``.safetensors`` suffix) gives
+    what torch.load gives: ``{name: Tensor}`` in data order, without its ``__metadata__``
+    (:func:`ptfile.open`'s ``metadata()`` has it); ``map_location`` applies to the
+    ``cpu`` tag as for any format (torch refuses a dict or callable here).
 
     Raises
     ------
@@ -363,8 +367,8 @@ def detect_format(f: FileLike, *, limits: Limits | None = None,
     Format
         ``ZIP`` (torch.save ≥ 1.6), ``TORCHSCRIPT`` (torch.jit.save), ``PT2``
         (torch.export.save), ``LEGACY`` (pre-1.6 pickle stream), ``TAR``
-        (pre-0.4), ``DCP`` (a ``torch.distributed.checkpoint`` directory, from its
-        file names), or ``UNKNOWN``.
+        (pre-0.4), ``SAFETENSORS`` (whatever the file's name), ``DCP`` (a
+        ``torch.distributed.checkpoint`` directory, from its file names), or ``UNKNOWN``.
 
     Raises
     ------

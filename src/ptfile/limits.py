@@ -59,6 +59,9 @@ class Limits:
     #: Bytes ptfile downloads whole from a server that cannot serve byte ranges (it
     #: then needs the whole file even for metadata); 0 refuses such servers.
     max_whole_download_bytes: int = 2**36
+    #: Length of one safetensors JSON header (:mod:`ptfile.formats.safetensors`): the
+    #: safetensors library's own ceiling, which torch.load of a ``.safetensors`` applies.
+    max_safetensors_header_bytes: int = 100_000_000
 
 DEFAULT_LIMITS: Final = Limits()
 

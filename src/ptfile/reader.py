@@ -16,9 +16,12 @@ local header, a few dozen bytes, on first use.  Data reads always use the
 validated local header.
 
 A ``.pt2`` (``torch.export``) is read the same way: its payload configs give
-every tensor, its records the bytes on demand.  Other formats (legacy pickle
-stream, tar, TorchScript) are read whole through :func:`ptfile.load` and offered
-through the same interface; only their metadata is then not "free".
+every tensor, its records the bytes on demand.  So is a safetensors file
+(:mod:`ptfile.formats.safetensors`): its header gives every tensor and its offset,
+the bytes are read on demand, and :meth:`CheckpointReader.metadata` is the file's
+``__metadata__``, as ``safe_open`` gives it (``{}`` without one).  Other formats
+(legacy pickle stream, tar, TorchScript) are read whole through :func:`ptfile.load`
+and offered through the same interface; only their metadata is then not "free".
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .archive.records import METHOD_STORED
 from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Detected, Format, ReadOptions, detect_source, policies, read_detected
+from .formats.safetensors import read_header, to_tensors
 from .formats.storages import FastStorages, record_bytes
 from .formats.zipinfo import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
@@ -245,7 +249,8 @@ class CheckpointReader(Mapping[str, Tensor]):
         return TensorSlice(self, self._tensor(name), name)
 
     def metadata(self) -> dict[str, str]:
-        """Format, version, byte order, alignment, serialization id... as strings."""
+        """Format, version, byte order, alignment, serialization id... as strings; for a
+        safetensors file, its ``__metadata__`` (as ``safe_open``)."""
         return dict(self._meta)
 
     @property
@@ -393,6 +398,8 @@ class CheckpointReader(Mapping[str, Tensor]):
         if storage.data is not None:
             return storage.data[start:start + n]
         record = self._record(storage)
+        if self._zip is None and self._offsets and storage in self._offsets:  # safetensors
+            return self._source.view(self._offsets[storage] + start, n, f"tensor {name!r}")
         if record is None or self._zip is None:
             raise StorageError(f"tensor {name!r}: storage {storage.key!r} has no record")
         if record.method != METHOD_STORED:  # inflated whole, as every loader inflates it
@@ -509,6 +516,17 @@ def _open_pt2(source: Source, detected: Detected, limits: Limits,
                             zip_info=info)
 
 
+def _open_safetensors(source: Source, limits: Limits) -> CheckpointReader:
+    """A safetensors file: its header read and checked, no tensor bytes; each tensor's
+    bytes are read from its offset on demand."""
+    header = read_header(source, limits)
+    obj = to_tensors(header, None)
+    ck = CheckpointReader(source, obj, fmt=Format.SAFETENSORS, meta=header.metadata or {})
+    ck._offsets = {t.storage: header.data_start + header.entries[name].begin
+                   for name, t in obj.items() if t.storage is not None}
+    return ck
+
+
 #: Formats read front to back (no index to seek by): a source that reads on demand (a
 #: URL) is read whole, once, in order, before their reader runs.
 _STREAMS: Final = frozenset({Format.LEGACY, Format.TAR})
@@ -578,6 +596,8 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
                 return _open_zip(source, detected.zip_reader(), limits, structural)
             if detected.format is Format.PT2:
                 return _open_pt2(source, detected, limits, structural)
+            if detected.format is Format.SAFETENSORS:
+                return _open_safetensors(source, limits)
             if source.reads_on_demand and detected.format in _STREAMS:
                 streamed = source
                 source = BytesSource(streamed.read_all(), name=streamed.name)

@@ -14,7 +14,9 @@ them ``inspect``, ``verify`` and ``convert``) goes the same way:
 The readers: :mod:`.zipped` (``torch.save`` ≥ 1.6), :mod:`.torchscript`
 (``torch.jit.save``; :func:`ptfile.load` returns its state dict),
 :mod:`.pt2` (``torch.export.save``; its weights and constants),
-:mod:`.legacy_pickle` (pre-1.6 stream) and :mod:`.legacy_tar` (pre-0.4).
+:mod:`.legacy_pickle` (pre-1.6 stream), :mod:`.legacy_tar` (pre-0.4) and
+:mod:`.safetensors` (``{name: tensor}``, as torch.load returns for a ``.safetensors``;
+its module holds the one safetensors header reader).
 Their storages come from one loader per container kind
 (:mod:`.storages` for every ZIP kind).
 """
@@ -31,6 +33,7 @@ from .legacy_pickle import read_legacy
 from .legacy_tar import read_tar
 from .options import ReadOptions
 from .pt2 import read_pt2
+from .safetensors import read_safetensors
 from .torchscript import read_script_state_dict
 from .zipped import read_zip
 
@@ -47,6 +50,7 @@ READERS: Final[dict[Format, Reader]] = {
     Format.LEGACY: read_legacy,
     Format.TAR: read_tar,
     Format.PT2: read_pt2,
+    Format.SAFETENSORS: read_safetensors,
 }
 
 
@@ -61,9 +65,11 @@ def refuse(detected: Detected) -> NoReturn:
         A recognised format without a reader.
     """
     if detected.format is Format.UNKNOWN:
+        start = f"starts with {detected.head[:8].hex(' ')}" if detected.head else "is empty"
         raise UnknownFormatError(
-            f"not a PyTorch checkpoint: the file starts with {detected.head[:8].hex(' ')}; "
-            "expected a ZIP (PK 03 04), a legacy pickle stream or a tar archive")
+            f"not a PyTorch checkpoint: the file {start}; "
+            "expected a ZIP (PK 03 04), a legacy pickle stream, a tar archive or a "
+            "safetensors file")
     raise UnsupportedFeatureError(f"the {detected.format.value} format is not supported yet")
 
 

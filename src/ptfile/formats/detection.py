@@ -8,12 +8,24 @@ format           leading bytes / records                              reader
 ``pt2``          a ZIP with an ``archive_format`` record              :mod:`.pt2`
 ``legacy``       pickle of the magic number ``0x1950A86A20F9469CFC6C``  :mod:`.legacy_pickle`
 ``tar``          a POSIX tar header (``ustar`` at offset 257)          :mod:`.legacy_tar`
+``safetensors``  8 bytes (the header length), then ``{`` after any   :mod:`.safetensors`
+                 JSON whitespace
 ===============  ==================================================  =====================
 
 :func:`detect_source` is the only place that decides: it sniffs the first
 512 bytes (:func:`detect`, a table of sniffers) and, for a ZIP, parses the
 central directory once and refines the kind by its records.  The parsed
 archive travels in the :class:`Detected` result, so no reader parses it again.
+
+Safetensors is known by its bytes too, whatever the file's name: torch.load reads
+a file as safetensors only when its path ends in ``.safetensors`` (and anything else,
+file objects included, as a pickle, which fails on it); ptfile reads every name and
+file objects.  The sniffer runs after the ZIP, legacy and tar ones (a file that is
+one of those stays one), and asks only for ``{`` at byte 8, after any JSON whitespace
+in the first :data:`HEAD_BYTES`, not for a plausible length: a header length beyond
+the file or over ``Limits.max_safetensors_header_bytes`` is reported as that
+(FormatError, LimitExceededError) by the one header reader, not as an unknown format.
+A file under 9 bytes is no safetensors file (safetensors refuses it too).
 """
 
 from __future__ import annotations
@@ -42,6 +54,8 @@ class Format(enum.Enum):
     PT2 = "pt2"
     LEGACY = "legacy"
     TAR = "tar"
+    #: A safetensors file (:mod:`.safetensors`).
+    SAFETENSORS = "safetensors"
     #: A ``torch.distributed.checkpoint`` directory (:func:`detect_directory`).
     DCP = "dcp"
     UNKNOWN = "unknown"
@@ -63,6 +77,8 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
     (Format.LEGACY, lambda head: (head[:1] == b"\x80" and _MAGIC_LONG1 in head[:32])
         or head.startswith(_MAGIC_TEXT)),
     (Format.TAR, is_tar),  # the tar reader's own test (archive.tar)
+    # Last: "{" after the 8-byte header length (JSON may start with whitespace).
+    (Format.SAFETENSORS, lambda head: head[8:].lstrip(b" \t\n\r")[:1] == b"{"),
 )
 
 #: A torch ZIP's kind, by the record that marks it (first match wins).

@@ -26,7 +26,6 @@ from typing import Any, Final
 from ._dcp_files import DirectoryFiles
 from .dtypes import by_name
 from .errors import FormatError
-from .export.safetensors import CODES
 from .formats.dcp_metadata import (
     ChunkStorageMetadata,
     ItemKey,
@@ -35,13 +34,12 @@ from .formats.dcp_metadata import (
     TensorStorageMetadata,
     size,
 )
+from .formats.safetensors import CODES, header_json
 from .limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["hf_metadata", "is_hf_directory"]
 
 SUFFIX: Final = ".safetensors"
-#: The largest safetensors header read (the safetensors library's own ceiling).
-MAX_HEADER_BYTES: Final = 100 << 20
 
 
 def is_hf_directory(files: DirectoryFiles) -> bool:
@@ -49,18 +47,11 @@ def is_hf_directory(files: DirectoryFiles) -> bool:
     return any(name.endswith(SUFFIX) for name in files.names())
 
 
-def _header(files: DirectoryFiles, name: str) -> dict[str, Any]:
+def _header(files: DirectoryFiles, name: str, limits: Limits) -> dict[str, Any]:
+    """The header's JSON object, read by the one bounded safetensors header reader."""
     what = f"the safetensors header of {name!r}"
-    n = int.from_bytes(files.read(name, 0, 8, what), "little")
-    if n > MAX_HEADER_BYTES:
-        raise FormatError(f"{what} claims {n} bytes (more than {MAX_HEADER_BYTES})")
-    try:
-        header = json.loads(bytes(files.read(name, 8, n, what)))
-    except ValueError as exc:
-        raise FormatError(f"{what} is not JSON: {exc!s:.200}") from exc
-    if not isinstance(header, dict):
-        raise FormatError(f"{what} is not a JSON object")
-    return header
+    return header_json(lambda at, n: files.read(name, at, n, what), files.size(name, what),
+                       limits, what)[0]
 
 
 def _sharding(header: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -103,7 +94,7 @@ def hf_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Metad
     chunks: dict[str, list[ChunkStorageMetadata]] = {}
     storage: dict[ItemKey, StorageInfo] = {}
     for name in (n for n in files.names() if n.endswith(SUFFIX)):
-        header = _header(files, name)
+        header = _header(files, name, limits)
         sharding = _sharding(header, name)
         for fqn, entry in header.items():
             if fqn == "__metadata__":

@@ -97,7 +97,7 @@ def test_shared_storage_policies(tmp_path: Path) -> None:
 def test_npz(tmp_path: Path, dtype_file: tuple[Path, dict]) -> None:
     path, sd = dtype_file
     out = tmp_path / "out.npz"
-    dump_npz(_tensors(path), out)
+    dump_npz(_tensors(path), out, upcast=True)
     with np.load(out) as npz:
         np.testing.assert_array_equal(npz["float32"], sd["float32"].numpy())
         np.testing.assert_array_equal(npz["bfloat16"], sd["bfloat16"].float().numpy())

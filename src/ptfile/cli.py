@@ -284,7 +284,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
         summary = convert.convert(args.input, args.output, to=to, shared=args.shared,
                                   on_step=step, storage_options=_options(args),
-                                  structural=args.structural)
+                                  structural=args.structural, npz_upcast=args.npz_upcast)
     if args.json:
         _print_json(summary, out)
     else:
@@ -292,6 +292,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"wrote {summary['output']} ({summary['kind']}, {summary['tensors']} tensors"
                   f"{', ' + str(summary['shards']) + ' shards' if summary.get('shards') else ''})\n")
         out.writelines(f"  {alias}: same data as {kept} (stored once)\n" for alias, kept in aliases.items())
+        out.writelines(convert.describe(summary))
     return EXIT_OK
 
 
@@ -422,6 +423,9 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shared", choices=("dedupe", "copy", "error"), default="dedupe",
                    help="tensors sharing storage: store tied views once (default), copy "
                         "each, or refuse")
+    p.add_argument("--npz-upcast", action="store_true",
+                   help=".npz: widen bfloat16/float8 to float32 (default: their raw bits as "
+                        "uint16/uint8, the dtype noted in the __ptfile__ member)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)

@@ -99,8 +99,9 @@ def _convert_one(url: str, target: str, o: Options) -> dict[str, Any]:
     from ..export.convert import convert as convert_one
 
     summary = convert_one(url, target, to=o.fmt, shared=o.shared,  # type: ignore[arg-type]
-                          storage_options=o.storage_options, structural=o.structural)
-    return {k: summary[k] for k in ("kind", "tensors", "aliases")}
+                          storage_options=o.storage_options, structural=o.structural,
+                          npz_upcast=bool(o.extra.get("npz_upcast")))
+    return {k: summary[k] for k in ("kind", "tensors", "aliases", "dropped", "changed")}
 
 
 def _exists(target: str, storage_options: StorageOptions) -> bool:

@@ -1,5 +1,29 @@
 """``ptfile convert``: pick the conversion from the file names, one file or one shard at a time
-(a DCP directory: one tensor at a time, :mod:`ptfile.export.dcp`)."""
+(a DCP directory: one tensor at a time, :mod:`ptfile.export.dcp`).
+
+Nothing is changed or left out without a word: the summary :func:`convert` returns
+(and ``ptfile convert`` prints, or gives with ``--json``; bulk convert's records carry
+it) has ``aliases``, ``dropped`` and ``changed`` (:class:`~ptfile.export.values.Changes`).
+
+* ``.pt`` → ``.pt`` writes the whole object as it was read: nothing is dropped.  With
+  ``structural`` (a pickle of objects ptfile only stands in for), the tensors are
+  written under their dotted names with the values beside them (a flat dict); a
+  whole pickled module gives its ``state_dict()`` (the module itself is listed as
+  dropped), and each stand-in object is listed as dropped.
+* → ``.safetensors``: non-tensor values go into the header's ``__metadata__`` as JSON
+  texts under their dotted names, listed in ``ptfile.values``, beside ``format: pt``
+  (:mod:`ptfile.export.values`); values JSON cannot hold are dropped.  Tied tensors
+  are stored once (``ptfile.aliases``).
+* → ``.npz``: bfloat16 and float8 tensors as their raw bits (uint16/uint8) with the
+  dtype in the ``__ptfile__`` notes, or widened to float32 with ``npz_upcast``; tied
+  tensors stored once; values in the notes (:mod:`ptfile.export.npz`).
+* from ``.safetensors``: the ``ptfile.values`` come back as values (in a ``.pt``: beside
+  the tensors) and ``ptfile.aliases`` as tied tensors; other ``__metadata__`` entries
+  (``format`` aside) carry over to a ``.safetensors`` output and are listed as dropped
+  (``__metadata__.<key>``) for the others.
+* A DCP directory's non-tensor items have no place in a ``.safetensors`` output or an
+  HF folder: they are listed as dropped.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +33,23 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from .. import api
 from .._dcp_files import is_directory
 from .._io import is_path, is_url
 from .._remote import StorageOptions, open_any, open_target
-from ..errors import UnsupportedFeatureError
+from ..errors import FormatError, UnsupportedFeatureError
 from ..reader import open as open_checkpoint
+from ..structural import is_module
 from ..tensor import Tensor
 from ..tree import flatten
 from .dcp import convert_dcp
-from .npz import dump_npz
+from .npz import NOTES, dump_npz
 from .safetensors import SharedPolicy, convert_sharded, dump, load_safetensors
+from .values import Changes, header_values, split_values, type_name
 
-__all__ = ["convert", "target_kind"]
+__all__ = ["convert", "describe", "target_kind"]
 
 #: Output suffix → output kind.
 SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".pt": "pt", ".pth": "pt",
@@ -70,19 +96,70 @@ def _dcp_kind(dst: str) -> str:
     return kind
 
 
-def _from_safetensors(src: str) -> dict[str, Tensor]:
+#: The safetensors metadata names ptfile writes itself (never values, never carried over).
+_OWN_METADATA: Final = frozenset({"format", "ptfile.aliases", "ptfile.values"})
+
+
+def _from_safetensors(src: str, to: str, changes: Changes
+                      ) -> tuple[dict[str, Tensor], dict[str, object], dict[str, str]]:
+    """The tensors (aliases tied again), the values and the other metadata of ``src``;
+    metadata a ``to`` output has no place for is listed as dropped."""
     tensors, meta = load_safetensors(src)
-    aliases = json.loads(meta.get("ptfile.aliases", "{}"))
+    aliases = _json(meta, "ptfile.aliases", {})
+    names = _json(meta, "ptfile.values", [])
+    if not isinstance(aliases, dict) or not isinstance(names, list):
+        raise FormatError(f"{src}: safetensors metadata ptfile.aliases must be a JSON object "
+                          "and ptfile.values a JSON list")
     for alias, kept in aliases.items():  # tied names come back sharing one tensor
-        if isinstance(alias, str) and kept in tensors:
+        if isinstance(alias, str) and isinstance(kept, str) and kept in tensors:
             tensors[alias] = tensors[kept]
-    return tensors
+    values: dict[str, object] = {}
+    for name in names:
+        if isinstance(name, str) and name in meta and name not in tensors:
+            values[name] = _json(meta, name, None)
+    other = {k: v for k, v in meta.items() if k not in _OWN_METADATA and k not in values}
+    if to != "safetensors":
+        for key, value in other.items():
+            changes.drop(f"__metadata__.{key}", type_name(value),
+                         f"safetensors header metadata: a .{to} has no place for it")
+    return tensors, values, other
+
+
+def _json(meta: dict[str, str], key: str, default: Any) -> Any:
+    """The JSON text under ``key`` (``default`` when absent).
+
+    Raises
+    ------
+    FormatError
+        The text is not JSON.
+    """
+    if key not in meta:
+        return default
+    try:
+        return json.loads(meta[key])
+    except ValueError as exc:
+        raise FormatError(f"safetensors metadata {key!r} is not JSON: {exc}") from exc
+
+
+def _from_checkpoint(src: str, storage_options: StorageOptions, structural: bool,
+                     as_json: bool, changes: Changes
+                     ) -> tuple[dict[str, Tensor], dict[str, object], list[str]]:
+    """The tensors of a checkpoint, with their data, its values (:mod:`.values`) and the
+    names of those holding a tuple."""
+    with open_checkpoint(src, storage_options=storage_options, structural=structural) as ck:
+        tensors = ck.load_tensors()
+        obj = ck.object
+    if is_module(obj):
+        changes.drop("", type_name(obj), "a pickled module: only its state_dict() is converted")
+        return tensors, {}, []
+    values, with_tuples = split_values(obj, tensors, changes, as_json=as_json)
+    return tensors, values, with_tuples
 
 
 def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
                  counted: list[int] | None = None, storage_options: StorageOptions = None,
-                 structural: bool = False) -> dict[str, str]:
-    """Convert one file; return the aliases dropped (safetensors output only).
+                 structural: bool = False, npz_upcast: bool = False) -> Changes:
+    """Convert one file; return what was left out or changed (module docstring).
 
     ``src`` and ``dst`` may be URLs (``storage_options`` for both): a URL source
     is fetched with range requests, a URL target is written through its fsspec
@@ -90,7 +167,8 @@ def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
     uploaded; nothing partial is left on failure).  The number of tensors
     converted is appended to ``counted`` when given.  ``structural`` reads a pickle
     that names globals outside the weights-only allowlist (a whole pickled
-    module: its state dict is converted) with inert stand-ins.
+    module: its state dict is converted) with inert stand-ins.  ``npz_upcast``
+    widens bfloat16/float8 to float32 in an ``.npz`` (default: raw bits).
 
     Raises
     ------
@@ -99,28 +177,47 @@ def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
     RemoteError
         A URL could not be read or written.
     """
+    changes = Changes()
+    other: dict[str, str] = {}
+    with_tuples: list[str] = []  # values a JSON text turns into lists
     if src.endswith(".safetensors"):
         with _local(src, storage_options) as path:
-            tensors = _from_safetensors(path)
-    elif to == "pt" and not structural:
+            tensors, values, other = _from_safetensors(path, to, changes)
+    elif to == "pt" and not structural:  # the whole object: nothing is left out
         obj = api.load(src, mmap=is_path(src), storage_options=storage_options)
         api.save(obj, dst, storage_options=storage_options)
         if counted is not None:
             counted.append(len(flatten(obj)))
-        return {}
+        return changes
     else:
-        with open_checkpoint(src, storage_options=storage_options, structural=structural) as ck:
-            tensors = ck.load_tensors()
+        tensors, values, with_tuples = _from_checkpoint(src, storage_options, structural,
+                                                        to != "pt", changes)
     if counted is not None:
         counted.append(len(tensors))
     if to == "pt":
-        api.save(tensors, dst, storage_options=storage_options)
-        return {}
+        api.save({**tensors, **values}, dst, storage_options=storage_options)
+        return changes
     with _staged(dst, storage_options) as path:
         if to == "npz":
-            dump_npz(tensors, path)
-            return {}
-        return dump(tensors, path, shared=shared) or {}
+            notes = dump_npz(tensors, path, shared=shared, upcast=npz_upcast, values=values)
+            changes.aliases = notes["aliases"]
+            changes.change("json", list(values), to=NOTES)
+            changes.change("tuple-as-list", with_tuples)
+            for kind, table in (("raw-bits", notes["dtypes"]), ("upcast", notes["upcast"])):
+                for dtype in dict.fromkeys(table.values()):
+                    stored = "float32" if kind == "upcast" else \
+                        ("uint16" if dtype == "bfloat16" else "uint8")
+                    changes.change(kind, [n for n, d in table.items() if d == dtype],
+                                   **{"from": dtype, "to": stored})
+            return changes
+        texts = header_values(values, changes, reserved=_OWN_METADATA | set(other))
+        metadata = {**other, **texts}
+        if texts:
+            metadata["ptfile.values"] = json.dumps(list(texts))
+        changes.aliases = dump(tensors, path, shared=shared, metadata=metadata) or {}
+        changes.change("json", list(texts), to="__metadata__")
+        changes.change("tuple-as-list", [n for n in with_tuples if n in texts])
+        return changes
 
 
 @contextlib.contextmanager
@@ -157,13 +254,15 @@ _UPLOAD_CHUNK_BYTES = 8 << 20
 
 def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
             on_step: Callable[[int], None] | None = None,
-            storage_options: StorageOptions = None, structural: bool = False) -> dict[str, Any]:
+            storage_options: StorageOptions = None, structural: bool = False,
+            npz_upcast: bool = False) -> dict[str, Any]:
     """Convert ``src`` to ``dst`` as ``to``; a ``*.index.json`` source converts every shard.
 
     Returns
     -------
     dict
-        A summary: output, kind, tensors, shards, aliases.
+        A summary: output, kind, tensors, shards, aliases, dropped, changed (module
+        docstring; :func:`describe` words it).
 
     A DCP directory converts tensor by tensor (:mod:`ptfile.export.dcp`) to ``to``
     ``"pt"``, ``"safetensors"`` or ``"hf"`` (a sharded folder).
@@ -182,15 +281,60 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
         if is_url(src) or is_url(dst):
             raise UnsupportedFeatureError("sharded checkpoints convert between local folders; "
                                           "convert each shard's URL on its own")
-        index = convert_sharded(src, dst, shared=shared,
-                                convert_shard=lambda a, b, kind: convert_file(a, b, kind, shared),
+        changes = Changes()
+
+        def shard(a: str, b: str, kind: str) -> dict[str, str]:
+            done = convert_file(a, b, kind, shared, npz_upcast=npz_upcast)
+            changes.merge(done)
+            return done.aliases
+
+        index = convert_sharded(src, dst, shared=shared, convert_shard=shard,
                                 on_shard=lambda _: on_step(1) if on_step else None)
         with open(index, encoding="utf-8") as fp:
             weight_map = json.load(fp)["weight_map"]
         return {"output": index, "kind": f"sharded {to}", "tensors": len(weight_map),
-                "shards": len(set(weight_map.values())), "aliases": {}}
+                "shards": len(set(weight_map.values())), **changes.to_dict(), "aliases": {}}
     counted: list[int] = []
-    aliases = convert_file(src, dst, to, shared, counted, storage_options, structural)
+    changes = convert_file(src, dst, to, shared, counted, storage_options, structural,
+                           npz_upcast)
     if on_step is not None:
         on_step(1)
-    return {"output": dst, "kind": to, "tensors": sum(counted), "shards": 0, "aliases": aliases}
+    return {"output": dst, "kind": to, "tensors": sum(counted), "shards": 0,
+            **changes.to_dict()}
+
+
+#: How many names a line of :func:`describe` shows before "and N more".
+_SHOWN: Final = 8
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(n or "(the whole object)" for n in names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def describe(summary: dict[str, Any]) -> list[str]:
+    """The lines ``ptfile convert`` prints for a summary's ``changed`` and ``dropped``.
+
+    Examples
+    --------
+    >>> print("".join(describe({
+    ...     "changed": [{"change": "json", "to": "__metadata__", "names": ["step"]}],
+    ...     "dropped": [{"name": "blob", "type": "bytes", "reason": "JSON cannot hold it"}]})))
+      changed: 1 value stored as JSON text in __metadata__: step
+      dropped: blob (bytes): JSON cannot hold it
+    <BLANKLINE>
+    """
+    lines = []
+    for group in summary.get("changed", []):
+        names, change = group["names"], group["change"]
+        count = f"{len(names)} {'value' if change in ('json', 'tuple-as-list') else 'tensor'}" \
+                f"{'' if len(names) == 1 else 's'}"
+        what = {"json": f"stored as JSON text in {group.get('to')}",
+                "tuple-as-list": "holding tuples, stored as JSON lists",
+                "raw-bits": f"{group.get('from')} stored as {group.get('to')} (raw bits; "
+                            f"the dtype is in {NOTES})",
+                "upcast": f"{group.get('from')} widened to {group.get('to')}"}.get(change, change)
+        lines.append(f"  changed: {count} {what}: {_names(names)}\n")
+    lines.extend(f"  dropped: {d['name'] or '(the whole object)'} ({d['type']}): {d['reason']}\n"
+                 for d in summary.get("dropped", []))
+    return lines

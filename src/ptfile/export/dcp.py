@@ -22,7 +22,8 @@ buffer, the writer's buffer, the metadata):
   ``dcp_to_torch_save`` consolidates (where torch can: §12 of the DCP spec), and loads
   with ``torch.load(weights_only=True)`` when the bytes items hold only what that allows.
 * ``.safetensors``: the header is computed from the metadata (every tensor, named by its
-  FQN; non-tensor values have no place there and are left out), in the order and layout the
+  FQN; non-tensor values have no place there and are left out, listed in the summary's
+  ``dropped``), in the order and layout the
   ``safetensors`` package writes (by dtype, widest first, then by name; ``{"format":
   "pt"}`` metadata; header padded with spaces to 8 bytes), then the tensors follow.
 * a folder: Hugging Face's sharded layout as ``huggingface_hub``'s
@@ -410,7 +411,8 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     Returns
     -------
     dict
-        A summary: output, kind, tensors, shards, aliases.
+        A summary: output, kind, tensors, shards, aliases, dropped (the non-tensor
+        items a ``.safetensors`` output or folder leaves out), changed.
 
     Raises
     ------
@@ -445,4 +447,10 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                 raise UnsupportedFeatureError(f"cannot convert a DCP checkpoint to {kind!r}")
         finally:
             reader.close()
-    return {"output": out, "kind": kind, "tensors": count, "shards": shards, "aliases": {}}
+    # Non-tensor items (pickled bytes) have no place among safetensors' tensors.
+    tensor_fqns = set(_tensor_fqns(meta))
+    dropped = [] if kind == "pt" else [
+        {"name": fqn, "type": "DCP bytes item", "reason": "not a tensor: a .safetensors file "
+         "holds tensors only"} for fqn in meta.state_dict_metadata if fqn not in tensor_fqns]
+    return {"output": out, "kind": kind, "tensors": count, "shards": shards, "aliases": {},
+            "dropped": dropped, "changed": []}

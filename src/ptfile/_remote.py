@@ -34,7 +34,7 @@ do, and this module does:
   that body is kept as the file (one download), with a
   :class:`~ptfile.errors.PtfileWarning`.
 
-``fsspec`` is an optional dependency (``pip install 'ptfile[remote]'``), as are
+``fsspec`` is an optional dependency (ptfile's ``remote`` extra), as are
 the backends it needs (``s3fs``, ``gcsfs``, ``huggingface_hub``); a missing one
 is an :class:`~ptfile.errors.UnsupportedFeatureError` naming the package.
 """
@@ -105,7 +105,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any
         import fsspec.core  # type: ignore[import-untyped]  # optional: only URLs need it
     except ImportError:
         raise UnsupportedFeatureError(
-            f"reading {url_scheme(url)}:// URLs needs fsspec: pip install 'ptfile[remote]'"
+            f"reading {url_scheme(url)}:// URLs needs fsspec: pip install 'fsspec[http]' (ptfile's remote extra)"
         ) from None
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))

@@ -1,26 +1,26 @@
 """The ``ptfile`` command: inspect, scan, convert, verify and diff PyTorch checkpoints.
 
-Exit codes follow ClamAV and fickling: :data:`EXIT_OK` (0) when all is well,
-:data:`EXIT_UNSAFE` (1) when a check found something (``scan``: a dangerous
-global; ``verify``: damage; ``diff``: a difference), :data:`EXIT_ERROR` (2)
-when the command could not do its work (bad usage, unreadable input).
+Every command exits with a code from one table (:data:`EXIT_CODES`; ``--help``
+prints it, the README repeats it):
 
-``scan`` is a CI gate, so each of its verdicts has its own code, and only a
-clean file passes:
+====  ======================================================================
+code  meaning
+====  ======================================================================
+0     ok: the command did its work and found nothing (``scan``: clean;
+      ``verify``: intact; ``diff``: identical)
+1     found something: ``scan``: dangerous (would run code, open files or
+      sockets, or reads differently in different loaders); ``verify``: the
+      checkpoint opened and a check failed (a CRC, a bound, a record);
+      ``diff``: the two differ
+2     could not read: missing, not a checkpoint, damaged past opening (empty,
+      truncated, random bytes), unreachable URL, refused globals, bad usage —
+      the same for every command, ``scan`` and ``verify`` included
+3     ``scan`` only: unknown globals, nothing dangerous: ``torch.load`` would
+      import or call names on no allowlist (a whole pickled ``nn.Module``);
+      ``--allow-unknown`` makes it 0
+====  ======================================================================
 
-=====================  ====  ==================================================
-verdict                code  meaning
-=====================  ====  ==================================================
-clean (``allowed``)    0     every finding allowed: ``load`` loads it as is
-dangerous              1     would run code, open files or sockets, or the
-                             file reads differently in different loaders
-error                  2     the file could not be scanned (unreadable, ...)
-unknown                3     :data:`EXIT_UNKNOWN`: ``torch.load`` would import
-                             or call names on no allowlist (a whole pickled
-                             ``nn.Module``); ``--allow-unknown`` makes it 0
-=====================  ====  ==================================================
-
-Over several files the code is the worst one: dangerous, then error, then unknown.
+Over several files the code is the worst one: 1, then 2, then 3, then 0.
 
 ``scan``, ``inspect``, ``verify`` and ``convert`` also take globs, directories
 and URL prefixes (``s3://bucket/models/**/*.bin``) and run over every file on a
@@ -28,7 +28,7 @@ local pool or Dask, printing JSON Lines: :mod:`ptfile._cli_bulk` says when.
 
 Every read command takes ``--json`` and then prints one JSON document on
 stdout.  Long work (convert, verify, diff) shows a progress bar on stderr when
-stderr is a terminal and ``tqdm`` is installed (``pip install ptfile[cli]``);
+stderr is a terminal and ``tqdm`` is installed (ptfile's ``cli`` extra);
 piped, it is silent.  ``tqdm`` is optional, not a runtime dependency: the
 library itself needs only numpy and ml_dtypes, and a missing bar costs nothing
 but the bar.
@@ -41,6 +41,7 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
 
@@ -56,21 +57,32 @@ from .bulk import (
     SCAN_CODES,
     WORST_FIRST,
 )
-from .errors import PtfileError
+from .errors import PtfileError, PtfileWarning, UnsafeGlobalError
 from .inspection import Inspection, diff, inspect, verify
-from .opening import open as open_checkpoint
 from .reader import TensorInfo
 
-__all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
+__all__ = ["EXIT_CODES", "EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
            "EXIT_UNSAFE", "main"]
 
 #: ``diff`` found a difference (as diff(1)).
 EXIT_DIFFERENT: Final = 1
 
+#: The one exit-code table of every command (the module docstring says more).
+EXIT_CODES: Final = {
+    EXIT_OK: "ok (scan: clean; verify: intact; diff: identical)",
+    EXIT_UNSAFE: "found something (scan: dangerous; verify: damaged; diff: differs)",
+    EXIT_ERROR: "could not read (missing, not a checkpoint, damaged, network, refused "
+                "globals, usage)",
+    EXIT_UNKNOWN: "scan only: unknown globals, nothing dangerous (0 with --allow-unknown)",
+}
+
 _EPILOG: Final = """\
-exit codes: 0 ok, 1 the check failed (scan: dangerous; verify: damaged; diff: different),
-            2 error (bad arguments, unreadable input),
-            3 scan: unknown globals, nothing dangerous (0 with --allow-unknown)
+exit codes (every command):
+  0  ok (scan: clean; verify: intact; diff: identical)
+  1  found something (scan: dangerous; verify: damaged; diff: differs)
+  2  could not read (missing, not a checkpoint, damaged, network, refused globals, usage)
+  3  scan only: unknown globals, nothing dangerous (0 with --allow-unknown)
+  over several files the worst wins: 1, then 2, then 3
 
 examples:
   ptfile inspect model.pt                  what is inside (reads no tensor data)
@@ -232,13 +244,13 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
             result = scan(path, storage_options=_options(args))
         except (PtfileError, OSError) as exc:
             codes.add(EXIT_ERROR)
-            results.append({"source": path, "error": f"{type(exc).__name__}: {exc}",
+            results.append({"path": path, "error": f"{type(exc).__name__}: {exc}",
                             "exit_code": EXIT_ERROR})
             continue
         code = _SCAN_CODES[result.verdict.value]
         code = EXIT_OK if code == EXIT_UNKNOWN and args.allow_unknown else code
         codes.add(code)
-        results.append({"source": path, **result.to_dict(), "exit_code": code})
+        results.append({"path": path, **result.to_dict(), "exit_code": code})
     if args.json:
         _print_json(results if len(results) > 1 else results[0], out)
     else:
@@ -258,20 +270,31 @@ _VERDICTS: Final = {"allowed": "clean", "unknown": "UNKNOWN globals (not loadabl
 
 def _render_scan(doc: dict[str, Any], out: TextIO, verbose: bool) -> None:
     if "error" in doc:
-        out.write(f"{doc['source']}: ERROR {doc['error']}\n")
+        out.write(f"{doc['path']}: ERROR {doc['error']}\n")
         return
     findings = doc.get("findings", [])
     verdict = "DANGEROUS" if doc.get("is_dangerous") else _VERDICTS.get(
         str(doc.get("verdict")), str(doc.get("verdict")).upper())
-    out.write(f"{doc['source']}: {verdict} ({doc.get('format', '?')}, "
-              f"{len(findings)} findings)\n")
+    out.write(f"{doc['path']}: {verdict} ({doc.get('format', '?')}; {_tally(findings)})\n")
     for f in findings:
         if verbose or f.get("verdict") != "allowed":
             name = ".".join(x for x in (f.get("module"), f.get("name")) if x)
             where, message = f.get("location", ""), str(f.get("message") or "")
-            note = "" if not message or message.endswith(name) else f" — {message}"
-            out.write(f"  {f.get('verdict', '?'):9} {f.get('kind', '')}: {name} at {where}"
-                      f"{note}\n")
+            note = "" if not message or (name and message.endswith(name)) else f" — {message}"
+            out.write(f"  {f.get('verdict', '?'):9} {f.get('kind', '')}: {name or '-'} at "
+                      f"{where or 'file'}{note}\n")
+
+
+def _tally(findings: list[dict[str, Any]]) -> str:
+    """How many findings of each verdict: ``3 globals, all allowed`` for a clean file,
+    ``1 dangerous, 2 allowed`` otherwise."""
+    counts = {v: sum(1 for f in findings if f.get("verdict") == v)
+              for v in ("dangerous", "unknown", "allowed")}
+    if not counts["dangerous"] and not counts["unknown"]:
+        n = counts["allowed"]
+        return "nothing referenced" if not n else \
+            f"{n} reference{'s' if n != 1 else ''}, all allowed"
+    return ", ".join(f"{n} {v}" for v, n in counts.items() if n)
 
 
 # --------------------------------------------------------------------------- convert
@@ -314,10 +337,9 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
-    with open_checkpoint(args.a, storage_options=_options(args)) as first:
-        total = len(first)
-    with _progress(total, "diff", not args.no_progress, unit="tensor") as step:
-        report = diff(args.a, args.b, progress=step, storage_options=_options(args))
+    with _progress(0, "diff", not args.no_progress, unit="tensor") as step:
+        report = diff(args.a, args.b, progress=step, storage_options=_options(args),
+                      tensors_only=args.tensors_only, structural=args.structural)
     if args.json:
         _print_json(report.to_dict(), out)
     else:
@@ -327,18 +349,23 @@ def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
 
 def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
     if report.identical:
-        out.write("identical: same names, dtypes, shapes and values\n")
+        values = f" and {report.values_compared} other values" if report.values_compared \
+            else ""
+        out.write(f"identical: same names, dtypes, shapes and values ({len(report.max_abs_diff)}"
+                  f" tensors{values})\n")
         return
     out.writelines(f"- {name}\n" for name in report.removed)
     out.writelines(f"+ {name}\n" for name in report.added)
     out.writelines(f"~ {name}: {change}\n" for name, change in report.changed.items())
+    out.writelines(f"~ {name}: {a} -> {b}\n" for name, (a, b) in report.values_changed.items())
     for name, value in report.max_abs_diff.items():
         if value != 0 or verbose:
             out.write(f"≠ {name}: max |a-b| = {value:.6g}\n")
     same = sum(1 for v in report.max_abs_diff.values() if v == 0)
     out.write(f"{len(report.removed)} removed, {len(report.added)} added, "
               f"{len(report.changed)} changed, {len(report.max_abs_diff) - same} differ in "
-              f"value, {same} equal\n")
+              f"value, {same} equal; {len(report.values_changed)} of "
+              f"{report.values_compared} other values differ\n")
 
 
 # --------------------------------------------------------------------------- parser
@@ -443,7 +470,11 @@ def _args_diff(p: argparse.ArgumentParser) -> None:
     p.add_argument("b", help="second checkpoint")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="also list equal tensors")
+    p.add_argument("--tensors-only", action="store_true",
+                   help="compare tensors only, not other values (step, config): for a .pt "
+                        "against its .safetensors conversion")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)
 
 
 _COMMANDS: Final[dict[str, tuple[Callable[[argparse.Namespace, TextIO], int], str]]] = {
@@ -475,6 +506,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     out = sys.stdout
+    with warnings.catch_warnings():
+        _say_warnings(args.command)
+        return _run(args, out)
+
+
+def _say_warnings(command: str) -> None:
+    """ptfile's own warnings (a server that ignores byte ranges, a CRC torch tolerates) as
+    one line each on stderr, ``ptfile inspect: warning: ...``, not Python's two-line form
+    with a source line."""
+    default = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        if not issubclass(category, PtfileWarning):
+            default(message, category, filename, lineno, file, line)
+            return
+        print(f"ptfile {command}: warning: {message}", file=file or sys.stderr)
+
+    warnings.showwarning = show
+    warnings.simplefilter("default", PtfileWarning)
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
     try:
         if _cli_bulk.is_bulk(args):
             return _cli_bulk.run(args, out)
@@ -483,7 +537,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `ptfile inspect big.pt | head`
         return EXIT_OK
     except (PtfileError, OSError) as exc:
+        message = _error_message(args, exc)
         if getattr(args, "json", False):
-            _print_json({"error": type(exc).__name__, "message": str(exc)}, out)
-        print(f"ptfile {args.command}: error: {exc}", file=sys.stderr)
+            _print_json({"error": type(exc).__name__, "message": message,
+                         "path": _input_of(args) or getattr(exc, "input", None),
+                         "exit_code": EXIT_ERROR}, out)
+        print(f"ptfile {args.command}: error: {message}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _input_of(args: argparse.Namespace) -> str | None:
+    """The one input a single-file command was reading (None for diff: its error names it)."""
+    value = getattr(args, "file", None) or getattr(args, "input", None)
+    return value if isinstance(value, str) else None
+
+
+def _error_message(args: argparse.Namespace, exc: BaseException) -> str:
+    """The error as the command line says it: the input first, and for a refused global,
+    what to type (``--structural``, ``ptfile scan``) rather than the Python call."""
+    path = _input_of(args) or getattr(exc, "input", None)
+    if isinstance(exc, UnsafeGlobalError):
+        where = path or "the checkpoint"
+        flag = " rerun with --structural to read it with inert stand-ins (nothing runs);" \
+            if "structural" in vars(args) else ""
+        text = (f"{where} names {exc.module}.{exc.name}, which torch.load(weights_only=True) "
+                f"refuses:{flag} `ptfile scan {path or 'FILE'}` lists every global it "
+                f"references")
+        return text
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and exc.filename is not None:
+        text = f"no such file or directory: {exc.filename}"
+        path = None
+    return f"{path}: {text}" if path is not None and not text.startswith(path) else text

@@ -32,7 +32,7 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
   ``offset``/``length`` are its compressed extent.  Descriptors (``name[@domain]/version``,
   major version 1) are listed in reverse order of application, so they are undone in list
   order (:data:`TRANSFORMS`); decompressing needs the ``zstandard`` package
-  (``pip install 'ptfile[zstd]'``), and what one item inflates to is bounded.
+  (ptfile's ``zstd`` extra), and what one item inflates to is bounded.
 * HuggingFaceStorageWriter directories have no ``.metadata``: their ``*.safetensors`` files
   are read as torch's ``HuggingFaceStorageReader`` does (:mod:`ptfile._dcp_hf`).
 
@@ -58,7 +58,6 @@ from ._dcp_files import DirectoryFiles
 from ._io import BytesSource, damage_as_format_error
 from .archive import ZipReader
 from .errors import FormatError, PtfileError, UnsupportedFeatureError
-from .export.safetensors import CODES
 from .formats import ReadOptions, policies, read
 from .formats.dcp_metadata import (
     BytesStorageMetadata,
@@ -69,6 +68,7 @@ from .formats.dcp_metadata import (
     TensorStorageMetadata,
     convert,
 )
+from .formats.safetensors import CODES, header_json
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm.unpickler import unpickle
 from .tensor import Storage, Tensor
@@ -172,7 +172,7 @@ def _unzstd(data: bytes | memoryview, most: int, what: str) -> bytes:
     except ImportError:
         raise UnsupportedFeatureError(
             f"{what} is zstd-compressed (a DCP ZStandard extension): reading it needs the "
-            "zstandard package: pip install 'ptfile[zstd]'") from None
+            "zstandard package: pip install zstandard (ptfile's zstd extra)") from None
     try:
         with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
             out = reader.read(most + 1)
@@ -234,11 +234,10 @@ def _blob(files: DirectoryFiles, fqn: str, info: StorageInfo) -> tuple[dict[str,
     found = files.memo.get(key)
     if found is None:
         what = f"the safetensors blob of {fqn!r} at {info.offset}"
-        size = int.from_bytes(files.read(info.relative_path, info.offset, 8, what), "little")
-        start = info.offset + 8
-        header_bytes = files.read(info.relative_path, start, size, what)
+        header, start = header_json(  # the one bounded header reader; the directory's limits
+            lambda at, n: files.read(info.relative_path, info.offset + at, n, what),
+            files.size(info.relative_path) - info.offset, files._limits, what)
         try:
-            header = json.loads(bytes(header_bytes))
             meta = header.get("__metadata__") or {}
             sharding = json.loads(meta["DCP_SHARDING_INFO"]) if "DCP_SHARDING_INFO" in meta \
                 else {}
@@ -247,7 +246,7 @@ def _blob(files: DirectoryFiles, fqn: str, info: StorageInfo) -> tuple[dict[str,
                       for k, v in header.items() if k != "__metadata__"}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise FormatError(f"{what} has a bad header: {exc!s:.200}") from exc
-        found = files.memo[key] = (header, start + size)
+        found = files.memo[key] = (header, info.offset + start)
     return found
 
 
@@ -558,7 +557,7 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None,
         non-tensor item one outside ptfile's allowlist (:func:`add_safe_globals`).
     UnsupportedFeatureError
         Items stored through an extension ptfile does not read, or zstd-compressed
-        without the ``zstandard`` package (``pip install 'ptfile[zstd]'``).
+        without the ``zstandard`` package (ptfile's ``zstd`` extra).
     RemoteError
         A URL cannot be read.
     LimitExceededError

@@ -10,6 +10,7 @@ bounded chunks.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,13 +22,15 @@ from ._io import FileLike
 from ._remote import StorageOptions
 from .archive import ZipReader
 from .dcp_reader import DCPReader
-from .errors import PtfileError, UnsafeGlobalError
+from .errors import PtfileError, RemoteError, UnknownFormatError, UnsafeGlobalError
 from .formats import Format
 from .formats.pt2_program import ProgramSignature, read_program
 from .limits import DEFAULT_LIMITS, Limits
 from .opening import open as open_checkpoint
 from .reader import CheckpointReader, TensorInfo
+from .structural import StandIn
 from .tensor import Tensor
+from .tree import values as values_of
 
 __all__ = ["DiffReport", "Inspection", "Problem", "RecordRow", "VerifyReport", "diff",
            "inspect", "verify"]
@@ -313,7 +316,14 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
     Raises
     ------
     OSError
-        The file cannot be opened (damage is reported, not raised).
+        The file cannot be opened.
+    UnknownFormatError
+        The file is no checkpoint at all (empty, random bytes, another format).
+    RemoteError
+        A URL cannot be read (not found, denied, unreachable).
+
+    Damage in a checkpoint (a truncated archive, a CRC that does not match, a
+    tensor beyond its storage, a pickle cut short) is reported, not raised.
 
     Examples
     --------
@@ -336,6 +346,8 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
             for name in ck:
                 report.tensors_checked += 1
                 ck.info(name)
+    except (UnknownFormatError, RemoteError):
+        raise  # not a checkpoint, or not reachable: nothing to verify (exit 2, not damaged)
     except PtfileError as exc:
         where = getattr(exc, "member", None) or "checkpoint"
         report.problems.append(Problem("error", str(where), f"{type(exc).__name__}: {exc}"))
@@ -368,24 +380,80 @@ def _open_for_verify(f: FileLike, limits: Limits | None, storage_options: Storag
 
 @dataclass
 class DiffReport:
-    """Keys added/removed, dtype/shape changes and the largest absolute difference per tensor."""
+    """What differs between two checkpoints: names only in one of them (tensors and other
+    values), tensors whose dtype or shape changed, other values that changed, and the
+    largest absolute difference per common tensor."""
 
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     changed: dict[str, str] = field(default_factory=dict)
     max_abs_diff: dict[str, float] = field(default_factory=dict)
+    #: Non-tensor values (``step``, ``config.lr``) that differ: name -> [a, b], as ``repr``.
+    values_changed: dict[str, list[str]] = field(default_factory=dict)
+    #: Non-tensor values compared (0 with ``tensors_only``).
+    values_compared: int = 0
+    #: The two inputs, as given (None for file objects).
+    a: str | None = None
+    b: str | None = None
 
     @property
     def identical(self) -> bool:
-        """True when both hold the same names, dtypes, shapes and values."""
-        return not (self.added or self.removed or self.changed
+        """True when both hold the same names, dtypes, shapes and values, tensors and
+        other values alike."""
+        return not (self.added or self.removed or self.changed or self.values_changed
                     or any(v != 0 for v in self.max_abs_diff.values()))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN differences as the string ``"nan"``)."""
         values = {k: (v if not np.isnan(v) else "nan") for k, v in self.max_abs_diff.items()}
-        return {"identical": self.identical, "added": self.added, "removed": self.removed,
-                "changed": self.changed, "max_abs_diff": values}
+        return {"a": self.a, "b": self.b, "identical": self.identical, "added": self.added,
+                "removed": self.removed, "changed": self.changed, "max_abs_diff": values,
+                "values_changed": self.values_changed,
+                "values_compared": self.values_compared}
+
+
+#: Characters of a value's ``repr`` a diff report keeps.
+_VALUE_REPR: Final = 80
+
+
+def _values(ck: CheckpointReader | DCPReader) -> dict[str, object]:
+    """The checkpoint's non-tensor values by dotted name (a DCP item is read now)."""
+    if isinstance(ck, DCPReader):
+        return {fqn: ck.value(fqn) for fqn in ck.meta.state_dict_metadata if fqn not in ck}
+    # A structural load's stand-ins are no values (a fresh class per load): their tensors
+    # are compared by state-dict name, the rest of the object is not.
+    return {k: v for k, v in values_of(ck.object).items() if not isinstance(v, StandIn)}
+
+
+def _same(x: object, y: object) -> bool:
+    """Equal values of one type (NaN equals NaN; arrays element-wise; a value whose ``==``
+    fails compares by ``repr``)."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    try:
+        equal: Any = x == y  # an array's == is an array
+        return bool(equal) if isinstance(equal, (bool, np.bool_)) else \
+            bool(np.all(np.asarray(equal)))
+    except Exception:  # noqa: BLE001 - an inert stand-in's or an odd type's comparison
+        return repr(x) == repr(y)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _VALUE_REPR else text[:_VALUE_REPR - 1] + "…"
+
+
+def _compare_values(left: dict[str, object], right: dict[str, object],
+                    report: DiffReport) -> None:
+    report.removed += [k for k in left if k not in right]
+    report.added += [k for k in right if k not in left]
+    for name, x in left.items():
+        if name in right:
+            report.values_compared += 1
+            if not _same(x, right[name]):
+                report.values_changed[name] = [_short(x), _short(right[name])]
 
 
 def _max_abs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
@@ -422,8 +490,12 @@ def _compare(a: CheckpointReader | DCPReader, b: CheckpointReader | DCPReader, n
 
 
 def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
-         progress: Progress | None = None, storage_options: StorageOptions = None) -> DiffReport:
-    """Compare two checkpoints tensor by tensor (dotted names, as :func:`ptfile.open`).
+         progress: Progress | None = None, storage_options: StorageOptions = None,
+         tensors_only: bool = False, structural: bool = False) -> DiffReport:
+    """Compare two checkpoints: tensor by tensor (dotted names, as :func:`ptfile.open`),
+    then every other value (``step``, a config dict's entries, as :func:`ptfile.tree.values`
+    names them).  Any two inputs :func:`ptfile.open` reads compare: a ``.pt`` with its
+    ``.safetensors`` conversion, a DCP folder with the file consolidated from it.
 
     Parameters
     ----------
@@ -433,6 +505,12 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
         Ceilings for untrusted input.
     progress
         Called with 1 after each common tensor.
+    tensors_only
+        Compare tensors only: values other than tensors are neither compared nor listed
+        as added or removed (a ``.safetensors`` file holds no ``step``).
+    structural
+        Open pickles that name globals outside the weights-only allowlist with inert
+        stand-ins (:func:`ptfile.open`'s ``structural``).
 
     Returns
     -------
@@ -441,20 +519,22 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
     Raises
     ------
     FormatError, UnsafeGlobalError, LimitExceededError, UnsupportedFeatureError
-        As :func:`ptfile.open`.
+        As :func:`ptfile.open`; the message starts with the input that failed.
 
     Examples
     --------
     >>> import io, numpy as np, ptfile
     >>> from ptfile.inspection import diff
     >>> x, y = io.BytesIO(), io.BytesIO()
-    >>> ptfile.save({"w": np.zeros(2, "f4")}, x); ptfile.save({"w": np.ones(2, "f4")}, y)
-    >>> diff(io.BytesIO(x.getvalue()), io.BytesIO(y.getvalue())).max_abs_diff
-    {'w': 1.0}
+    >>> ptfile.save({"w": np.zeros(2, "f4"), "step": 1}, x)
+    >>> ptfile.save({"w": np.ones(2, "f4"), "step": 2}, y)
+    >>> report = diff(io.BytesIO(x.getvalue()), io.BytesIO(y.getvalue()))
+    >>> report.max_abs_diff, report.values_changed
+    ({'w': 1.0}, {'step': ['1', '2']})
     """
-    report = DiffReport()
-    with open_checkpoint(a, limits=limits, storage_options=storage_options) as left, \
-            open_checkpoint(b, limits=limits, storage_options=storage_options) as right:
+    report = DiffReport(a=_named(a), b=_named(b))
+    with _opened(a, limits, storage_options, structural) as left, \
+            _opened(b, limits, storage_options, structural) as right:
         report.removed = [k for k in left if k not in right]
         report.added = [k for k in right if k not in left]
         for name in left:
@@ -462,5 +542,29 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
                 _compare(left, right, name, report)
                 if progress is not None:
                     progress(1)
+        if not tensors_only:
+            _compare_values(_values(left), _values(right), report)
     return report
+
+
+def _named(f: FileLike) -> str | None:
+    return str(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else None
+
+
+@contextlib.contextmanager
+def _opened(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
+            structural: bool) -> Iterator[CheckpointReader | DCPReader]:
+    """:func:`ptfile.open`, with the input's name added to the error it raises: a diff
+    reads two inputs, and the user must know which one failed."""
+    try:
+        ck = open_checkpoint(f, limits=limits, storage_options=storage_options,
+                             structural=structural)
+    except PtfileError as exc:
+        name = _named(f)
+        if name is not None:
+            exc.args = (f"{name}: {exc.args[0]}" if exc.args else name, *exc.args[1:])
+            exc.input = name  # type: ignore[attr-defined]  # which of the two, for the CLI
+        raise
+    with ck:
+        yield ck
 

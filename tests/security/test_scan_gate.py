@@ -133,9 +133,9 @@ def test_scan_reads_a_bare_pickle_whatever_its_first_opcode(opener: str) -> None
         ptfile.load(data)
 
 
-def test_a_file_that_is_no_pickle_is_still_an_unknown_format() -> None:
-    result = ptfile.scan(b'{"a": 1}')
-    assert (result.format, result.verdict) == ("unknown", Verdict.UNKNOWN)
+def test_a_file_that_is_no_pickle_is_an_unknown_format_error() -> None:
+    with pytest.raises(ptfile.UnknownFormatError, match="not a known checkpoint format"):
+        ptfile.scan(b'{"a": 1}')
 
 
 # --------------------------------------------------------------------------- dotted names

@@ -18,10 +18,10 @@ __all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expa
 
 #: File names a directory walk keeps: what the formats ptfile reads are saved under by
 #: torch.save, torch.jit.save, torch.export.save and pickle (.bin: Hugging Face; .ckpt:
-#: Lightning; .tar: pre-0.4).  Not .safetensors: no pickle to scan, and bulk convert's
-#: own outputs.
+#: Lightning; .tar: pre-0.4), and .safetensors, which torch.load reads too (scan checks
+#: its header; bulk convert leaves out walked files already of the kind it writes).
 CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
-                                        ".pkl", ".pickle"})
+                                        ".pkl", ".pickle", ".safetensors"})
 #: The files that mark a distributed checkpoint's folder: its metadata pickles.  A
 #: HuggingFace-writer folder holds only safetensors shards, like any model folder: it is
 #: walked, and a user names it to convert it.
@@ -113,12 +113,14 @@ def expand(inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     Examples
     --------
     >>> import os, tempfile
-    >>> root = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> root = tmp.name
     >>> for name in ("a.pt", "sub/b.bin", "sub/notes.txt", ".git/c.pt"):
     ...     os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
     ...     open(os.path.join(root, name), "wb").close()
     >>> [os.path.relpath(p, root) for p in expand([root, os.path.join(root, "*.pt")])]
     ['a.pt', 'sub/b.bin']
+    >>> tmp.cleanup()
     """
     found: set[str] = set()
     for item in as_items(inputs):
@@ -164,9 +166,13 @@ def _base(item: str) -> str:
 
 def outputs(urls: list[str], items: list[str], out_prefix: str | None,
              fmt: str) -> tuple[list[str], list[str | None]]:
-    """The inputs to convert (less those under ``out_prefix``: earlier outputs) and the
+    """The inputs to convert (less those under ``out_prefix``: earlier outputs; and less
+    files a folder or glob found that are already of the kind ``fmt`` writes) and the
     output of each: under ``out_prefix``, at its path relative to the input that named it
     (the inputs' common folder when none does)."""
+    named = {_key(item) for item in items}
+    urls = [url for url in urls
+            if _key(url) in named or _suffix(url) != OUTPUT_SUFFIXES[fmt]]
     if out_prefix is None:
         return urls, [output_for(url, fmt) for url in urls]
     inside = _key(out_prefix).rstrip("/") + "/"

@@ -23,6 +23,10 @@ What is scanned
   ``unknown``.
 * The format is the loader's (:func:`ptfile.formats.detect`); a file with a
   tar header is walked as a tar too, as torch tries ``tarfile`` first.
+* A safetensors file holds no pickle (torch.load reads it through the safetensors
+  package): its header is read and checked (:mod:`ptfile.formats.safetensors`), and a
+  well-formed one has no findings; a damaged one raises its FormatError or
+  LimitExceededError.  Its tensor bytes are not searched.
 * A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
 * Nested payloads (:mod:`ptfile.scanning.nested`): every byte string or text
   constant that holds a pickle or a ZIP, raw or as base64 or hex text
@@ -53,9 +57,17 @@ from .._io import BytesSource, FileLike, Source, is_path
 from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
 from ..archive.records import METHOD_STORED
-from ..errors import LimitExceededError, PtfileError
+from ..errors import (
+    ArchiveError,
+    FormatError,
+    LimitExceededError,
+    PickleStreamError,
+    PtfileError,
+    UnknownFormatError,
+)
 from ..formats import Format, detect
 from ..formats.legacy_tar import pickle_offsets
+from ..formats.safetensors import read_header
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
@@ -513,6 +525,9 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     fmt = detect(head)
     if fmt is Format.ZIP:
         return _scan_zip(s, source, where, depth)
+    if fmt is Format.SAFETENSORS:  # data only: its header is checked, damage raises
+        read_header(source, s.limits)
+        return "safetensors"
     if tar.is_tar(head):
         _scan_tar(s, source, depth)
         if fmt is Format.TAR:
@@ -585,6 +600,35 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
         else:
             fmt = _scan_source(state, source, "", 0)
         name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        _raise_if_damaged(state.findings)
         return ScanResult(str(name) if name is not None else None, fmt, tuple(state.findings))
     finally:
         source.close()
+
+
+#: Findings that say the file cannot be read, not what it would run: the container or
+#: a pickle in it ends, or is not one.  Each ``stream`` message starts with one of these.
+_DAMAGE_STREAM: Final = ("not a readable pickle", "the unpickler stops",
+                         "record cannot be read")
+
+
+def _is_damage(f: Finding) -> bool:
+    return f.kind == "format" or (f.kind == "stream" and f.message.startswith(_DAMAGE_STREAM))
+
+
+def _raise_if_damaged(findings: list[Finding]) -> None:
+    """Raise the :class:`FormatError` of a damaged or unknown file: one whose every
+    finding short of ``allowed`` says it cannot be read (empty, random bytes, a ZIP with
+    no end record, a pickle cut short) — an error, exit 2, not ``unknown`` globals that
+    ``--allow-unknown`` would pass.  A file with anything else to report (a dangerous or
+    unknown global before the damage, an anomaly) keeps its findings and verdict: the
+    loaders may run what comes before the damage."""
+    worry = [f for f in findings if f.verdict is not Verdict.ALLOWED]
+    if not worry or not all(map(_is_damage, worry)):
+        return
+    first = worry[0]
+    cls: type[FormatError] = (
+        ArchiveError if "ZIP" in first.message else
+        UnknownFormatError if first.kind == "format" else PickleStreamError)
+    member = first.location if first.location not in ("", "file") else None
+    raise cls(f"cannot scan: {first.message}", offset=first.offset, member=member)

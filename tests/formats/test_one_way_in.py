@@ -127,7 +127,8 @@ def test_issue_11_torchscript_directory_parsed_once(monkeypatch: pytest.MonkeyPa
 
 
 def test_issue_11_every_readable_format_has_one_reader() -> None:
-    assert set(READERS) == {Format.ZIP, Format.TORCHSCRIPT, Format.PT2, Format.LEGACY, Format.TAR}
+    assert set(READERS) == {Format.ZIP, Format.TORCHSCRIPT, Format.PT2, Format.LEGACY, Format.TAR,
+                            Format.SAFETENSORS}
     with pytest.raises(ptfile.UnknownFormatError):
         ptfile.load(io.BytesIO(b"not a checkpoint at all" * 30))
 

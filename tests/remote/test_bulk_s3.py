@@ -125,5 +125,5 @@ def test_bulk_cli_on_a_local_dask_cluster_with_storage_options(s3: dict[str, Any
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     *records, summary = map(json.loads, result.stdout.splitlines())
     assert summary["files"] == len(records) == 50 and result.returncode == 1
-    assert {r["verdict"] for r in records} == {"allowed", "dangerous", "unknown"}
+    assert {r["verdict"] for r in records} == {"allowed", "dangerous", "error"}
     assert summary["bytes_fetched"] == sum(r["bytes_fetched"] for r in records) > 0

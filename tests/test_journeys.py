@@ -258,3 +258,15 @@ def test_ptfile_warnings_print_as_one_line(capsys: pytest.CaptureFixture[str],
     assert cli.main(["inspect", "m.pt"]) == 0
     assert capsys.readouterr().err == \
         "ptfile inspect: warning: http://h/m.pt: the server ignores range requests\n"
+
+
+def test_a_dcp_checkpoint_from_python_3_13_converts_and_diffs_identical(tmp_path: Path) -> None:
+    """A DCP folder torch wrote on Python 3.13 (a committed fixture): inspect, convert to a
+    .pt, and diff the two: the same tensors and the same values, list items leaf by leaf."""
+    folder = Path(__file__).parent / "fixtures" / "pythons" / "3.13" / "dcp-nested"
+    assert ptfile("inspect", folder).returncode == 0
+    out = tmp_path / "consolidated.pt"
+    assert ptfile("convert", folder, out).returncode == 0
+    result = ptfile("diff", folder, out)
+    assert result.returncode == 0 and result.stdout.startswith("identical"), result.stdout
+    assert "other values" in result.stdout

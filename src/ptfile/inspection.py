@@ -418,8 +418,10 @@ _VALUE_REPR: Final = 80
 
 def _values(ck: CheckpointReader | DCPReader) -> dict[str, object]:
     """The checkpoint's non-tensor values by dotted name (a DCP item is read now)."""
-    if isinstance(ck, DCPReader):
-        return {fqn: ck.value(fqn) for fqn in ck.meta.state_dict_metadata if fqn not in ck}
+    if isinstance(ck, DCPReader):  # an item may hold a list or dict: named leaf by leaf
+        return {f"{fqn}.{k}" if k else fqn: v
+                for fqn in ck.meta.state_dict_metadata if fqn not in ck
+                for k, v in values_of(ck.value(fqn)).items()}
     # A structural load's stand-ins are no values (a fresh class per load): their tensors
     # are compared by state-dict name, the rest of the object is not.
     return {k: v for k, v in values_of(ck.object).items() if not isinstance(v, StandIn)}

@@ -48,9 +48,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -60,6 +58,7 @@ from typing import IO, Any, Final
 import numpy as np
 
 from . import config, dtypes
+from ._io import atomic_path
 from .errors import SaveError
 from .formats.zipped import write_zip
 from .picklevm.pickler import Global, Reduce, dumps, global_
@@ -290,37 +289,15 @@ def _planned(state_dict: Mapping[Any, Any]) -> list[_Item]:
     return items
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def _atomic_directory(target: str) -> Iterator[str]:
-    """A fresh sibling directory, renamed to ``target`` once the block succeeds."""
-    parent = os.path.dirname(os.path.abspath(target))
+    """A fresh directory (``os.mkdir``'s modes) renamed to ``target`` once the block
+    succeeds (:func:`ptfile._io.atomic_path`: an existing directory is replaced then)."""
     if os.path.exists(target) and not os.path.isdir(target):
         raise SaveError(f"{target!r} exists and is not a directory")
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(target))}.",
-                           suffix=".tmp", dir=parent)
-    try:
+    with atomic_path(target, fsync=True, same_name=True) as tmp:
+        os.mkdir(tmp)
         yield tmp
-        _fsync(tmp)
-        old = None
-        if os.path.isdir(target):
-            old = tempfile.mkdtemp(prefix=".old.", suffix=".tmp", dir=parent)
-            os.rename(target, os.path.join(old, "ckpt"))
-        os.rename(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            _fsync(parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_dcp(state_dict: Mapping[Any, Any], directory: str | os.PathLike[str]) -> None:
@@ -351,12 +328,14 @@ def save_dcp(state_dict: Mapping[Any, Any], directory: str | os.PathLike[str]) -
     Examples
     --------
     >>> import numpy as np, os, ptfile, tempfile
-    >>> out = os.path.join(tempfile.mkdtemp(), "ckpt")
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> out = os.path.join(tmp.name, "ckpt")
     >>> ptfile.save_dcp({"model": {"w": np.ones((2, 3), "float32")}, "step": 7}, out)
     >>> sorted(os.listdir(out))
     ['.metadata', '__0_0.distcp']
     >>> ptfile.load_dcp(out)["model"]["w"].shape
     torch.Size([2, 3])
+    >>> tmp.cleanup()
     """
     if not isinstance(state_dict, Mapping):
         raise SaveError(f"a DCP state dict is a mapping, not {type(state_dict).__name__}")

@@ -1,0 +1,174 @@
+"""File modes: every writer gives the modes torch's plain ``open(path, "wb")`` gives.
+
+Under umask 022, 027 and 002 each writer (``ptfile.save``, the safetensors and npz
+exports, ``save_dcp``, ``ptfile convert`` one file, a sharded index and a DCP
+folder, bulk convert under ``--out-prefix``) makes files with the mode
+``torch.save`` makes and folders with the mode ``dcp.save`` makes, and a file
+that replaces a 0664 (or 0600) one keeps that mode, as it does under torch.
+The umask is set in this process (and so inherited by the ``ptfile`` command).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as torch_dcp
+
+import ptfile
+from ptfile.export import dump, dump_npz
+
+PTFILE = str(Path(sys.executable).parent / "ptfile")  # the installed command
+
+
+@pytest.fixture(params=[0o022, 0o027, 0o002], ids=lambda m: f"umask{m:03o}")
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def torch_file_mode(folder: Path) -> int:
+    """What ``torch.save`` gives a new file in ``folder`` under the current umask."""
+    path = folder / "by-torch.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    return mode(path)
+
+
+def torch_dcp_modes(folder: Path) -> dict[str, int]:
+    """What ``dcp.save`` gives its new folder and files under the current umask."""
+    out = folder / "by-torch-dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch_dcp.save({"w": torch.ones(2)}, checkpoint_id=str(out))
+    return {"folder": mode(out), "file": mode(out / ".metadata")}
+
+
+def ptfile_cli(*args: str | Path) -> None:
+    done = subprocess.run([PTFILE, *map(str, args)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def tensors() -> dict[str, ptfile.Tensor]:
+    storage = ptfile.Storage(memoryview(np.arange(4, dtype="f4")), ptfile.DTYPES["float32"])
+    return {"w": ptfile.Tensor(storage, 0, (4,), (1,))}
+
+
+#: Each file writer of the API: output → writes the output.
+API_WRITERS: dict[str, Callable[[Path], object]] = {
+    "save": lambda out: ptfile.save({"w": np.ones(2, "f4")}, out.with_suffix(".pt")),
+    "safetensors": lambda out: dump(tensors(), out.with_suffix(".safetensors")),
+    "npz": lambda out: dump_npz(tensors(), out.with_suffix(".npz")),
+}
+SUFFIX = {"save": ".pt", "safetensors": ".safetensors", "npz": ".npz"}
+
+
+@pytest.mark.parametrize("writer", list(API_WRITERS))
+def test_a_new_file_gets_torch_saves_mode(writer: str, umask: int, tmp_path: Path) -> None:
+    out = tmp_path / f"out{SUFFIX[writer]}"
+    API_WRITERS[writer](out)
+    assert mode(out) == torch_file_mode(tmp_path) == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["by-torch.pt", out.name])
+
+
+@pytest.mark.parametrize("old_mode", [0o664, 0o600], ids=oct)
+@pytest.mark.parametrize("writer", list(API_WRITERS))
+def test_a_replaced_file_keeps_its_mode(writer: str, old_mode: int, umask: int,
+                                        tmp_path: Path) -> None:
+    out, theirs = tmp_path / f"out{SUFFIX[writer]}", tmp_path / "theirs.pt"
+    for path in (out, theirs):
+        path.write_bytes(b"old")
+        path.chmod(old_mode)
+    torch.save({"w": torch.ones(2)}, theirs)
+    API_WRITERS[writer](out)
+    assert out.read_bytes() != b"old"
+    assert mode(out) == mode(theirs) == old_mode
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors", ".npz"])
+def test_the_convert_command_gives_torch_saves_modes(suffix: str, umask: int,
+                                                     tmp_path: Path) -> None:
+    src = tmp_path / "src.pt"
+    torch.save({"w": torch.arange(4.0)}, src)
+    new, old = tmp_path / f"new{suffix}", tmp_path / f"old{suffix}"
+    old.write_bytes(b"old")
+    old.chmod(0o664)
+    ptfile_cli("convert", src, new)
+    ptfile_cli("convert", src, old)
+    assert mode(new) == torch_file_mode(tmp_path) == 0o666 & ~umask
+    assert mode(old) == 0o664 and old.read_bytes() != b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["by-torch.pt", "src.pt", new.name, old.name])
+
+
+def test_sharded_index_conversion_gets_torch_saves_modes(umask: int, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    torch.save({"w": torch.ones(2)}, src / "pytorch_model-00001-of-00001.bin")
+    (src / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"w": "pytorch_model-00001-of-00001.bin"}}))
+    out = tmp_path / "out"
+    ptfile_cli("convert", src / "pytorch_model.bin.index.json", f"{out}/")
+    want = torch_file_mode(tmp_path)
+    assert {p.name: mode(p) for p in out.iterdir()} == {
+        "model.safetensors.index.json": want, "model-00001-of-00001.safetensors": want}
+    assert mode(out) == 0o777 & ~umask
+
+
+def test_save_dcp_gets_dcp_saves_modes(umask: int, tmp_path: Path) -> None:
+    want = torch_dcp_modes(tmp_path)
+    out = tmp_path / "ckpt"
+    ptfile.save_dcp({"w": np.ones(2, "f4")}, out)
+    assert mode(out) == want["folder"] == 0o777 & ~umask
+    assert {p.name: mode(p) for p in out.iterdir()} == {
+        ".metadata": want["file"], "__0_0.distcp": want["file"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["by-torch-dcp", "ckpt"]
+
+
+def test_save_dcp_over_a_folder_keeps_its_mode(umask: int, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    ptfile.save_dcp({"w": np.ones(2, "f4")}, out)
+    out.chmod(0o2775)
+    ptfile.save_dcp({"w": np.zeros(3, "f4")}, out)
+    assert mode(out) == 0o775 and ptfile.load_dcp(out)["w"].shape == (3,)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_dcp_conversions_get_torch_saves_modes(umask: int, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ptfile.save_dcp({"w": np.ones(2, "f4")}, ckpt)
+    ptfile_cli("convert", ckpt, tmp_path / "one.pt")
+    ptfile_cli("convert", ckpt, f"{tmp_path / 'hf'}/")
+    want = torch_file_mode(tmp_path)
+    assert mode(tmp_path / "one.pt") == want
+    assert mode(tmp_path / "hf") == 0o777 & ~umask
+    assert {mode(p) for p in (tmp_path / "hf").iterdir()} == {want}
+
+
+def test_bulk_convert_under_a_prefix_gets_torch_saves_modes(umask: int, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    torch.save({"w": torch.ones(2)}, tree / "top.pt")
+    torch.save({"w": torch.ones(3)}, tree / "a" / "b" / "deep.pt")
+    out = tmp_path / "out"
+    ptfile_cli("convert", tree, "--out-prefix", out, "--no-progress", "--workers", "1")
+    want = torch_file_mode(tmp_path)
+    made = {p.relative_to(out).as_posix(): mode(p) for p in out.rglob("*")}
+    folder = 0o777 & ~umask
+    assert made == {"top.safetensors": want, "a": folder, "a/b": folder,
+                    "a/b/deep.safetensors": want}

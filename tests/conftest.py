@@ -1,8 +1,16 @@
-"""Shared fixtures: hypothesis profiles, the golden folder, and the torch oracle helpers."""
+"""Shared fixtures: hypothesis profiles, the golden folder, and the torch oracle helpers.
+
+Also the check that a run cleans up after itself: pyproject's
+``tmp_path_retention_policy = "failed"`` removes a passing test's ``tmp_path`` at its
+teardown (and a passing run's whole basetemp at its end); what is left once every
+fixture is torn down, the folders of failed tests aside, must stay under
+:data:`LEFT_BEHIND_LIMIT`, or the run fails naming the biggest.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -23,3 +31,55 @@ GOLDEN = Path(__file__).parent / "golden"
 def golden() -> Path:
     """The folder of small committed checkpoints (see golden/README.md)."""
     return GOLDEN
+
+
+#: What a whole run may leave in its basetemp, besides the folders of failed tests (kept
+#: to look at): module fixtures' ``tmp_path_factory.mktemp`` folders, a few MB.
+LEFT_BEHIND_LIMIT = 16 << 20
+_FAILED_TMP_PATHS: set[Path] = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
+                                                                        pytest.TestReport]:
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp, Path):
+        _FAILED_TMP_PATHS.add(tmp)
+    return report
+
+
+def _disk_bytes(path: Path) -> int:
+    """The disk space under ``path`` (a sparse file counts its blocks; links are not followed)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail a complete run that leaves more than :data:`LEFT_BEHIND_LIMIT` in its basetemp
+    (this runs before pytest removes it, after the last test tore every fixture down)."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    basetemp = getattr(factory, "_basetemp", None)
+    if not isinstance(basetemp, Path) or not basetemp.is_dir() or session.shouldstop \
+            or session.shouldfail:
+        return  # no tmp_path used, or an interrupted run (its fixtures are still up)
+    left = {entry: _disk_bytes(entry) for entry in basetemp.iterdir()
+            if entry not in _FAILED_TMP_PATHS and not entry.is_symlink()}
+    if sum(left.values()) <= LEFT_BEHIND_LIMIT:
+        return
+    biggest = sorted(left.items(), key=lambda kv: -kv[1])[:5]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(
+            f"tests left {sum(left.values()) >> 20} MiB in {basetemp} (limit "
+            f"{LEFT_BEHIND_LIMIT >> 20} MiB; clean up what a test writes): "
+            + ", ".join(f"{p.name} {n >> 20} MiB" for p, n in biggest), red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

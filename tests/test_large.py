@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,13 @@ import ptfile
 pytestmark = pytest.mark.slow
 
 BIG = 2**32 + 5  # one storage past 4 GiB: ZIP64 sizes, then a record whose header offset is > 4 GiB
+
+
+@pytest.fixture(autouse=True)
+def _no_gib_left(tmp_path: Path) -> Iterator[None]:
+    """These files are GiBs: removed even when a test fails (its traceback says enough)."""
+    yield
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _sha(path: Path) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import doctest
 import sys
+import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -16,8 +18,12 @@ sys.path.insert(0, str(Path(__file__).parent / "remote"))
 from rangeserver import RangeServer  # noqa: E402 - the tests' loopback server
 
 
-def test_readme_remote_example_runs(tmp_path: Path) -> None:
+def test_readme_remote_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed.checkpoint as dcp
+
+    scratch = tmp_path / "scratch"  # the examples' tempfile.mkdtemp() folders, not left in /tmp
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
     torch.save({"w": torch.arange(6.0).reshape(2, 3)}, tmp_path / "model.pt")
     model = {"weight": torch.arange(12.0).reshape(4, 3), "bias": torch.zeros(3)}

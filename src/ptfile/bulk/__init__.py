@@ -61,7 +61,7 @@ Execution
   metadata (scan, inspect: range reads, a cache of at most 16 MiB), one record
   at a time (verify) or one file's tensors (convert), all under ``limits``.  A
   worker that dies loses nothing: the scheduler runs its tasks again elsewhere.
-  Dask is imported only then (``pip install 'ptfile[dask]'``).
+  Dask is imported only then (ptfile's ``dask`` extra).
 * otherwise a local pool (``pool="auto"``): **threads** when any input is a URL
   (the work waits on the network; :data:`THREADS` by default), **processes**
   when every input is local (parsing pickles and CRCs is CPU work that holds the
@@ -182,13 +182,15 @@ def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Poo
     Examples
     --------
     >>> import os, tempfile, numpy as np, ptfile, ptfile.bulk
-    >>> root = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> root = tmp.name
     >>> ptfile.save({"w": np.ones(2, "float32")}, os.path.join(root, "a.pt"))
     >>> with open(os.path.join(root, "b.pt"), "wb") as fp:
     ...     _ = fp.write(b"\\x80\\x02cposix\\nsystem\\nX\\x02\\x00\\x00\\x00hi\\x85R.")
     >>> [(os.path.basename(r["path"]), r["verdict"], r["exit_code"])
     ...  for r in ptfile.bulk.ordered(ptfile.bulk.scan(root, pool="serial"))]
     [('a.pt', 'allowed', 0), ('b.pt', 'dangerous', 1)]
+    >>> tmp.cleanup()
     """
     options = Options(storage_options, limits, retries, allow_unknown=allow_unknown)
     return run("scan", urls, options, client=client, workers=workers, pool=pool)
@@ -205,10 +207,12 @@ def inspect(urls: Any, *, client: Any = None, workers: int | None = None, pool: 
     Examples
     --------
     >>> import os, tempfile, numpy as np, ptfile, ptfile.bulk
-    >>> root = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> root = tmp.name
     >>> ptfile.save({"w": np.ones(3, "float32")}, os.path.join(root, "a.pt"))
     >>> [r["result"]["totals"]["parameters"] for r in ptfile.bulk.inspect(root)]
     [3]
+    >>> tmp.cleanup()
     """
     options = Options(storage_options, limits, retries, structural=structural, full=full)
     return run("inspect", urls, options, client=client, workers=workers, pool=pool)
@@ -224,10 +228,12 @@ def verify(urls: Any, *, client: Any = None, workers: int | None = None, pool: P
     Examples
     --------
     >>> import os, tempfile, numpy as np, ptfile, ptfile.bulk
-    >>> root = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> root = tmp.name
     >>> ptfile.save({"w": np.ones(3, "float32")}, os.path.join(root, "a.pt"))
     >>> [r["verdict"] for r in ptfile.bulk.verify(root)]
     ['ok']
+    >>> tmp.cleanup()
     """
     options = Options(storage_options, limits, retries)
     return run("verify", urls, options, client=client, workers=workers, pool=pool)
@@ -246,12 +252,14 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
     Examples
     --------
     >>> import os, tempfile, numpy as np, ptfile, ptfile.bulk
-    >>> root = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> root = tmp.name
     >>> ptfile.save({"w": np.ones(3, "float32")}, os.path.join(root, "a.pt"))
     >>> [r["verdict"] for r in ptfile.bulk.convert(root)]
     ['converted']
     >>> [r["verdict"] for r in ptfile.bulk.convert(root + "/*.pt")]   # a rerun
     ['skipped']
+    >>> tmp.cleanup()
     """
     if fmt not in OUTPUT_SUFFIXES:
         raise UnsupportedFeatureError(f"cannot convert to {fmt!r}: use one of "

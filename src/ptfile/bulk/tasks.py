@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
-from .._io import is_url
+from .._io import atomic_path, is_url
 from .._remote import StorageOptions, filesystem, watched_sources
 from ..errors import PtfileError, RemoteError, UnsupportedFeatureError
 from ..limits import Limits
@@ -118,15 +116,9 @@ def _atomic_output(target: str) -> Iterator[str]:
     if is_url(target):
         yield target
         return
-    folder = os.path.dirname(os.path.abspath(target))
-    os.makedirs(folder, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".ptfile-", dir=folder)
-    try:
-        staged = os.path.join(staging, os.path.basename(target))  # same stem: the archive name
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    with atomic_path(target, same_name=True) as staged:  # same stem: the archive name
         yield staged
-        os.replace(staged, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 COMMANDS: Final[dict[str, Callable[[str, Options, str | None],
@@ -153,7 +145,7 @@ def error_of(exc: BaseException) -> dict[str, str]:
 def run_one(command: str, url: str, options: Options, target: str | None = None) -> Record:
     """One file's record: the command run with retries on transient errors; never raises
     for the file's sake (a task of the local pool or of Dask)."""
-    record: Record = {"url": url, "command": command}
+    record: Record = {"path": url, "command": command}
     start = time.perf_counter()
     for attempt in range(options.retries + 1):
         sources: list[Any] = []

@@ -72,10 +72,10 @@ from ..formats.dcp_metadata import (
     StorageInfo,
     TensorStorageMetadata,
 )
+from ..formats.safetensors import CODES
 from ..formats.zipped import write_zip
 from ..limits import DEFAULT_LIMITS, Limits
 from ..tensor import Storage, Tensor
-from .safetensors import CODES
 
 __all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp"]
 
@@ -422,12 +422,14 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     Examples
     --------
     >>> import numpy as np, os, ptfile, tempfile
-    >>> folder = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> folder = tmp.name
     >>> ptfile.save_dcp({"w": np.ones(3, "float32"), "step": 1}, os.path.join(folder, "ck"))
     >>> convert_dcp(os.path.join(folder, "ck"), os.path.join(folder, "w.pt"), to="pt")["tensors"]
     1
     >>> ptfile.load(os.path.join(folder, "w.pt"))["step"]
     1
+    >>> tmp.cleanup()
     """
     source, target = os.fspath(src), os.fspath(dst)
     kind = to

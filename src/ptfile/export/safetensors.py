@@ -1,4 +1,4 @@
-"""``.pt`` ⇄ ``.safetensors`` through the ``safetensors`` package (``pip install ptfile[safetensors]``).
+"""``.pt`` ⇄ ``.safetensors`` through the ``safetensors`` package (ptfile's ``safetensors`` extra).
 
 Writing goes through ``safetensors.serialize_file`` with ``TensorSpec``
 pointers, so mmapped contiguous tensors are written without a copy, and
@@ -14,38 +14,30 @@ does, by a :data:`SharedPolicy`:
 * ``"copy"``: every name is written, duplicates included.
 * ``"error"``: any two names sharing a storage raise :class:`~ptfile.SaveError`.
 
-Reading parses the 8-byte length and JSON header (every offset checked
-against the file) and maps the data, so each tensor is a zero-copy view.
+Reading maps the file and reads its header with the one safetensors header reader
+(:mod:`ptfile.formats.safetensors`, which checks every offset), so each tensor is a
+zero-copy view.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, Literal
 
 import numpy as np
 
-from .. import dtypes
-from .._io import MmapSource
-from ..errors import FormatError, LimitExceededError, SaveError, UnsupportedFeatureError
-from ..tensor import Storage, Tensor
+from .._io import MmapSource, atomic_file, atomic_path
+from ..errors import FormatError, SaveError, UnsupportedFeatureError
+from ..formats.safetensors import CODES, read_header, to_tensors
+from ..tensor import Tensor
 
 __all__ = ["SharedPolicy", "convert_sharded", "dump", "load_safetensors"]
 
 SharedPolicy = Literal["dedupe", "copy", "error"]
-#: safetensors' own header ceiling (100 MB).
-MAX_HEADER_BYTES: Final = 100_000_000
-#: safetensors header code → torch dtype name.
-CODES: Final[dict[str, str]] = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-    "BOOL": "bool", "U16": "uint16", "U32": "uint32", "U64": "uint64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "C64": "complex64",
-}
+#: The dtypes written (the codes are :mod:`ptfile.formats.safetensors`'s, with the one
+#: header reader; CODES stays importable from here for the writers that use it).
 WRITABLE: Final = frozenset(CODES.values())
 
 
@@ -54,7 +46,7 @@ def _safetensors() -> Any:
         import safetensors
     except ImportError as exc:
         raise UnsupportedFeatureError("converting to safetensors needs the safetensors "
-                                      "package: pip install 'ptfile[safetensors]'") from exc
+                                      "package: pip install safetensors (ptfile's safetensors extra)") from exc
     return safetensors
 
 
@@ -136,9 +128,11 @@ def dump(tensors: Mapping[str, Tensor], path: str | os.PathLike[str], *,
     --------
     >>> import numpy as np, ptfile, tempfile, os
     >>> s = ptfile.Storage(memoryview(np.ones(2, "f4")), ptfile.DTYPES["float32"])
-    >>> out = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> out = os.path.join(tmp.name, "w.safetensors")
     >>> dump({"w": ptfile.Tensor(s, 0, (2,), (1,))}, out)
     {}
+    >>> tmp.cleanup()
     """
     st = _safetensors()
     aliases = plan(tensors, shared)
@@ -154,52 +148,13 @@ def dump(tensors: Mapping[str, Tensor], path: str | os.PathLike[str], *,
     meta = {"format": "pt", **(metadata or {})}
     if aliases:
         meta["ptfile.aliases"] = json.dumps(aliases, sort_keys=True)
-    st.serialize_file(specs, os.fspath(path), metadata=meta)
+    with atomic_path(os.fspath(path)) as tmp:  # safetensors writes to a path of its own
+        st.serialize_file(specs, tmp, metadata=meta)
     del keep
     return aliases
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def _header(view: memoryview, size: int) -> tuple[dict[str, Any], int]:
-    if size < 8:
-        raise FormatError("not a safetensors file: shorter than its 8-byte header length")
-    (length,) = struct.unpack_from("<Q", view, 0)
-    if length > MAX_HEADER_BYTES:
-        raise LimitExceededError("safetensors header", MAX_HEADER_BYTES, length)
-    if 8 + length > size:
-        raise FormatError(f"safetensors header of {length} bytes runs past the end ({size})")
-    try:
-        header = json.loads(bytes(view[8:8 + length]))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FormatError(f"safetensors header is not JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise FormatError("safetensors header is not a JSON object")
-    return header, 8 + length
-
-
-def _tensor(name: str, entry: object, data: memoryview) -> Tensor:
-    if not isinstance(entry, dict):
-        raise FormatError(f"safetensors entry {name!r} is not an object")
-    code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if code not in CODES:
-        raise UnsupportedFeatureError(f"safetensors dtype {code!r} of {name!r}")
-    dtype = dtypes.DTYPES[CODES[code]]
-    if (not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape)
-            or not isinstance(offsets, list) or len(offsets) != 2
-            or not all(type(o) is int for o in offsets)):
-        raise FormatError(f"safetensors entry {name!r} has a malformed shape or data_offsets")
-    begin, end = offsets
-    numel = int(np.prod(shape, dtype=object)) if shape else 1
-    if not 0 <= begin <= end <= data.nbytes or end - begin != numel * dtype.itemsize:
-        raise FormatError(f"safetensors entry {name!r}: data_offsets {offsets} do not hold "
-                          f"{shape} x {dtype!r} within {data.nbytes} data bytes")
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
-    storage = Storage(data[begin:end], dtype, untyped=dtype.is_v3)
-    return Tensor(storage, 0, shape, strides, dtype=dtype)
 
 
 def load_safetensors(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -214,20 +169,17 @@ def load_safetensors(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], d
     --------
     >>> import numpy as np, ptfile, tempfile, os
     >>> s = ptfile.Storage(memoryview(np.ones(2, "f4")), ptfile.DTYPES["float32"])
-    >>> out = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> out = os.path.join(tmp.name, "w.safetensors")
     >>> _ = dump({"w": ptfile.Tensor(s, 0, (2,), (1,))}, out)
     >>> load_safetensors(out)[0]["w"].numpy().tolist()
     [1.0, 1.0]
+    >>> tmp.cleanup()
     """
-
-
     source = MmapSource(path, "r")
-    view = source.view(0, source.size, "safetensors file")
-    header, start = _header(view, source.size)
-    meta = header.pop("__metadata__", None) or {}
-    data = view[start:]
-    tensors = {str(name): _tensor(str(name), entry, data) for name, entry in header.items()}
-    return tensors, {str(k): str(v) for k, v in dict(meta).items()}
+    header = read_header(source)
+    data = source.view(header.data_start, header.data_size, "the safetensors data")
+    return to_tensors(header, data), dict(header.metadata or {})
 
 
 # --------------------------------------------------------------------------- sharded
@@ -296,8 +248,9 @@ def convert_sharded(index: str | os.PathLike[str], out_dir: str | os.PathLike[st
     total = sum(os.path.getsize(os.path.join(out, f)) for f in set(new_map.values()))
     name = "model.safetensors.index.json" if to == "safetensors" else "pytorch_model.bin.index.json"
     target = os.path.join(out, name)
-    with open(target, "w", encoding="utf-8") as fp:
-        json.dump({"metadata": {"total_size": total}, "weight_map": new_map}, fp, indent=2)
+    with atomic_file(target, fsync=False) as fp:
+        fp.write(json.dumps({"metadata": {"total_size": total}, "weight_map": new_map},
+                            indent=2).encode("utf-8"))
     return target
 
 

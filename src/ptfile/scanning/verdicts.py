@@ -160,6 +160,10 @@ class Finding:
         ``GLOBAL``, ``STACK_GLOBAL``, ``INST``, ``EXT1``…, or empty.
     message : str
         A sentence for humans.
+    loaders : tuple of str
+        The real loaders that would read what the finding is about
+        (:data:`ptfile.scanning.loaders.LOADERS`); empty when it is about the file as
+        a whole (its format, an archive anomaly every reader meets).
     """
 
     kind: str
@@ -170,6 +174,7 @@ class Finding:
     name: str = ""
     opcode: str = ""
     message: str = ""
+    loaders: tuple[str, ...] = ()
 
     @property
     def qualname(self) -> str:
@@ -180,6 +185,7 @@ class Finding:
         """A JSON-able dict (the verdict as its string value)."""
         out = asdict(self)
         out["verdict"] = self.verdict.value
+        out["loaders"] = list(self.loaders)
         return out
 
 

@@ -385,3 +385,16 @@ def test_api_compressed_records_inflate_at_most_max_inflate_ratio(tmp_path: Path
         np.asarray(ptfile.load(packed, mmap=mmap)["zeros"])
     loaded = ptfile.load(packed, mmap=mmap, limits=ptfile.Limits(max_inflate_ratio=2000))
     assert_same(loaded, torch.load(packed))
+
+
+def test_every_public_name_reports_ptfile_as_its_module() -> None:
+    """Issue 24: ``ptfile.load``, ``ptfile.open`` and every error class said a private
+    module; one loop in ``ptfile/__init__`` now sets ``__module__`` for all of ``__all__``."""
+    import pickle
+
+    for name in ptfile.__all__:
+        obj = getattr(ptfile, name)
+        if isinstance(obj, type) or callable(obj):
+            assert obj.__module__ == "ptfile", name
+            if isinstance(obj, type) or hasattr(obj, "__qualname__"):
+                assert pickle.loads(pickle.dumps(obj)) is obj, name  # found by its new name

@@ -133,13 +133,12 @@ __all__ = [
     "verify",
 ]
 
-for _name in ("Finding", "ScanResult", "StandIn", "Verdict", "scan", "state_dict",
-              "add_safe_globals", "clear_safe_globals", "get_safe_globals", "safe_globals",
-              "DType", "Device", "Parameter", "QuantizedTensor", "Size", "SparseTensor",
-              "Storage", "Tensor", "Limits", "Settings", "Format", "ScriptObject",
-              "TorchScriptArchive", "LoadEndianness", "skip_data",
-              "get_unsafe_globals_in_checkpoint",
-              "CheckpointReader", "TensorInfo", "TensorSlice", "Inspection", "load_dcp",
-              "DCPReader", "DCPSlice", "save_dcp"):
-    globals()[_name].__module__ = "ptfile"
-del _name
+# Everything public reports ``ptfile`` as its module, as its users import it (one loop, so
+# a new export cannot be forgotten); objects exported under another name keep theirs, so
+# pickle still finds each one by ``module.qualname``.
+for _name in __all__:
+    _obj = globals()[_name]
+    if (isinstance(_obj, type) or callable(_obj)) and getattr(_obj, "__name__", None) == _name \
+            and str(getattr(_obj, "__module__", "")).startswith("ptfile."):
+        _obj.__module__ = "ptfile"
+del _name, _obj

@@ -153,14 +153,29 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise PtfileError(f"no files match {' '.join(_inputs(args))}")
     start = time.perf_counter()
     done: list[bulk.Record] = []
+    sarif = getattr(args, "format", None) == "sarif"  # one log at the end, not JSON Lines
+    scanned: list[dict[str, Any]] = []
     with _client(args, any(map(is_url, urls))) as client, \
             progress_bar(len(urls), args.command, not getattr(args, "no_progress", False),
                          unit="file", force=args.progress) as step:
         for record in _records(args, urls, client):
-            _write(record, out)
+            if sarif:
+                scanned.append(record["result"] or {"path": record["path"],
+                                                    "error": record["error"]})
+            else:
+                _write(record, out)
             done.append({k: record[k] for k in ("command", "verdict", "exit_code",
                                                 "bytes_fetched")})
             step(1)
     summary = bulk.summarize(done, time.perf_counter() - start)
-    _write(summary, out)
+    if sarif:
+        from . import __version__
+        from .scanning.sarif import to_sarif
+
+        log = to_sarif(bulk.ordered(scanned),
+                       version=__version__, verbose=args.verbose,
+                       exit_code=int(summary["exit_code"]))
+        out.write(json.dumps(log, indent=2, default=str) + "\n")
+    else:
+        _write(summary, out)
     return int(summary["exit_code"])

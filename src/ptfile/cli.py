@@ -238,6 +238,7 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
         scan = importlib.import_module("ptfile.scanning").scan
     except (ImportError, AttributeError):
         raise PtfileError("this ptfile has no scanner (ptfile.scanning)") from None
+    args.json = args.json or args.format == "json"
     results, codes = [], {EXIT_OK}
     for path in args.files:
         try:
@@ -251,12 +252,23 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
         code = EXIT_OK if code == EXIT_UNKNOWN and args.allow_unknown else code
         codes.add(code)
         results.append({"path": path, **result.to_dict(), "exit_code": code})
-    if args.json:
+    code = min(codes - {EXIT_OK}, key=_SCAN_ORDER.index, default=EXIT_OK)
+    if args.format == "sarif":
+        _print_json(_sarif(results, args, code), out)
+    elif args.json:
         _print_json(results if len(results) > 1 else results[0], out)
     else:
         for doc in results:
             _render_scan(doc, out, args.verbose)
-    return min(codes - {EXIT_OK}, key=_SCAN_ORDER.index, default=EXIT_OK)
+    return code
+
+
+def _sarif(docs: list[dict[str, Any]], args: argparse.Namespace, code: int) -> Any:
+    """The scan's SARIF 2.1.0 log (:mod:`ptfile.scanning.sarif`)."""
+    from . import __version__
+    from .scanning.sarif import to_sarif
+
+    return to_sarif(docs, version=__version__, verbose=args.verbose, exit_code=code)
 
 
 #: ``scan``'s exit code per verdict, and which code wins over several files (worst first).
@@ -431,7 +443,10 @@ def _args_inspect(p: argparse.ArgumentParser) -> None:
 
 def _args_scan(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE", help="checkpoints to scan")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON (--format json)")
+    p.add_argument("--format", choices=("text", "json", "sarif"), default=None,
+                   help="text (default), json, or sarif: one SARIF 2.1.0 log for CI code "
+                        "scanning (one result per finding; rules by capability)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list allowed globals")
     p.add_argument("--allow-unknown", action="store_true",
                    help="exit 0, not 3, for files whose worst verdict is unknown")

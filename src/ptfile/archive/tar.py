@@ -46,6 +46,22 @@ Tolerant mode (:mod:`ptfile.archive.anomalies`) reports these codes:
   the last member of that name; hard: the last such member before it), and
   strict mode skips links as before.  A ``K`` (GNU long link name) or PAX
   ``linkpath`` gives a long target.
+
+Tolerant mode reads numbers as ``tarfile`` does (its ``nti``): a field is cut at
+its first NUL and read by Python's ``int(text.strip() or "0", 8)``, so
+surrounding whitespace of any kind, a sign, ``_`` between digits and a ``0o``
+prefix are accepted, and a leading ``0xff`` byte is a negative base-256 number;
+a PAX ``size`` is read by ``int()`` and is 0 when that fails.  Strict mode
+keeps to plain octal digits.  It also reports what makes ``tarfile`` raise
+``ReadError`` while it lists the members (torch then reads the file as a
+stream):
+
+* ``truncated-tar-member`` also when only the padding of the last member's
+  last block is missing (``tarfile`` reads the byte before the next header);
+* ``tar-orphan-extended-header``: a GNU long name, long link or PAX header not
+  followed by a readable header (``tarfile``'s ``SubsequentHeaderError``);
+* ``negative-tar-size``: a negative size (``tarfile`` would step back over its
+  own headers); the walk stops.
 """
 
 from __future__ import annotations
@@ -60,7 +76,8 @@ from ..errors import FormatError, LimitExceededError, PtfileError
 from ..limits import Limits
 from .anomalies import Anomaly, report
 
-__all__ = ["BLOCK", "REGULAR_TYPES", "TarHeader", "TarMember", "is_tar", "read_members"]
+__all__ = ["BLOCK", "REGULAR_TYPES", "TarHeader", "TarMember", "is_tar", "read_members",
+           "tarfile_accepts"]
 
 BLOCK: Final = 512
 #: Header types that carry a member's data as it is (``tarfile.REGULAR_TYPES`` but sparse).
@@ -114,13 +131,47 @@ def is_tar(head: bytes) -> bool:
     return head[USTAR_MAGIC_AT:USTAR_MAGIC_AT + len(USTAR_MAGIC)] == USTAR_MAGIC
 
 
-def _octal(field: bytes, what: str, offset: int) -> int:
+def tarfile_accepts(head: bytes) -> bool:
+    """Whether Python's ``tarfile`` (torch's tar reader) accepts ``head``, a file's first
+    512 bytes, as a header: by its checksum alone, ``ustar`` magic or not, its numbers
+    read as ``tarfile`` reads them (an all-zero block is an empty archive, not a header).
+
+    Examples
+    --------
+    >>> tarfile_accepts(bytes(512)), tarfile_accepts(b"x" * 512)
+    (False, False)
+    """
+    if len(head) < BLOCK or head[:BLOCK] == bytes(BLOCK):
+        return False
+    try:
+        TarHeader.from_bytes(head[:BLOCK], 0, lenient=True)
+    except PtfileError:
+        return False
+    return True
+
+
+def _octal(field: bytes, what: str, offset: int, lenient: bool = False) -> int:
     if field[:1] == b"\x80":  # GNU base-256 for values that do not fit in octal
         return int.from_bytes(field[1:], "big")
+    if lenient:
+        return _nti(field, what, offset)
     text = field.split(b"\0", 1)[0].strip(b" ")
     if text and not all(0x30 <= c <= 0x37 for c in text):
         raise FormatError(f"tar header field {what} is not octal: {field!r}", offset=offset)
     return int(text, 8) if text else 0
+
+
+def _nti(field: bytes, what: str, offset: int) -> int:
+    """A number field as ``tarfile``'s ``nti`` reads it (module docstring)."""
+    if field[:1] == b"\xff":  # GNU base-256, negative
+        return int.from_bytes(field[1:], "big") - int(256 ** (len(field) - 1))
+    text = field.split(b"\0", 1)[0]
+    try:
+        value: int = int(text.decode("ascii").strip() or "0", 8)
+    except (UnicodeDecodeError, ValueError):
+        raise FormatError(f"tar header field {what} is not a number: {field!r}",
+                          offset=offset) from None
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +193,9 @@ class TarHeader:
     linkname: bytes = b""
 
     @classmethod
-    def from_bytes(cls, block: bytes, offset: int) -> TarHeader:
-        """Parse and check the header ``block`` found at file ``offset``.
+    def from_bytes(cls, block: bytes, offset: int, lenient: bool = False) -> TarHeader:
+        """Parse and check the header ``block`` found at file ``offset`` (``lenient``: its
+        numbers as ``tarfile`` reads them, module docstring).
 
         Raises
         ------
@@ -152,7 +204,7 @@ class TarHeader:
         """
         (name, _, _, _, size, _, chksum, kind, linkname, _, _, _, _, _, _, prefix,
          _) = _USTAR.unpack(block)  # fmt: skip
-        stored = _octal(chksum, "chksum", offset)
+        stored = _octal(chksum, "chksum", offset, lenient)
         body = block[:_CHKSUM_AT] + b" " * len(chksum) + block[_CHKSUM_AT + len(chksum):]
         if stored not in (sum(body), sum(b - 256 if b > 127 else b for b in body)):
             raise FormatError(f"tar header checksum {stored:#o} does not match its bytes",
@@ -166,7 +218,7 @@ class TarHeader:
         if kind == SPARSE_TYPE:
             *_, is_extended, _, _ = _GNU_TAIL.unpack_from(block, _GNU_TAIL_AT)
             extended = is_extended != b"\0"
-        return cls(name, _octal(size, "size", offset), kind, extended,
+        return cls(name, _octal(size, "size", offset, lenient), kind, extended,
                    linkname.split(b"\0", 1)[0])
 
 
@@ -186,11 +238,17 @@ def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
     return fields
 
 
-def _member_size(header: TarHeader, pending: dict[bytes, bytes], pos: int) -> int:
+def _member_size(header: TarHeader, pending: dict[bytes, bytes], pos: int,
+                 lenient: bool = False) -> int:
     """The member's size: a preceding PAX ``size`` field overrides the header's."""
     text = pending.get(b"size")
     if text is None:
         return header.size
+    if lenient:  # tarfile: int(value), 0 when that fails
+        try:
+            return int(text.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return 0
     if not text.isdigit() or len(text) > 20:
         raise FormatError(f"PAX size {text!r:.40} is not a decimal number", offset=pos)
     return int(text)
@@ -232,13 +290,22 @@ class _Walk:
 
     def run(self) -> None:
         pos, pending, source = 0, dict[bytes, bytes](), self.source
+        lenient, extended = self.anomalies is not None, False
         while pos + BLOCK <= source.size:
             block = source.pread(pos, BLOCK, "tar header")
             if block == bytes(BLOCK):
+                self._orphan(extended, pos)
                 return
-            header = TarHeader.from_bytes(block, pos)
+            try:
+                header = TarHeader.from_bytes(block, pos, lenient)
+            except FormatError:
+                self._orphan(extended, pos)
+                raise
             kind = header.kind
-            size = _member_size(header, pending, pos)
+            size = _member_size(header, pending, pos, lenient)
+            if size < 0:
+                raise _Stop("negative-tar-size", FormatError(
+                    f"tar member size {size} is negative", offset=pos))
             data = pos + BLOCK * (1 + (_sparse_blocks(source, header, pos)
                                        if kind == SPARSE_TYPE else 0))
             if data + size > source.size:
@@ -246,6 +313,12 @@ class _Walk:
                 raise _Stop("truncated-tar-member", FormatError(
                     f"tar member of {size} bytes reaches beyond the end of the input",
                     offset=pos))
+            if lenient and data + -(-size // BLOCK) * BLOCK > source.size:
+                self._add(kind, pending, header, data, size, pos)
+                raise _Stop("truncated-tar-member", FormatError(
+                    f"the last block of a tar member of {size} bytes is cut short "
+                    "(tarfile reads its padding)", offset=pos))
+            extended = kind in (LONG_NAME_TYPE, LONG_LINK_TYPE) or kind in PAX_TYPES
             if kind in (LONG_NAME_TYPE, LONG_LINK_TYPE) or kind in PAX_TYPES:
                 fields = _extended(source, pos, size, kind, self.limits)
                 if kind == PAX_GLOBAL_TYPE:
@@ -256,6 +329,14 @@ class _Walk:
                 self._add(kind, pending, header, data, size, pos)
                 pending = {}
             pos = data + -(-size // BLOCK) * BLOCK
+        self._orphan(extended, pos)
+
+    def _orphan(self, extended: bool, pos: int) -> None:
+        """Tolerant mode: an extended header with no readable header after it."""
+        if extended and self.anomalies is not None:
+            raise _Stop("tar-orphan-extended-header", FormatError(
+                "an extended (GNU long name or PAX) header is not followed by a readable "
+                "header (tarfile refuses the archive)", offset=pos))
 
     def _add(self, kind: bytes, pending: dict[bytes, bytes], header: TarHeader, data: int,
              size: int, pos: int) -> None:

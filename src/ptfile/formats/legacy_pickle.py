@@ -52,6 +52,7 @@ from typing import Any, Final
 
 from .. import dtypes
 from .._io import Source
+from ..archive.tar import tarfile_accepts
 from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError
 from ..limits import Limits
 from ..location import MapLocation, restore_location
@@ -309,6 +310,10 @@ def read_legacy(source: Source, detected: Detected, options: ReadOptions) -> Any
         ``find_class`` refused a global.
     """
     limits, encoding = options.limits, options.encoding
+    if tarfile_accepts(detected.head):
+        raise FormatError("the file is a legacy stream and also starts with a header Python's "
+                          "tarfile accepts: torch.load reads a path as a tar archive, a file "
+                          "object as the stream (one file, two readings: refused)", offset=0)
     info = read_header(source, limits)
     storages = LegacyStorages(options.map_location)
     obj, pos = unpickle_at(source, info.object_offset, source.size, limits,

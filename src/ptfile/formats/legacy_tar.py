@@ -40,8 +40,9 @@ from ..policy import find_strict_class
 from ..rebuild import StorageType
 from ..tensor import Storage, Tensor
 from .detection import Detected
-from .legacy_pickle import unpickle_at
+from .legacy_pickle import LEGACY_MAGIC, unpickle_at
 from .options import ReadOptions
+from .policies import plain
 
 __all__ = ["TarMember", "list_members", "pickle_offsets", "read_tar"]
 
@@ -237,6 +238,24 @@ def pickle_offsets(source: Source, limits: Limits) -> dict[str, list[int]]:
     return found
 
 
+#: Bytes of a tar's start read for a legacy stream's magic pickle (one is ~40 bytes).
+_STREAM_HEAD: Final = 4096
+
+
+def _refuse_stream_at_start(source: Source, limits: Limits) -> None:
+    """A tar whose byte 0 is also a legacy stream (its first pickle the magic number) means
+    two things: torch.load reads a path as the tar, a file object as the stream."""
+    try:
+        magic, _ = unpickle_at(source, 0, min(source.size, _STREAM_HEAD), limits,
+                               find_class=plain, persistent_load=None)
+    except PtfileError:
+        return
+    if type(magic) is int and magic == LEGACY_MAGIC:
+        raise FormatError("the tar archive is also a legacy stream (its first pickle is the "
+                          "magic number): torch.load reads a path as the tar, a file object "
+                          "as the stream (one file, two readings: refused)", offset=0)
+
+
 def read_tar(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """Unpickle a pre-0.4 tar checkpoint; storages are views of ``source``.
 
@@ -250,6 +269,7 @@ def read_tar(source: Source, detected: Detected, options: ReadOptions) -> Any:
         ``find_class`` refused a global.
     """
     limits, find_class, encoding = options.limits, options.find_class, options.encoding
+    _refuse_stream_at_start(source, limits)
     members = list_members(source, limits)
     objects = _TarObjects(options.map_location, options.skip_data)
     with applied(limits):  # the tensors member's tensors are built outside any pickle

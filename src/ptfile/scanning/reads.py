@@ -83,13 +83,18 @@ def holds_pickles(data: bytes, count: int, limits: Limits) -> bool:
     return True
 
 
-def holds_zip(source: Source, limits: Limits) -> bool:
-    """Whether a ZIP reading of ``source`` (miniz's, or the archive another end record or
-    ``zipfile``'s shifted offsets point at) has records: an end record of no entries
-    (tensor bytes that hold its signature) is nothing to read."""
+def holds_zip(source: Source, limits: Limits, shifted: bool = True) -> bool:
+    """Whether a ZIP reading of ``source`` (miniz's, or with ``shifted`` the archive another
+    end record or ``zipfile``'s shifted offsets point at) has records: an end record of
+    no entries (tensor bytes that hold its signature) is nothing to read.
+
+    A file that does not start with a ZIP is read as one by no torch loader but through
+    miniz (``torch.jit.load``, ``torch.export.load``), which takes the offsets the end
+    record states: ``shifted=False`` asks only for that reading (the bytes of a ZIP
+    saved inside a storage are no archive any loader reads)."""
     walked = walk_zip(source, limits)
-    if walked is None or walked[0]:
-        return walked is not None
+    if walked is None or walked[0] or not shifted:
+        return walked is not None and bool(walked[0])
     for anomaly in walked[1]:
         if anomaly.region is not None and 0 < anomaly.region[1] < source.size:
             inner = walk_zip(Window(source, *anomaly.region), limits)

@@ -9,25 +9,35 @@ What is scanned
   :mod:`ptfile.scanning.containers` (duplicate names, local/central mismatch,
   overlaps, data outside the archive, bytes before the first record, a second
   archive in the comment).
-* Legacy streams and plain pickles: the consecutive pickles at the start (torch
-  unpickles five: magic, protocol, sys_info, object, storage keys).  A file of
+* Legacy streams and plain pickles: the pickles torch's stream loader reads
+  from byte 0 (:func:`ptfile.scanning.loaders.stream.legacy_stream`: five in a
+  row, magic, protocol, sys_info, object, storage keys, while the first two can
+  be what torch wants; both next pickles where a frame outlasts a ``STOP``).  A file of
   no known format is scanned as a pickle when it reads as one from byte 0,
   whatever its first opcode (protocol 0/1 streams open with ``V``, ``S``,
   ``I``, ``]``...): torch unpickles the start of every such file.
-* Legacy tar files: every pickle in every member the loader's tar reader
-  lists (:mod:`ptfile.archive.tar`, tolerant mode), at the offsets the loader
-  unpickles at (:func:`ptfile.formats.legacy_tar.pickle_offsets`) and wherever
-  one starts; and a pickle at byte 0, which torch unpickles when ``tarfile``
-  cannot read the archive.  Members torch never unpickles
-  (any but :data:`TORCH_TAR_MEMBERS`: a ``.npy`` of objects, say) are at most
-  ``unknown``.
-* The format is the loader's (:func:`ptfile.formats.detect`); a file with a
-  tar header is walked as a tar too, as torch tries ``tarfile`` first.
+* Legacy tar files: the pickles torch's tar loader unpickles, with its
+  leniency (:func:`ptfile.scanning.loaders.tar.legacy_tar`: any key types and
+  ranks, reading on past records ptfile would refuse); where that model cannot
+  tell what torch reads next, an ``unknown`` finding and every pickle in the
+  rest of the member.  Members torch never unpickles (``sys_info``, a ``.npy``
+  of objects...) and the members of an archive ``tarfile`` refuses are scanned
+  whole, their findings at most ``unknown``.  And the stream at byte 0, which
+  torch reads when ``tarfile`` refuses the archive or the file object has no
+  ``fileno()``, and ``pickle.load`` always.
+* The format is the loader's (:func:`ptfile.formats.detect`); a file whose
+  first block ``tarfile`` accepts (by its checksum alone: ``ustar`` magic or
+  not) is walked as a tar too, as torch tries ``tarfile`` first.
+* Each finding names the loaders that would read what it is about
+  (:attr:`Finding.loaders <ptfile.scanning.Finding.loaders>`).
 * A safetensors file holds no pickle (torch.load reads it through the safetensors
   package): its header is read and checked (:mod:`ptfile.formats.safetensors`), and a
   well-formed one has no findings; a damaged one raises its FormatError or
   LimitExceededError.  Its tensor bytes are not searched.
-* A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways.
+* A file that is a ZIP *and* starts otherwise (a polyglot) is scanned both ways,
+  when the ZIP reads with the offsets it states (as miniz, ``torch.jit.load``'s
+  reader, reads it); one only ``zipfile`` finds by shifting its offsets (the
+  bytes of a ZIP saved in a storage) is no loader's reading and is not flagged.
 * Nested payloads (:mod:`ptfile.scanning.nested`): every byte string or text
   constant that holds a pickle or a ZIP, raw or as base64 or hex text
   (``torch.storage._load_from_bytes``, ``pickle.loads(base64.b64decode(...))``
@@ -66,15 +76,17 @@ from ..errors import (
     UnknownFormatError,
 )
 from ..formats import Format, detect
-from ..formats.legacy_tar import pickle_offsets
 from ..formats.safetensors import read_header
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
-from .containers import Anomaly, Window, ZipEntry, read_member, walk_tar, walk_zip
+from .containers import Anomaly, TarMember, Window, ZipEntry, read_member, walk_zip
 from .dcp import scan_directory
 from .fast import fast_names
+from .loaders import PICKLE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
+from .loaders.stream import legacy_stream
+from .loaders.tar import TarReading, legacy_tar, tarfile_header
 from .nested import looks_like_payload, may_hold_payload, nested_payload
 from .pt2 import PT2_MARKER, Role, pt2_role
 from .reads import holds_zip, next_head, stored_payload, stream_head
@@ -328,6 +340,40 @@ def _scan_stream(s: _Scan, data: bytes, where: str, depth: int, count: int = 1) 
         _scan_trailing(s, data, pos, where, depth)
 
 
+def _tag(s: _Scan, findings: list[Finding], loaders: tuple[str, ...],
+         dedupe: bool = False) -> None:
+    """Keep ``findings``, each naming ``loaders`` (where it names none yet); ``dedupe``:
+    only those not already found (same kind, verdict, offset and name)."""
+    seen = {(f.kind, f.verdict, f.offset, f.module, f.name) for f in s.findings} \
+        if dedupe else set()
+    for f in findings:
+        if (f.kind, f.verdict, f.offset, f.module, f.name) in seen:
+            continue
+        s.findings.append(f if f.loaders else dataclasses.replace(f, loaders=loaders))
+
+
+def _scan_file_stream(s: _Scan, data: bytes, where: str, depth: int, legacy: bool) -> None:
+    """The pickles torch's stream loader and ``pickle.load`` read from byte 0 of a file
+    (:func:`.loaders.stream.legacy_stream`), each finding naming its loaders; for a file
+    that is not a legacy stream, the bytes after the first pickle as :func:`_scan_stream`
+    reads them too (``pickle.load`` called again, pickles hidden there)."""
+    label, first_end = where or "stream", -1
+    for region in legacy_stream(data, s.limits):
+        name = label if region.label == "#0" and not legacy else f"{label}{region.label}"
+        probe = s.probe()
+        end = _scan_pickle(probe, data, name, region.start, depth)
+        _tag(s, probe.findings, region.loaders)
+        if region.label == "#0":
+            first_end = end
+    if not legacy and 0 < first_end < len(data):
+        s.add("stream", Verdict.UNKNOWN, label, first_end, message=f"{len(data) - first_end} "
+              "bytes after STOP: loaders ignore them, other tools may not",
+              loaders=(TORCH_LOAD_UNSAFE, TORCH_LOAD))
+        probe = s.probe()
+        _scan_trailing(probe, data, first_end, label, depth)
+        _tag(s, probe.findings, (TORCH_LOAD_UNSAFE, TORCH_LOAD), dedupe=True)
+
+
 def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:
     """Scan ``data`` as a pickle when it reads as one from byte 0, whatever its first opcode.
 
@@ -338,7 +384,7 @@ def _bare_pickle(s: _Scan, data: bytes, where: str, depth: int) -> bool:
     if data[:1] not in _OPCODE_BYTES:
         return False
     probe = s.probe()
-    _scan_stream(probe, data, where or "stream", depth)
+    _scan_file_stream(probe, data, where, depth, legacy=False)
     if any(f.kind == "stream" and f.offset == 0 for f in probe.findings):
         return False  # not a readable pickle at byte 0
     s.findings.extend(probe.findings)
@@ -447,26 +493,58 @@ def _anomaly(s: _Scan, anomaly: Anomaly, where: str) -> None:
     s.add("archive", verdict, label, anomaly.offset, "", anomaly.code, message=anomaly.message)
 
 
-def _scan_tar(s: _Scan, source: Source, depth: int) -> None:
-    members, anomalies = walk_tar(source, s.limits)
-    for anomaly in anomalies:
+def _scan_tar(s: _Scan, source: Source, reading: TarReading, depth: int) -> None:
+    """A tar as torch's tar loader reads it (:func:`.loaders.tar.legacy_tar`): the pickles
+    it unpickles, where the model cannot tell (``unknown``, and the rest of that member
+    searched), and the other members (at most ``unknown``: only other tools read them).
+    When ``tarfile`` refuses the archive, torch reads none of it (at most ``unknown``)."""
+    for anomaly in reading.anomalies:
         _anomaly(s, anomaly, "tar")
-    _scan_tar_head(s, source, depth)
-    loader = pickle_offsets(source, s.limits)
-    for member in members:
-        data = source.pread(member.offset, member.size, f"tar member {member.name}")
-        starts = [at - member.offset for at in loader.get(member.name, ())
-                  if member.offset <= at < member.offset + member.size]
-        if member.name in TORCH_TAR_MEMBERS:
-            _scan_tar_member(s, data, f"tar:{member.name}", starts, depth)
-            continue
+    if not reading.is_tar:
+        s.add("archive", Verdict.UNKNOWN, "tar", 0, "", "tarfile-refuses",
+              message=f"torch's tarfile refuses this archive ({reading.why_not}): torch.load "
+              "reads the file as a stream, other tools may read the members",
+              loaders=(TORCH_LOAD_UNSAFE,))
+    if not reading.is_tar:  # torch reads no member: each is scanned whole, at most unknown
+        for member in reading.members:
+            probe = s.probe()
+            _scan_tar_member(probe, _member_bytes(s, source, reading, member),
+                             f"tar:{member.name}", 0, depth)
+            s.findings.extend(_unread(f) for f in probe.findings)
+        return
+    for member, offset, why in reading.unknown:
+        label = f"tar:{member.name}" if member.name else "tar"
+        s.add("tar-loader", Verdict.UNKNOWN, label, member.offset + offset, message=(
+            f"what torch's tar loader reads next cannot be told: {why}"),
+            loaders=(TORCH_LOAD_UNSAFE,))
+    read: set[int] = set()
+    for region in reading.regions:
+        member = region.member
+        read.add(member.offset)
         probe = s.probe()
-        _scan_tar_member(probe, data, f"tar:{member.name}", starts, depth)
-        s.findings.extend(_unread(f) for f in probe.findings)
+        _scan_pickle(probe, reading.data[member.offset], f"tar:{member.name}", region.start,
+                     depth)
+        _tag(s, probe.findings, region.loaders)
+    for member, offset in reading.search:
+        probe = s.probe()
+        _scan_tar_member(probe, reading.data[member.offset], f"tar:{member.name}", offset,
+                         depth)
+        _tag(s, probe.findings, (TORCH_LOAD_UNSAFE,), dedupe=True)
+    for member in reading.members:
+        if member.offset not in read:
+            probe = s.probe()
+            _scan_tar_member(probe, _member_bytes(s, source, reading, member),
+                             f"tar:{member.name}", 0, depth)
+            s.findings.extend(_unread(f) for f in probe.findings)
 
 
-#: The tar members torch's legacy loader unpickles (``tarfile`` extracts them by name).
-TORCH_TAR_MEMBERS: Final = frozenset({"sys_info", "pickle", "storages", "tensors"})
+def _member_bytes(s: _Scan, source: Source, reading: TarReading, member: TarMember) -> bytes:
+    """A member's bytes (read by the model already, or up to ``Limits.max_pickle_bytes``)."""
+    data = reading.data.get(member.offset)
+    if data is None:
+        data = source.pread(member.offset, min(member.size, s.limits.max_pickle_bytes),
+                            f"tar member {member.name}")
+    return data
 
 
 def _unread(f: Finding) -> Finding:
@@ -478,35 +556,33 @@ def _unread(f: Finding) -> Finding:
                                "member torch.load never unpickles)")
 
 
-def _scan_tar_member(s: _Scan, data: bytes, label: str, starts: list[int], depth: int) -> None:
-    """Every pickle of a member: those the loader reads (at ``starts``), and consecutive
-    pickles from the start and from every PROTO opcode after bytes that are none."""
-    pos, found, done = 0, 0, set[int]()
+def _scan_tar_member(s: _Scan, data: bytes, label: str, pos: int, depth: int) -> None:
+    """Every pickle from ``data[pos:]`` a lenient reader might read: consecutive pickles
+    from there, and from every place a pickle may start after bytes that are none
+    (:func:`.reads.next_head`: ``PROTO``, a protocol 0/1 ``GLOBAL`` line)."""
+    found = 0
     while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
-        done.add(pos)
         end = _scan_pickle(_probe := s.probe(), data, label, pos, depth)
         if end > pos:
             s.findings.extend(_probe.findings)
             found, pos = found + 1, end
         else:
-            pos = data.find(b"\x80", pos + 1)
-    for start in starts:
-        if start not in done:
-            _scan_pickle(s, data, label, start, depth)
+            pos = next_head(data, pos + 1)
 
 
 def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
-    """A pickle at byte 0 of a tar: torch unpickles the file from there when ``tarfile``
-    cannot read it (any ``TarError``: a bad first header, a truncated member...).
+    """The stream at byte 0 of a tar: torch reads it when ``tarfile`` refuses the archive
+    (any ``TarError``) or when given a file object without ``fileno()``, and
+    ``pickle.load`` always (:func:`.loaders.stream.legacy_stream`).
 
     The first header is read, and more (eight times as much each time, up to
-    ``Limits.max_pickle_bytes``) while the pickle there runs past what was read.
+    ``Limits.max_pickle_bytes``) while a pickle there runs past what was read.
     """
     window, most = tar.BLOCK, min(source.size, s.limits.max_pickle_bytes)
     while True:
         probe = s.probe()
-        _scan_pickle(probe, source.pread(0, min(window, most), "tar head"), "tar(byte 0)", 0,
-                     depth)
+        _scan_file_stream(probe, source.pread(0, min(window, most), "tar head"), "tar(byte 0)",
+                          depth, legacy=True)
         if window >= most or not any(f.kind == "stream" and "truncated" in f.message
                                      for f in probe.findings):
             break
@@ -514,7 +590,8 @@ def _scan_tar_head(s: _Scan, source: Source, depth: int) -> None:
     if any(f.kind != "stream" for f in probe.findings):  # it read as a pickle, not as a name
         s.add("archive", Verdict.UNKNOWN, "tar", 0, "", "pickle-in-tar-header",
               message="the first tar header starts with a pickle: torch unpickles it when "
-              "tarfile cannot read the archive")
+              "tarfile cannot read the archive or the file has no fileno()",
+              loaders=(TORCH_LOAD_UNSAFE, TORCH_LOAD, PICKLE_LOAD))
         s.findings.extend(probe.findings)
 
 
@@ -528,19 +605,20 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     if fmt is Format.SAFETENSORS:  # data only: its header is checked, damage raises
         read_header(source, s.limits)
         return "safetensors"
-    if tar.is_tar(head):
-        _scan_tar(s, source, depth)
-        if fmt is Format.TAR:
-            return "tar"
     legacy = fmt is Format.LEGACY
+    if tar.is_tar(head) or tarfile_header(head):  # tarfile accepts v7 headers too
+        _scan_tar(s, source, legacy_tar(source, s.limits), depth)
+        if not legacy:
+            _scan_tar_head(s, source, depth)
+            return "tar"
     data = stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
-    if holds_zip(source, s.limits):
+    if holds_zip(source, s.limits, shifted=False):
         s.add("archive", Verdict.DANGEROUS, where or "file", 0, "", "polyglot",
-              message="the file holds a ZIP archive but does not start with one: torch reads "
-              "the leading bytes, ZIP tools the archive")
+              message="the file holds a ZIP archive but does not start with one: torch.load "
+              "reads the leading bytes, torch.jit.load and ZIP tools the archive")
         _scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
     if _looks_like_pickle(head) or legacy:
-        _scan_stream(s, data, where or "stream", depth, MAX_STREAM_PICKLES if legacy else 1)
+        _scan_file_stream(s, data, where, depth, legacy)
         return "legacy" if legacy else "pickle"
     if _bare_pickle(s, data, where, depth):
         return "pickle"

@@ -16,14 +16,20 @@ Each row names a torch dtype and everything the formats need to know about it:
   half; packed and byte-sized types don't swap).
 
 ``DType`` objects print like torch's (``torch.float32``) and compare by name.
+
+``ml_dtypes`` (bfloat16, float8) is imported the first time such a dtype's
+``numpy`` is asked for, not with this module: importing it takes about half a
+second, which a command that never meets a bfloat16 tensor (``ptfile --help``,
+most scans) should not pay.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass, field
 from typing import Final
 
-import ml_dtypes
 import numpy as np
 
 from .errors import UnsupportedFeatureError
@@ -43,7 +49,8 @@ class DType:
 
     name: str
     itemsize: int
-    numpy: np.dtype | None = field(compare=False)
+    #: The numpy dtype, or the name of an ``ml_dtypes`` type (resolved by :attr:`numpy`).
+    numpy_spec: np.dtype | str | None = field(compare=False, repr=False)
     storage: str | None = field(compare=False)
     scalar_type: str = field(compare=False)
     swap: int = field(compare=False)
@@ -53,6 +60,13 @@ class DType:
         return f"torch.{self.name}"
 
     __str__ = __repr__
+
+    @property
+    def numpy(self) -> np.dtype | None:
+        """The numpy dtype that holds the bytes exactly, or None (``ml_dtypes`` is imported
+        on the first bfloat16 or float8 dtype asked for)."""
+        spec = self.numpy_spec
+        return spec if not isinstance(spec, str) else _ml_dtype(spec)
 
     @property
     def is_v3(self) -> bool:
@@ -83,12 +97,19 @@ def _np(x: object) -> np.dtype:
     return np.dtype(x)  # type: ignore[call-overload, no-any-return]
 
 
-# name, itemsize, numpy, legacy storage class, ScalarType, byte-swap unit, quantized
-_ROWS: Final = (
+@functools.cache
+def _ml_dtype(name: str) -> np.dtype:
+    """``ml_dtypes.<name>`` as a numpy dtype, importing ml_dtypes on first use."""
+    return _np(getattr(importlib.import_module("ml_dtypes"), name))
+
+
+# name, itemsize, numpy (or an ml_dtypes name), legacy storage class, ScalarType,
+# byte-swap unit, quantized
+_ROWS: Final[tuple[tuple[str, int, np.dtype | str | None, str | None, str, int, bool], ...]] = (
     ("float64", 8, _np("<f8"), "DoubleStorage", "Double", 8, False),
     ("float32", 4, _np("<f4"), "FloatStorage", "Float", 4, False),
     ("float16", 2, _np("<f2"), "HalfStorage", "Half", 2, False),
-    ("bfloat16", 2, _np(ml_dtypes.bfloat16), "BFloat16Storage", "BFloat16", 2, False),
+    ("bfloat16", 2, "bfloat16", "BFloat16Storage", "BFloat16", 2, False),
     ("int64", 8, _np("<i8"), "LongStorage", "Long", 8, False),
     ("int32", 4, _np("<i4"), "IntStorage", "Int", 4, False),
     ("int16", 2, _np("<i2"), "ShortStorage", "Short", 2, False),
@@ -106,11 +127,11 @@ _ROWS: Final = (
     ("uint32", 4, _np("<u4"), None, "UInt32", 4, False),
     ("uint64", 8, _np("<u8"), None, "UInt64", 8, False),
     ("complex32", 4, None, None, "ComplexHalf", 2, False),
-    ("float8_e4m3fn", 1, _np(ml_dtypes.float8_e4m3fn), None, "Float8_e4m3fn", 1, False),
-    ("float8_e4m3fnuz", 1, _np(ml_dtypes.float8_e4m3fnuz), None, "Float8_e4m3fnuz", 1, False),
-    ("float8_e5m2", 1, _np(ml_dtypes.float8_e5m2), None, "Float8_e5m2", 1, False),
-    ("float8_e5m2fnuz", 1, _np(ml_dtypes.float8_e5m2fnuz), None, "Float8_e5m2fnuz", 1, False),
-    ("float8_e8m0fnu", 1, _np(ml_dtypes.float8_e8m0fnu), None, "Float8_e8m0fnu", 1, False),
+    ("float8_e4m3fn", 1, "float8_e4m3fn", None, "Float8_e4m3fn", 1, False),
+    ("float8_e4m3fnuz", 1, "float8_e4m3fnuz", None, "Float8_e4m3fnuz", 1, False),
+    ("float8_e5m2", 1, "float8_e5m2", None, "Float8_e5m2", 1, False),
+    ("float8_e5m2fnuz", 1, "float8_e5m2fnuz", None, "Float8_e5m2fnuz", 1, False),
+    ("float8_e8m0fnu", 1, "float8_e8m0fnu", None, "Float8_e8m0fnu", 1, False),
     ("float4_e2m1fn_x2", 1, None, None, "Float4_e2m1fn_x2", 1, False),
     ("bits8", 1, None, None, "Bits8", 1, False),
     ("bits16", 2, None, None, "Bits16", 2, False),
@@ -143,9 +164,10 @@ ALIASES: Final[dict[str, str]] = {
     "short": "int16", "bit": "bits8",
 }
 
-_NUMPY_TO_DTYPE: Final[dict[np.dtype, DType]] = {
-    d.numpy: d for d in DTYPES.values() if d.numpy is not None and not d.is_quantized
-}
+@functools.cache
+def _numpy_to_dtype() -> dict[np.dtype, DType]:
+    """numpy dtype -> torch dtype (built on first use: it resolves the ml_dtypes types)."""
+    return {d.numpy: d for d in DTYPES.values() if d.numpy is not None and not d.is_quantized}
 
 UINT8: Final = DTYPES["uint8"]
 
@@ -170,6 +192,6 @@ def from_numpy(dtype: np.dtype) -> DType:
     """The torch dtype for a numpy dtype (native byte order is implied)."""
     key = dtype.newbyteorder("<") if dtype.byteorder in "<>=" and dtype.itemsize > 1 else dtype
     try:
-        return _NUMPY_TO_DTYPE[key]
+        return _numpy_to_dtype()[key]
     except KeyError:
         raise UnsupportedFeatureError(f"numpy dtype {dtype} has no torch equivalent") from None

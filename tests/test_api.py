@@ -398,3 +398,30 @@ def test_every_public_name_reports_ptfile_as_its_module() -> None:
             assert obj.__module__ == "ptfile", name
             if isinstance(obj, type) or hasattr(obj, "__qualname__"):
                 assert pickle.loads(pickle.dumps(obj)) is obj, name  # found by its new name
+
+
+def test_lazy_exports_agree_with_the_type_checking_imports() -> None:
+    """``ptfile/__init__`` imports each public name on first use (``_EXPORTS``); its
+    ``TYPE_CHECKING`` imports say the same for type checkers: the two must not drift."""
+    import ast
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    source = Path(ptfile.__file__).read_text()
+    checked: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.module is not None
+                checked.update({a.asname or a.name: imp.module for a in imp.names})
+    assert checked == ptfile._EXPORTS
+    errors = {n for n in ptfile.__all__ if n not in checked and n != "__version__"}
+    assert all(issubclass(getattr(ptfile.errors, n), (Exception, Warning)) for n in errors)
+    assert set(ptfile.__all__) == set(checked) | errors | {"__version__"}
+    # a fresh `import ptfile` imports neither numpy nor ml_dtypes
+    probe = "import sys, ptfile; print('numpy' in sys.modules, 'ml_dtypes' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]

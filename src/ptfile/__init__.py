@@ -5,29 +5,18 @@
 >>> ptfile.save({"w": np.ones((2, 3), "float32")}, buf)
 >>> ptfile.load(io.BytesIO(buf.getvalue()))["w"].numpy().sum()
 np.float32(6.0)
+
+``import ptfile`` imports only the exception classes; each other public name is
+imported from its module the first time it is used (:data:`_EXPORTS`, PEP 562), so
+the ``ptfile`` command and a script that only scans start without numpy's and
+ml_dtypes' import time.  Every public name reports ``ptfile`` as its module.
 """
 
 from __future__ import annotations
 
-from .api import detect_format, load, load_torchscript, save
-from .config import (
-    MAP_PRIVATE,
-    MAP_SHARED,
-    LoadEndianness,
-    Settings,
-    get_crc32_options,
-    get_default_load_endianness,
-    get_default_mmap_options,
-    set_crc32_options,
-    set_default_load_endianness,
-    set_default_mmap_options,
-    settings,
-    skip_data,
-)
-from .dcp import load_dcp
-from .dcp_reader import DCPReader, DCPSlice
-from .dcp_writer import save_dcp
-from .dtypes import DTYPES, DType
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
 from .errors import (
     ArchiveError,
     FormatError,
@@ -42,30 +31,87 @@ from .errors import (
     UnsafeGlobalError,
     UnsupportedFeatureError,
 )
-from .formats import Format
-from .formats.torchscript import ScriptObject, TorchScriptArchive
-from .inspection import DiffReport, Inspection, VerifyReport, diff, inspect, verify
-from .limits import DEFAULT_LIMITS, Limits
-from .location import register_package
-from .opening import open
-from .policy import add_safe_globals, clear_safe_globals, get_safe_globals, safe_globals
-from .reader import (
-    CheckpointReader,
-    TensorInfo,
-    TensorSlice,
-)
-from .scanning import Finding, ScanResult, Verdict, scan
-from .scanning.unsafe_globals import get_unsafe_globals_in_checkpoint
-from .structural import StandIn, state_dict
-from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers (test_api checks the two agree)
+    from .api import detect_format, load, load_torchscript, save
+    from .config import (
+        MAP_PRIVATE,
+        MAP_SHARED,
+        LoadEndianness,
+        Settings,
+        get_crc32_options,
+        get_default_load_endianness,
+        get_default_mmap_options,
+        set_crc32_options,
+        set_default_load_endianness,
+        set_default_mmap_options,
+        settings,
+        skip_data,
+    )
+    from .dcp import load_dcp
+    from .dcp_reader import DCPReader, DCPSlice
+    from .dcp_writer import save_dcp
+    from .dtypes import DTYPES, DType
+    from .formats import Format
+    from .formats.torchscript import ScriptObject, TorchScriptArchive
+    from .inspection import DiffReport, Inspection, VerifyReport, diff, inspect, verify
+    from .limits import DEFAULT_LIMITS, Limits
+    from .location import register_package
+    from .opening import open
+    from .policy import (
+        NUMPY_GLOBALS,
+        add_safe_globals,
+        clear_safe_globals,
+        get_safe_globals,
+        safe_globals,
+    )
+    from .reader import (
+        CheckpointReader,
+        TensorInfo,
+        TensorSlice,
+    )
+    from .scanning import Finding, ScanResult, Verdict, scan
+    from .scanning.unsafe_globals import get_unsafe_globals_in_checkpoint
+    from .structural import StandIn, state_dict
+    from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __version__ = "0.1.0"
+
+#: Each public name (but the errors, imported above) -> the module that defines it.
+_EXPORTS: Final[dict[str, str]] = {
+    "detect_format": "api", "load": "api", "load_torchscript": "api", "save": "api",
+    "MAP_PRIVATE": "config", "MAP_SHARED": "config", "LoadEndianness": "config",
+    "Settings": "config", "get_crc32_options": "config",
+    "get_default_load_endianness": "config", "get_default_mmap_options": "config",
+    "set_crc32_options": "config", "set_default_load_endianness": "config",
+    "set_default_mmap_options": "config", "settings": "config", "skip_data": "config",
+    "load_dcp": "dcp",
+    "DCPReader": "dcp_reader", "DCPSlice": "dcp_reader",
+    "save_dcp": "dcp_writer",
+    "DTYPES": "dtypes", "DType": "dtypes",
+    "Format": "formats",
+    "ScriptObject": "formats.torchscript", "TorchScriptArchive": "formats.torchscript",
+    "DiffReport": "inspection", "Inspection": "inspection", "VerifyReport": "inspection",
+    "diff": "inspection", "inspect": "inspection", "verify": "inspection",
+    "DEFAULT_LIMITS": "limits", "Limits": "limits",
+    "register_package": "location",
+    "open": "opening",
+    "NUMPY_GLOBALS": "policy", "add_safe_globals": "policy", "clear_safe_globals": "policy",
+    "get_safe_globals": "policy", "safe_globals": "policy",
+    "CheckpointReader": "reader", "TensorInfo": "reader", "TensorSlice": "reader",
+    "Finding": "scanning", "ScanResult": "scanning", "Verdict": "scanning", "scan": "scanning",
+    "get_unsafe_globals_in_checkpoint": "scanning.unsafe_globals",
+    "StandIn": "structural", "state_dict": "structural",
+    "Device": "tensor", "Parameter": "tensor", "QuantizedTensor": "tensor", "Size": "tensor",
+    "SparseTensor": "tensor", "Storage": "tensor", "Tensor": "tensor",
+}
 
 __all__ = [
     "DEFAULT_LIMITS",
     "DTYPES",
     "MAP_PRIVATE",
     "MAP_SHARED",
+    "NUMPY_GLOBALS",
     "ArchiveError",
     "CheckpointReader",
     "DCPReader",
@@ -133,12 +179,37 @@ __all__ = [
     "verify",
 ]
 
-# Everything public reports ``ptfile`` as its module, as its users import it (one loop, so
-# a new export cannot be forgotten); objects exported under another name keep theirs, so
-# pickle still finds each one by ``module.qualname``.
-for _name in __all__:
-    _obj = globals()[_name]
-    if (isinstance(_obj, type) or callable(_obj)) and getattr(_obj, "__name__", None) == _name \
-            and str(getattr(_obj, "__module__", "")).startswith("ptfile."):
-        _obj.__module__ = "ptfile"
-del _name, _obj
+
+def _publish(obj: Any, name: str) -> None:
+    """Report ``ptfile`` as the module of a public class or function (pickle still finds
+    it there: ``ptfile.<name>`` is the same object)."""
+    if (isinstance(obj, type) or callable(obj)) and getattr(obj, "__name__", None) == name \
+            and str(getattr(obj, "__module__", "")).startswith("ptfile."):
+        obj.__module__ = "ptfile"
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported on first use; or a subpackage (``ptfile.bulk``)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name.startswith("_"):
+            raise AttributeError(f"module 'ptfile' has no attribute {name!r}")
+        try:
+            return importlib.import_module(f"ptfile.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"ptfile.{name}":
+                raise
+            raise AttributeError(f"module 'ptfile' has no attribute {name!r}") from None
+    obj = getattr(importlib.import_module(f"ptfile.{module}"), name)
+    _publish(obj, name)
+    globals()[name] = obj
+    return obj
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+for _name in ['ArchiveError', 'FormatError', 'LimitExceededError', 'PickleStreamError', 'PtfileError', 'PtfileWarning', 'RemoteError', 'SaveError', 'StorageError', 'UnknownFormatError', 'UnsafeGlobalError', 'UnsupportedFeatureError']:
+    _publish(globals()[_name], _name)
+del _name

@@ -29,12 +29,14 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from . import bulk
-from ._io import is_url
 from ._progress import progress_bar
 from .errors import PtfileError
+from .outcomes import RETRIES
+
+if TYPE_CHECKING:
+    from . import bulk
 
 __all__ = ["BULK_COMMANDS", "add_arguments", "is_bulk", "run", "single"]
 
@@ -57,9 +59,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
                    help="run on a Dask LocalCluster on this machine (needs ptfile's dask extra: pip install 'dask[distributed]')")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="run on the Dask cluster at ADDRESS (tcp://host:port)")
-    g.add_argument("--retries", type=int, default=bulk.RETRIES, metavar="N",
+    g.add_argument("--retries", type=int, default=RETRIES, metavar="N",
                    help=f"attempts after the first on transient I/O errors (default "
-                        f"{bulk.RETRIES})")
+                        f"{RETRIES})")
     g.add_argument("--progress", action="store_true",
                    help="show the progress bar even when stderr is not a terminal")
     if command == "convert":
@@ -75,6 +77,7 @@ def _inputs(args: argparse.Namespace) -> list[str]:
 
 def is_bulk(args: argparse.Namespace) -> bool:
     """Whether the command line asks for a bulk run (see the module docstring)."""
+    from . import bulk
     if args.command not in BULK_COMMANDS:
         return False
     inputs = _inputs(args)
@@ -92,6 +95,7 @@ def is_bulk(args: argparse.Namespace) -> bool:
 def single(args: argparse.Namespace) -> None:
     """Set the one-file arguments the commands read (``args.file``; ``args.input`` and
     ``args.output``) from the inputs, for a run that is not in bulk."""
+    from . import bulk
     if args.command in ("inspect", "verify"):
         args.file = args.file[0]
     elif args.command == "convert":
@@ -104,6 +108,7 @@ def single(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def _client(args: argparse.Namespace, remote: bool) -> Iterator[Any]:
     """The Dask client the arguments ask for (None: the local pool)."""
+    from . import bulk
     if not (args.dask or args.scheduler):
         yield None
         return
@@ -119,6 +124,7 @@ def _client(args: argparse.Namespace, remote: bool) -> Iterator[Any]:
 
 
 def _records(args: argparse.Namespace, urls: list[str], client: Any) -> Iterator[bulk.Record]:
+    from . import bulk
     common = {"client": client, "workers": None if client else args.workers,
               "storage_options": dict(args.storage_options) or None, "retries": args.retries}
     if args.command == "scan":
@@ -147,6 +153,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     PtfileError
         No file matches, or an input cannot be listed.
     """
+    from . import bulk
+    from ._io import is_url
     options = dict(args.storage_options) or None
     urls = bulk.expand(_inputs(args), options)
     if not urls:

@@ -43,12 +43,14 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from . import _cli_bulk
-from ._io import is_url
 from ._progress import progress_bar as _progress
-from .bulk import (
+from .errors import PtfileError, PtfileWarning, UnsafeGlobalError
+from .outcomes import (
+    EXIT_CODES,
+    EXIT_DIFFERENT,
     EXIT_ERROR,
     EXIT_INVALID,
     EXIT_OK,
@@ -57,24 +59,14 @@ from .bulk import (
     SCAN_CODES,
     WORST_FIRST,
 )
-from .errors import PtfileError, PtfileWarning, UnsafeGlobalError
-from .inspection import Inspection, diff, inspect, verify
-from .reader import TensorInfo
+
+if TYPE_CHECKING:  # imported by the commands that need them: --help needs no numpy
+    from .inspection import Inspection
+    from .reader import TensorInfo
 
 __all__ = ["EXIT_CODES", "EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
            "EXIT_UNSAFE", "main"]
 
-#: ``diff`` found a difference (as diff(1)).
-EXIT_DIFFERENT: Final = 1
-
-#: The one exit-code table of every command (the module docstring says more).
-EXIT_CODES: Final = {
-    EXIT_OK: "ok (scan: clean; verify: intact; diff: identical)",
-    EXIT_UNSAFE: "found something (scan: dangerous; verify: damaged; diff: differs)",
-    EXIT_ERROR: "could not read (missing, not a checkpoint, damaged, network, refused "
-                "globals, usage)",
-    EXIT_UNKNOWN: "scan only: unknown globals, nothing dangerous (0 with --allow-unknown)",
-}
 
 _EPILOG: Final = """\
 exit codes (every command):
@@ -222,6 +214,8 @@ def _render_chunks(chunks: dict[str, list[dict[str, Any]]], out: TextIO, limit: 
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from .inspection import inspect
+
     ins = inspect(args.file, storage_options=_options(args), structural=args.structural)
     if args.json:
         _print_json(ins.to_dict(), out)
@@ -335,6 +329,9 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    from ._io import is_url
+    from .inspection import verify
+
     size = 0 if is_url(args.file) else os.path.getsize(args.file)
     with _progress(size, "verify", not args.no_progress) as step:
         report = verify(args.file, progress=step, storage_options=_options(args))
@@ -349,6 +346,8 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
+    from .inspection import diff
+
     with _progress(0, "diff", not args.no_progress, unit="tensor") as step:
         report = diff(args.a, args.b, progress=step, storage_options=_options(args),
                       tensors_only=args.tensors_only, structural=args.structural)

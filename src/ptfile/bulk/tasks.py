@@ -13,28 +13,23 @@ from .._io import atomic_path, is_url
 from .._remote import StorageOptions, filesystem, watched_sources
 from ..errors import PtfileError, RemoteError, UnsupportedFeatureError
 from ..limits import Limits
+from ..outcomes import (
+    BACKOFF_SECONDS,
+    EXIT_ERROR,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_UNKNOWN,
+    EXIT_UNSAFE,
+    RETRIES,
+    SCAN_CODES,
+    WORST_FIRST,
+)
 
 __all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_UNSAFE",
            "RETRIES", "SCAN_CODES", "WORST_FIRST", "Options", "Record", "error_of",
            "run_one"]
 
-EXIT_OK: Final = 0
-#: ``scan`` found something dangerous.
-EXIT_UNSAFE: Final = 1
-#: ``verify`` found damage (same value as EXIT_UNSAFE: "the check failed").
-EXIT_INVALID: Final = 1
-#: The command could not do its work: unreadable or unsupported input.
-EXIT_ERROR: Final = 2
-#: ``scan``: nothing dangerous, but names on no allowlist.
-EXIT_UNKNOWN: Final = 3
-#: Which code wins over several files, worst first (then EXIT_OK).
-WORST_FIRST: Final = (EXIT_UNSAFE, EXIT_ERROR, EXIT_UNKNOWN)
-#: ``scan``'s code per verdict.
-SCAN_CODES: Final = {"allowed": EXIT_OK, "dangerous": EXIT_UNSAFE, "unknown": EXIT_UNKNOWN}
-
-#: Attempts after the first for a transient I/O error, and the first wait (doubled each time).
-RETRIES: Final = 2
-BACKOFF_SECONDS: Final = 0.2
+# The exit-code table and the retry policy have one home: ptfile.outcomes.
 
 Record: TypeAlias = dict[str, Any]
 

@@ -41,8 +41,6 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from typing import IO, BinaryIO, Final, Protocol, Union, runtime_checkable
 
-import numpy as np
-
 from .errors import FormatError, PtfileError
 
 __all__ = [
@@ -377,6 +375,8 @@ def read_file(path: str) -> memoryview:
     2 GiB map so, in the one thread that calls ``mmap``, took 2.3-3.4 s there,
     against 1.2-2.4 s for the threads' faults.)
     """
+    import numpy as np  # here, not at import: the CLI starts without numpy
+
     with open(path, "rb", buffering=0) as fp:
         size = os.fstat(fp.fileno()).st_size
         threads = size >= PARALLEL_READ_MIN_BYTES

@@ -51,6 +51,20 @@ class Limits:
     #: Colliding keys make each insertion probe all earlier ones (quadratic
     #: time: int keys ``k * (2**61 - 1)`` all hash to 0); real files have none.
     max_hash_collisions: int = 1000
+    #: Bytes of objects CPython's unpickler may allocate for one pickle, as the scanner
+    #: estimates them (:mod:`ptfile.picklevm.symbolic`: every object built, the memo
+    #: table, the stack, what allowlisted constructors copy, a length a cut-short literal
+    #: claims).  ``load`` and the C unpickler under torch do not copy for a memo ``GET``,
+    #: so a pickle costs about 6 bytes of objects per byte (a 10^6-tensor state dict:
+    #: ~0.6 GiB); a pickle built to exhaust memory (an ``EMPTY_SET`` per byte, copies of
+    #: one big string, ``bytearray(10**10)``, ``LONG_BINPUT 10**9``) goes far past it.
+    #: Above it, scan reports a dangerous ``hazard`` (``memory``).
+    max_unpickled_bytes: int = 2**32
+    #: Tuple hashes the dict and set keys of one pickle may cost in CPython (a tuple's
+    #: hash is not cached: a key of shared tuples ``t(n+1) = (tn, tn)`` costs
+    #: ``2**n``; CPython 3.11 does ~6*10^7 per second).  Above it, scan reports a
+    #: dangerous ``hazard`` (``hash-work``).
+    max_hash_steps: int = 10**8
     #: Bytes a compressed (deflated) record may inflate to per compressed byte, plus
     #: 1 MiB.  torch writes no compressed records; a ZIP tool re-packing a checkpoint
     #: shrinks real weights less than 2x, and only long runs of one byte value (zero
@@ -62,6 +76,11 @@ class Limits:
     #: Length of one safetensors JSON header (:mod:`ptfile.formats.safetensors`): the
     #: safetensors library's own ceiling, which torch.load of a ``.safetensors`` applies.
     max_safetensors_header_bytes: int = 100_000_000
+    #: Characters of one TorchScript ``code/`` record that :func:`ptfile.scan` parses
+    #: (its bytes decoded; at most its size).  torch writes one record per module class,
+    #: a few KiB each; Python's parser takes ~130x the source in memory and ~2.5 s per
+    #: MiB.  Above it, the record is ``dangerous`` (not read).
+    max_torchscript_code_bytes: int = 2**22
 
 DEFAULT_LIMITS: Final = Limits()
 

@@ -23,6 +23,19 @@ rule sees:
 * **deep tuples**: hashing a tuple recurses in C without a depth check; a
   key nested a few hundred thousand tuples deep overflows the C stack.
   :attr:`Trace.max_tuple_depth` is the deepest tuple built.
+* **tuple hash work**: a tuple's hash is not cached; hashing it hashes every
+  item, so a key built of memo references to one tuple, level upon level
+  (``t1 = (t0, t0)``, ``t2 = (t1, t1)``...), costs ``2**levels`` steps in a
+  file of a few hundred bytes.  :attr:`Trace.hash_steps` is the number of tuple
+  hashes every key insertion makes, counting shared items once per reference.
+* **memory**: :attr:`Trace.alloc_bytes` estimates the bytes CPython's C
+  unpickler allocates (:func:`_sizeof` per object, as ``sys.getsizeof`` plus
+  the GC header; containers grow per item; its memo table, stack and mark stack;
+  what the copying constructors of the weights-only allowlist copy; the claimed
+  length of a counted literal cut short, which CPython allocates before it reads).
+  A memo ``GET`` or ``DUP`` pushes a reference, never a copy: 8 bytes.  It is a
+  total, an upper bound on the peak (objects popped and freed are counted).
+  :attr:`Trace.objects` counts the objects built.
 
 The walk stops at the first stack or memo error (the real unpickler would
 raise there too) and reports it in :attr:`Trace.error`.
@@ -31,11 +44,12 @@ raise there too) and reports it in :attr:`Trace.error`.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..errors import PtfileError
+from ..errors import PickleStreamError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 from ._walk import Buffer
 from .decoder import Op, genops
@@ -44,6 +58,16 @@ __all__ = ["Container", "GlobalRef", "NameUse", "Result", "Trace", "Tup", "trace
 
 #: Tuples nested deeper than this are not hashed by the walk (it would recurse).
 HASH_DEPTH: Final = 64
+#: Keys whose hash takes more tuple hashes than this are not hashed by the walk (a key of
+#: shared tuples costs exponentially more than its size): their work is counted instead.
+HASH_COST: Final = 4096
+#: Counts saturate here (a hash cost doubles per level of shared tuples).
+_SATURATE: Final = 1 << 62
+#: Bytes CPython's unpickler allocates per byte of pickle, at most, from opcodes alone
+#: (``EMPTY_SET``: one byte, a 216-byte set, its 16-byte GC header and a stack slot; a
+#: memo index costs 16 bytes of table per index, and each needs 2 bytes): the bound the
+#: scanner's fast path relies on (``len(stream) * MAX_BYTES_PER_BYTE``).
+MAX_BYTES_PER_BYTE: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +87,11 @@ class Unresolved:
 
 
 class Tup(tuple):  # type: ignore[type-arg]
-    """A symbolic tuple that knows how deeply tuples nest in it."""
+    """A symbolic tuple that knows how deeply tuples nest in it, and what hashing it costs
+    (``cost``: tuples hashed, shared items counted once per reference)."""
 
     depth: int = 1
+    cost: int = 1
 
 
 @dataclass(eq=False, slots=True)
@@ -84,6 +110,12 @@ class Container:
 
     kind: str
     items: list[object] = field(default_factory=list)
+    #: Entries of a dict (its keys are not kept).
+    entries: int = 0
+    #: Items already counted as keys (a list handed to ``set()`` again is not recounted),
+    #: and the tuple hashes they cost.
+    hashed: int = 0
+    key_cost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +151,10 @@ class Trace:
         ``BUILD`` applied to a global itself (sets attributes on an imported
         object: how names get smuggled past scanners, and how shared objects
         get changed for later loads).
-    max_collisions, max_tuple_depth : int
+    max_collisions, max_tuple_depth, hash_steps : int
         The hazards described in the module docstring.
+    alloc_bytes, objects : int
+        What CPython's unpickler would allocate, estimated (module docstring).
     end : int
         Offset after ``STOP``.
     error : str or None
@@ -135,6 +169,9 @@ class Trace:
     global_builds: list[NameUse] = field(default_factory=list)
     max_collisions: int = 0
     max_tuple_depth: int = 0
+    hash_steps: int = 0
+    alloc_bytes: int = 0
+    objects: int = 0
     end: int = -1
     error: str | None = None
 
@@ -149,6 +186,87 @@ _BLOB_HEADS: Final = ("\x80", "PK\x03\x04", *"c(iSVIN]}")
 _ENCODED_CHARS: Final = 24
 
 
+#: Object sizes on 64-bit CPython 3.11 (``sys.getsizeof``, GC header included): the
+#: empty tuple is a singleton; a tuple of n items is ``_TUPLE + 8 * n``.
+_TUPLE: Final = 40
+_LIST: Final = 56
+_DICT: Final = 64
+_SET: Final = 232  # 216, and the list slot of the 8-entry table tracemalloc sees
+_ORDERED_DICT: Final = 128
+_BYTES: Final = 33
+_BYTEARRAY: Final = 57
+#: An object a call returns, whatever it is (a tensor's Python object, a stand-in).
+_OBJECT: Final = 64
+#: Bytes per entry of a dict (index, entry, growth) and of a set (its table), measured
+#: on dicts and sets of 10**5 keys: 38 and 42.
+_DICT_ENTRY: Final = 42
+_SET_ENTRY: Final = 42
+#: An ``OrderedDict`` entry: the dict's, and its node in the linked order.
+_ORDERED_ENTRY: Final = 100
+#: What one call costs besides its result (allocator rounding of a large result, the
+#: temporaries of the call), measured on 200 ``_codecs.encode`` calls: ~40 bytes.
+_CALL: Final = 64
+#: The unpickler's own structures (its stack, mark stack and memo to start with).
+_BASE: Final = 1024
+#: CPython's unpickler starts with a memo table of this many slots.
+_MEMO_START: Final = 32
+
+
+def _literal_size(value: object) -> int:
+    """Bytes CPython allocates for a literal the stream decodes (0 for cached ones)."""
+    kind = type(value)
+    if kind is int:
+        return 0 if -5 <= value <= 256 else sys.getsizeof(value)  # type: ignore[operator]
+    if kind is str or kind is bytes or kind is float:
+        return sys.getsizeof(value)
+    return 0
+
+
+def _length(value: object) -> int:
+    """How many items (or characters, or bytes) a call would copy out of ``value``."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, Container):
+        return max(len(value.items), value.entries)
+    if isinstance(value, tuple):
+        return len(value)
+    return 0
+
+
+#: Constructors of the weights-only allowlist that copy their argument, and what one
+#: item of it costs in the result: ``(bytes per item, fixed bytes)``.  ``bytearray(n)``
+#: of an int allocates (and zeroes) ``n`` bytes.
+COPIERS: Final[dict[tuple[str, str], tuple[int, int]]] = {
+    ("_codecs", "encode"): (3, _BYTES),  # UTF-8 takes up to 3 bytes per BMP character
+    ("builtins", "bytearray"): (1, _BYTEARRAY),
+    ("builtins", "set"): (_SET_ENTRY, _SET),
+    ("builtins", "frozenset"): (_SET_ENTRY, _SET),
+    ("collections", "Counter"): (_DICT_ENTRY, _DICT),
+    ("collections", "OrderedDict"): (_ORDERED_ENTRY, _ORDERED_DICT),
+    ("torch", "Size"): (8, _TUPLE),
+}
+
+
+def _call_size(func: object, args: object) -> int:
+    """Bytes a call allocates: an object, plus what a copying constructor copies."""
+    if not isinstance(func, GlobalRef):
+        return _OBJECT
+    qual = (func.module, func.name)
+    if func.module == "__builtin__":
+        qual = ("builtins", func.name)
+    per, fixed = COPIERS.get(qual, (0, _OBJECT))
+    if not per or not isinstance(args, tuple) or not args:
+        return fixed
+    first = args[0]
+    if qual == ("builtins", "bytearray") and type(first) is int:
+        return fixed + max(first, 0)
+    if qual == ("_codecs", "encode") and isinstance(first, str) and len(args) > 1 \
+            and isinstance(args[1], str) and args[1].lower().replace("-", "_") in (
+                "latin1", "latin_1", "iso_8859_1", "l1"):
+        per = 1
+    return fixed + per * _length(first)
+
+
 @dataclass(slots=True)
 class _Machine:
     out: Trace
@@ -157,6 +275,18 @@ class _Machine:
     memo: dict[int, object] = field(default_factory=dict)
     seen_keys: set[bytes] = field(default_factory=set)
     per_hash: dict[int, int] = field(default_factory=dict)
+    memo_size: int = _MEMO_START
+    deepest: int = 0
+
+    def alloc(self, size: int, objects: int = 1) -> None:
+        self.out.alloc_bytes += size
+        self.out.objects += objects
+
+    def memo_slot(self, index: int) -> None:
+        """CPython's memo is an array: an index past its size resizes it to twice the index."""
+        if index >= self.memo_size:
+            self.out.alloc_bytes += 8 * 2 * index  # realloc: the new table, whole
+            self.memo_size = 2 * index
 
     def pop(self) -> object:
         if len(self.stack) <= (self.marks[-1] if self.marks else 0):
@@ -178,25 +308,47 @@ class _Machine:
 
     def tuple_of(self, items: Iterable[object]) -> Tup:
         t = Tup(items)
-        t.depth = 1 + max((i.depth for i in t if isinstance(i, Tup)), default=0)
-        self.out.max_tuple_depth = max(self.out.max_tuple_depth, t.depth)
+        if not t:
+            return t  # the empty tuple is a singleton
+        nested = [i for i in t if isinstance(i, Tup)]
+        if nested:
+            t.depth = 1 + max(i.depth for i in nested)
+            t.cost = min(1 + sum(i.cost for i in nested), _SATURATE)
+            self.out.max_tuple_depth = max(self.out.max_tuple_depth, t.depth)
+        else:
+            self.out.max_tuple_depth = max(self.out.max_tuple_depth, 1)
+        self.alloc(_TUPLE + 8 * len(t))
         return t
 
-    def add_keys(self, target: object, keys: Iterable[object]) -> None:
+    def add_keys(self, target: object, keys: Iterable[object], grow: bool = True) -> int:
+        """Count ``keys`` inserted into ``target``; returns the tuple hashes they cost."""
+        cost = 0
         if isinstance(target, Container) and target.kind in ("dict", "set", "frozenset"):
+            n = 0
             for key in keys:
-                self.count_key(key)
+                n += 1
+                cost += self.count_key(key)
+            target.entries += n
+            if grow:
+                self.alloc(n * (_DICT_ENTRY if target.kind == "dict" else _SET_ENTRY), 0)
+        return cost
 
-    def count_key(self, key: object) -> None:
+    def count_key(self, key: object) -> int:
+        cost = _hash_cost(key)
+        if cost:
+            self.out.hash_steps = min(self.out.hash_steps + cost, _SATURATE)
+        if cost > HASH_COST:
+            return cost  # hashing it here would take as long as in CPython
         found = _hash_and_canon(key)
         if found is None:
-            return
+            return cost
         h, canon = found
         if canon in self.seen_keys:
-            return
+            return cost
         self.seen_keys.add(canon)
         n = self.per_hash[h] = self.per_hash.get(h, 0) + 1
         self.out.max_collisions = max(self.out.max_collisions, n)
+        return cost
 
 
 def _canon(value: object, depth: int = 0) -> bytes | None:
@@ -238,6 +390,15 @@ def _literal_key(key: object) -> object:
     return key
 
 
+def _hash_cost(key: object) -> int:
+    """Tuples CPython hashes to hash ``key`` (a ``torch.Size`` or tuple key; else 0)."""
+    if isinstance(key, Tup):
+        return key.cost if key else 0
+    if isinstance(key, Result) and isinstance(key.args, tuple):
+        return sum(a.cost for a in key.args if isinstance(a, Tup))
+    return 0
+
+
 def _hash_and_canon(key: object) -> tuple[int, bytes] | None:
     key = _literal_key(key)
     if isinstance(key, Tup) and key.depth > HASH_DEPTH:
@@ -267,15 +428,31 @@ def _push_arg(m: _Machine, op: Op) -> None:
         except UnicodeEncodeError:
             pass
     m.stack.append(arg)
+    m.alloc(_literal_size(arg))
 
 
 def _bytearray(m: _Machine, op: Op) -> None:
     _push_arg(m, op)
+    size = m.stack[-1]
     m.stack[-1] = Container("bytearray")
+    m.alloc(_BYTEARRAY + (len(size) if isinstance(size, bytes) else 0))
 
 
 def _pusher(value: Callable[[], object]) -> _Handler:
     return lambda m, op: m.stack.append(value())
+
+
+def _new(kind: str, size: int) -> _Handler:
+    def handler(m: _Machine, op: Op) -> None:
+        m.stack.append(Container(kind))
+        m.alloc(size)
+    return handler
+
+
+def _list(m: _Machine, op: Op) -> None:
+    items = m.pop_mark()
+    m.stack.append(Container("list", items))
+    m.alloc(_LIST + 8 * len(items))
 
 
 def _names(op: Op) -> tuple[str, str]:
@@ -311,6 +488,7 @@ def _describe(value: object) -> str:
 
 
 def _call(m: _Machine, func: object, args: object, op: Op) -> None:
+    m.alloc(_call_size(func, args) + _CALL)
     result = Result(func, args, op.opcode.name, op.pos)
     m.out.calls.append(result)
     m.stack.append(result)
@@ -343,6 +521,7 @@ def _obj(m: _Machine, op: Op) -> None:
 def _persid(m: _Machine, op: Op) -> None:
     pid = op.arg if op.opcode.name == "PERSID" else m.pop()
     m.out.persistent_ids.append((pid, op.pos))
+    m.alloc(_OBJECT)
     m.stack.append(Result("persistent_load", pid, op.opcode.name, op.pos))
 
 
@@ -361,6 +540,7 @@ def _tuple_n(n: int) -> _Handler:
 def _appends(m: _Machine, op: Op) -> None:
     items = m.pop_mark()
     target = m.top()
+    m.alloc(9 * len(items), 0)  # list slots, with CPython's over-allocation
     if isinstance(target, Container):
         target.items.extend(items)
 
@@ -368,6 +548,7 @@ def _appends(m: _Machine, op: Op) -> None:
 def _append(m: _Machine, op: Op) -> None:
     item = m.pop()
     target = m.top()
+    m.alloc(9, 0)
     if isinstance(target, Container):
         target.items.append(item)
 
@@ -391,6 +572,7 @@ def _additems(m: _Machine, op: Op) -> None:
 def _frozenset(m: _Machine, op: Op) -> None:
     items = m.pop_mark()
     target = Container("frozenset", items)
+    m.alloc(_SET)
     m.add_keys(target, items)
     m.stack.append(target)
 
@@ -398,6 +580,7 @@ def _frozenset(m: _Machine, op: Op) -> None:
 def _dict(m: _Machine, op: Op) -> None:
     items = m.pop_mark()
     target = Container("dict")
+    m.alloc(_DICT)
     m.add_keys(target, items[0::2])
     m.stack.append(target)
 
@@ -410,10 +593,13 @@ def _get(m: _Machine, op: Op) -> None:
 
 
 def _put(m: _Machine, op: Op) -> None:
-    m.memo[int(op.arg)] = m.top()  # type: ignore[call-overload]
+    index = int(op.arg)  # type: ignore[call-overload]
+    m.memo_slot(index)
+    m.memo[index] = m.top()
 
 
 def _memoize(m: _Machine, op: Op) -> None:
+    m.memo_slot(len(m.memo))
     m.memo[len(m.memo)] = m.top()
 
 
@@ -431,7 +617,10 @@ def _set_from_list(m: _Machine) -> None:
             and call.func.name in ("set", "frozenset", "OrderedDict", "Counter") \
             and isinstance(call.args, tuple) and call.args \
             and isinstance(call.args[0], Container):
-        m.add_keys(Container("set"), call.args[0].items)
+        source = call.args[0]  # handed over again and again: its keys are counted once
+        source.key_cost += m.add_keys(Container("set"), source.items[source.hashed:], False)
+        m.out.hash_steps = min(m.out.hash_steps + source.key_cost, _SATURATE)
+        source.hashed = len(source.items)
 
 
 def _reduce_and_hash(m: _Machine, op: Op) -> None:
@@ -445,6 +634,7 @@ def _pop_mark_discard(m: _Machine, op: Op) -> None:
 
 def _mark(m: _Machine, op: Op) -> None:
     m.marks.append(len(m.stack))
+    m.alloc(8, 0)  # CPython's mark stack: a Py_ssize_t per open MARK
 
 
 def _pop(m: _Machine, op: Op) -> None:
@@ -452,7 +642,7 @@ def _pop(m: _Machine, op: Op) -> None:
 
 
 def _dup(m: _Machine, op: Op) -> None:
-    m.stack.append(m.top())
+    m.stack.append(m.top())  # a reference: its stack slot is counted by the walk
 
 
 def _ignore(m: _Machine, op: Op) -> None:
@@ -472,13 +662,13 @@ _HANDLERS: Final[dict[str, _Handler]] = {
     "NEWTRUE": _pusher(lambda: True),
     "NEWFALSE": _pusher(lambda: False),
     "EMPTY_TUPLE": _pusher(lambda: Tup()),
-    "EMPTY_LIST": _pusher(lambda: Container("list")),
-    "EMPTY_DICT": _pusher(lambda: Container("dict")),
-    "EMPTY_SET": _pusher(lambda: Container("set")),
+    "EMPTY_LIST": _new("list", _LIST),
+    "EMPTY_DICT": _new("dict", _DICT),
+    "EMPTY_SET": _new("set", _SET),
     "MARK": _mark,
     "TUPLE": lambda m, op: m.stack.append(m.tuple_of(m.pop_mark())),
     "TUPLE1": _tuple_n(1), "TUPLE2": _tuple_n(2), "TUPLE3": _tuple_n(3),
-    "LIST": lambda m, op: m.stack.append(Container("list", m.pop_mark())),
+    "LIST": _list,
     "DICT": _dict,
     "FROZENSET": _frozenset,
     "APPEND": _append, "APPENDS": _appends,
@@ -531,22 +721,49 @@ def trace(data: Buffer, start: int = 0, *, limits: Limits = DEFAULT_LIMITS) -> T
     [('os', 'system', 'STACK_GLOBAL')]
     """
     machine = _Machine(Trace())
-    pos = start
+    pos, stack, peak = start, machine.stack, 0
     try:
         for op in genops(data, start, limits=limits):
             pos = op.pos
             _HANDLERS[op.opcode.name](machine, op)
+            if len(stack) > peak:  # noqa: PLR1730 - cheaper than max() once per opcode
+                peak = len(stack)
             if op.opcode.name == "STOP":
                 machine.out.end = op.pos + 1
     except _StackError as exc:
         machine.out.error = f"{exc} at offset {pos:#x}"
     except PtfileError as exc:  # what came before the damage still counts
-        if not machine.out.names and not machine.out.calls:
+        if isinstance(exc, PickleStreamError):
+            machine.out.alloc_bytes += _claimed(data, exc.offset)
+        if not machine.out.names and not machine.out.calls \
+                and machine.out.alloc_bytes <= limits.max_unpickled_bytes:
             raise
         machine.out.error = str(exc)
+    machine.out.alloc_bytes += 9 * peak + _BASE  # the stack's slots, with over-allocation
     return machine.out
+
+
+#: Counted literals, by opcode byte: the size and format of their length field.
+_COUNTED: Final = {ord("T"): "<i", ord("B"): "<I", ord("X"): "<I", 0x8D: "<Q", 0x8E: "<Q",
+                   0x96: "<Q", 0x95: "<Q"}
+
+
+def _claimed(data: Buffer, offset: int | None) -> int:
+    """The length a counted literal (or ``FRAME``) at ``offset`` claims, when the stream
+    ends before it: CPython allocates it before reading (``bytes``, ``bytearray``; and
+    any of them read from a file, as torch's legacy loader and ``pickle.load`` do)."""
+    if offset is None or not 0 <= offset < len(data):
+        return 0
+    fmt = _COUNTED.get(data[offset])
+    size = struct.calcsize(fmt) if fmt else 0
+    if fmt is None or offset + 1 + size > len(data):
+        return 0
+    claimed: int = struct.unpack_from(fmt, data, offset + 1)[0]
+    return max(claimed, 0)
 
 
 def hazards(info: Trace) -> dict[str, Any]:
     """The hazard measures of a trace, for messages and reports."""
-    return {"max_collisions": info.max_collisions, "max_tuple_depth": info.max_tuple_depth}
+    return {"max_collisions": info.max_collisions, "max_tuple_depth": info.max_tuple_depth,
+            "hash_steps": info.hash_steps, "alloc_bytes": info.alloc_bytes,
+            "objects": info.objects}

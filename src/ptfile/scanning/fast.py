@@ -16,6 +16,14 @@ any kind (EXT codes, ``BUILD`` on a global, a non-string ``STACK_GLOBAL``
 operand, a hash flood, damage), a name that is not allowed, ``_codecs.encode``
 with a codec outside the standard set, a text or byte string that may hold a
 pickle or a ZIP (raw, base64 or hex: :func:`.nested.may_hold_payload`), or tuples nested deeper than ``Limits.max_depth``.
+
+Resources (``Limits.max_unpickled_bytes``): streams shorter than :data:`MIN_BYTES` are
+left to the walk (it costs little there, and it counts what hashing each key costs:
+CPython would hash a key of shared tuples for ``2**levels`` steps here too); longer ones
+are only cleared when the opcodes alone cannot allocate the limit
+(:data:`~ptfile.picklevm.symbolic.MAX_BYTES_PER_BYTE` per byte) and the copying
+constructors (:data:`~ptfile.picklevm.symbolic.COPIERS`, called through a recorder)
+copy too little to reach it with them.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from ..errors import PtfileError
 from ..limits import Limits
 from ..picklevm import unpickle
 from ..picklevm.hazards import tuple_height
+from ..picklevm.symbolic import COPIERS, MAX_BYTES_PER_BYTE
 from ..structural import StandIn, make_stand_in
 from .nested import MIN_ENCODED_CHARS, starts_in_alphabet
 from .verdicts import codec_is_standard
@@ -35,6 +44,8 @@ __all__ = ["fast_names"]
 
 #: Objects the result walk visits, at most, before giving up (then: symbolic walk).
 MAX_OBJECTS: Final = 10_000_000
+#: Streams shorter than this go to the symbolic walk directly (a few milliseconds).
+MIN_BYTES: Final = 1 << 16
 
 
 class _Recorder:
@@ -44,13 +55,25 @@ class _Recorder:
         self.names: list[tuple[str, str]] = []
         self._classes: dict[tuple[str, str], type] = {}
         self._pid = make_stand_in("<persistent_load>", "id")
+        self.copied = 0
 
     def find_class(self, module: str, name: str) -> Any:
         self.names.append((module, name))
         cls = self._classes.get((module, name))
         if cls is None:
             cls = self._classes[module, name] = make_stand_in(module, name)
+        cost = COPIERS.get(("builtins" if module == "__builtin__" else module, name))
+        if cost is not None:  # a function, not a class: NEWOBJ on it fails (then: walk)
+            return self._copier(cls, *cost)
         return cls
+
+    def _copier(self, cls: type, per: int, fixed: int) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            first: Any = args[0] if args else None
+            self.copied += fixed + (max(first, 0) if type(first) is int and per == 1 else
+                                    per * len(first) if hasattr(first, "__len__") else 0)
+            return cls(*args)
+        return call
 
     def persistent_load(self, pid: object) -> Any:
         return self._pid(pid)
@@ -121,6 +144,9 @@ def fast_names(data: bytes, start: int, limits: Limits, allowed: Callable[[str, 
 
     Returns None when the precise symbolic walk must decide (see the module docstring).
     """
+    size = len(data) - start
+    if size < MIN_BYTES or size * MAX_BYTES_PER_BYTE > limits.max_unpickled_bytes:
+        return None
     recorder = _Recorder()
     try:
         result, end = unpickle(data, find_class=recorder.find_class,
@@ -128,7 +154,8 @@ def fast_names(data: bytes, start: int, limits: Limits, allowed: Callable[[str, 
                                start=start, encoding="latin1")
     except PtfileError:
         return None
-    if not all(allowed(module, name) for module, name in recorder.names):
+    if not all(allowed(module, name) for module, name in recorder.names) \
+            or recorder.copied + size * MAX_BYTES_PER_BYTE > limits.max_unpickled_bytes:
         return None
     try:
         if not _walk_is_plain(result, heads, limits.max_depth):

@@ -52,6 +52,12 @@ What is scanned
 Every pickle is walked by :func:`ptfile.picklevm.symbolic.trace`, whose
 symbolic stack and memo resolve ``STACK_GLOBAL`` names built indirectly.
 
+Resources: the walk also estimates what CPython's C unpickler (torch.load's, pickle.load's)
+would spend on each pickle (:mod:`ptfile.picklevm.symbolic`); a pickle over
+``Limits.max_unpickled_bytes`` of objects or ``Limits.max_hash_steps`` tuple hashes gets a
+dangerous ``hazard`` finding (``memory``, ``hash-work``: exit 1), as one over
+``max_hash_collisions`` or ``max_depth`` does (``hash-flooding``, ``deep-tuples``).
+
 Verdicts are decided in :mod:`ptfile.scanning.verdicts`.
 """
 
@@ -66,7 +72,6 @@ from .._dcp_files import is_directory
 from .._io import BytesSource, FileLike, Source, is_path
 from .._remote import StorageOptions, local_path, open_any
 from ..archive import tar
-from ..archive.records import METHOD_STORED
 from ..errors import (
     ArchiveError,
     FormatError,
@@ -76,6 +81,7 @@ from ..errors import (
     UnknownFormatError,
 )
 from ..formats import Format, detect
+from ..formats.detection import ZIP_MARKERS, folded_markers, kind_of_markers
 from ..formats.safetensors import read_header
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm._walk import frame_violation
@@ -87,9 +93,10 @@ from .fast import fast_names
 from .loaders import PICKLE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 from .loaders.stream import legacy_stream
 from .loaders.tar import TarReading, legacy_tar, tarfile_header
+from .loaders.zipfamily import Region, ZipModel, zip_regions
 from .nested import looks_like_payload, may_hold_payload, nested_payload
-from .pt2 import PT2_MARKER, Role, pt2_role
-from .reads import holds_zip, next_head, stored_payload, stream_head
+from .pt2 import NATIVE_CODE, UNREADABLE_CONFIG
+from .reads import holds_zip, next_head, stream_head
 from .torchscript import as_torchscript_type, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
@@ -184,6 +191,16 @@ def _hazards(s: _Scan, info: Trace, where: str) -> None:
         s.add("hazard", Verdict.DANGEROUS, where, None, "", "deep-tuples", "",
               f"tuples nest {info.max_tuple_depth} deep: hashing one recurses in C and can "
               "overflow the stack")
+    if info.alloc_bytes > s.limits.max_unpickled_bytes:
+        s.add("hazard", Verdict.DANGEROUS, where, None, "", "memory", "",
+              f"CPython's unpickler would allocate about {info.alloc_bytes:,} bytes "
+              f"({info.objects:,} objects; estimate), over Limits.max_unpickled_bytes "
+              f"({s.limits.max_unpickled_bytes:,}): torch.load and pickle.load run out of memory")
+    if info.hash_steps > s.limits.max_hash_steps:
+        s.add("hazard", Verdict.DANGEROUS, where, None, "", "hash-work", "",
+              f"hashing the dict/set keys takes about {info.hash_steps:,} tuple hashes (keys "
+              f"of shared tuples), over Limits.max_hash_steps ({s.limits.max_hash_steps:,}): "
+              "torch.load and pickle.load hang")
 
 
 def _allowed(module: str, name: str) -> bool:
@@ -401,6 +418,9 @@ def _is_pickle_record(name: str) -> bool:
 
 
 def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
+    """A ZIP: its anomalies, then exactly the records torch's loaders read
+    (:func:`ptfile.scanning.loaders.zipfamily.zip_regions`), each finding naming its
+    loaders; pickle-named records no loader reads are scanned, at most ``unknown``."""
     walked = walk_zip(source, s.limits, eocd)
     if walked is None:
         s.add("format", Verdict.UNKNOWN, where, None, message="no ZIP end record")
@@ -417,49 +437,101 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
         if anomaly.eocd is not None:
             _scan_zip(s, source, f"{where}({anomaly.code}@{anomaly.eocd:#x})", depth + 1,
                       anomaly.eocd)
-    torchscript = any(e.name.endswith("/constants.pkl") for e in entries)
-    pt2 = any(e.name.split("/", 1)[-1] == PT2_MARKER for e in entries)
-    mark = len(s.findings)
-    for entry in entries:
-        label = f"{where}:{entry.name}" if where else entry.name
-        role = pt2_role(entry.name) if pt2 else None
-        if role is not None:
-            _scan_pt2_record(s, source, entry, label, role, depth)
-        if entry.name.split("/", 1)[-1].startswith("code/") and entry.name.endswith(".py"):
-            code = _read_record(s, source, entry, label)
-            if code is not None:
-                verdict, message = judge_code(code.decode("utf-8", "replace"))
-                s.add("torchscript-code", verdict, label, entry.header_offset, "",
-                      entry.name.rsplit("/", 1)[-1], message=message)
-        if _is_pickle_record(entry.name):
-            data = _read_record(s, source, entry, label)
-            if data is not None:
-                _scan_stream(s, data, label, depth)
-    if torchscript:
-        s.findings[mark:] = [as_torchscript_type(f) for f in s.findings[mark:]]
-    return "torchscript" if torchscript else "pt2" if pt2 else "zip"
+    fmt = _zip_kind(s, entries, where)
+    model = zip_regions(entries, lambda entry: _read_quiet(s, source, entry))
+    if model.guessed:
+        s.add("archive", Verdict.UNKNOWN, where or "archive", None, "", UNREADABLE_CONFIG,
+              message=f"torch.export.load reads the records its payload configs name, and "
+              f"{'; '.join(model.guessed)[:500]}: every record was scanned as one "
+              "torch.load may read")
+    for region in model.regions:
+        mark = len(s.findings)
+        label = f"{where}:{region.entry.name}" if where else region.entry.name
+        _scan_pt2_record(s, source, region, label, depth)
+        s.findings[mark:] = [_read_by(f, region, model) for f in s.findings[mark:]]
+    for entry in model.unread:
+        data = _read_record(s, source, entry, label := f"{where}:{entry.name}" if where
+                            else entry.name)
+        if data is not None:
+            probe = s.probe()
+            _scan_stream(probe, data, label, depth)
+            s.findings.extend(map(_unread_record, probe.findings))
+    return fmt
 
 
-def _scan_pt2_record(s: _Scan, source: Source, entry: ZipEntry, label: str, role: Role,
+def _unread_record(f: Finding) -> Finding:
+    """A finding in a pickle-named record no torch loader reads (``bytecode.pkl``, another
+    folder's ``data.pkl``): at most ``unknown``, as only another tool would read it."""
+    if f.verdict is not Verdict.DANGEROUS:
+        return f
+    return dataclasses.replace(f, verdict=Verdict.UNKNOWN, message=f"{f.message} (in a "
+                               "record no torch loader reads)")
+
+
+def _zip_kind(s: _Scan, entries: list[ZipEntry], where: str) -> str:
+    """The archive's kind by :func:`ptfile.formats.detection.kind_of_markers` (the one
+    decision ``detect_format`` makes); one torch's loaders read as two things is an
+    ``ambiguous-kind`` anomaly (``ptfile.load`` refuses it; every reading is scanned)."""
+    names = [e.name for e in entries if not e.shadow]
+    folder = names[0].split("/", 1)[0] if names and "/" in names[0] else ""
+    found = folded_markers(names, folder)
+    exact = set(names)
+    try:
+        return kind_of_markers(found, {m for m in ZIP_MARKERS if f"{folder}/{m}" in exact}).value
+    except FormatError as exc:
+        s.add("archive", Verdict.UNKNOWN, where or "archive", None, "", "ambiguous-kind",
+              message=str(exc))
+        return "pt2" if "archive_format" in found else "torchscript"
+
+
+def _read_by(f: Finding, region: Region, model: ZipModel) -> Finding:
+    """A finding of ``region``, naming the loaders that read it (a TorchScript class
+    reference where ``torch.jit.load`` reads the archive)."""
+    if model.jit:
+        f = as_torchscript_type(f)
+    return dataclasses.replace(f, loaders=region.loaders)
+
+
+def _read_quiet(s: _Scan, source: Source, entry: ZipEntry) -> bytes | None:
+    """A record's bytes for the loader model (a payload config), None when unreadable."""
+    try:
+        return read_member(source, entry, s.limits)
+    except LimitExceededError:
+        return None
+
+
+def _scan_pt2_record(s: _Scan, source: Source, region: Region, label: str,
                      depth: int) -> None:
-    """A ``.pt2`` record torch may unpickle or run (:mod:`ptfile.scanning.pt2`)."""
-    if role == "native":
-        s.add("native-code", Verdict.DANGEROUS, label, entry.header_offset, "",
+    """One record a loader reads, as it reads it (:data:`~.loaders.zipfamily.How`): a
+    pickle, a whole file ``torch.load`` reads (``guess``: kept only when it reads as one),
+    TorchScript code, or native code."""
+    entry = region.entry
+    if region.how == "native":
+        s.add(NATIVE_CODE, Verdict.DANGEROUS, label, entry.header_offset, "",
               entry.name.rsplit("/", 1)[-1], message="AOTInductor compiled code: "
               "torch.export.load loads the compiled model, which runs native code")
         return
-    if role == "maybe" and entry.method == METHOD_STORED and not stored_payload(source, entry):
-        return  # raw tensor bytes, read as such
     data = _read_record(s, source, entry, label)
-    if not data:
+    if data is None:
         return
-    if role == "maybe":
-        _scan_blob(s, data, label, depth)
+    if region.how == "code":
+        verdict, message = judge_code(data.decode("utf-8", "replace"), s.limits)
+        s.add("torchscript-code", verdict, label, entry.header_offset, "",
+              entry.name.rsplit("/", 1)[-1], message=message)
+    elif region.how == "pickle":
+        _scan_stream(s, data, label, depth)
+    elif not data:
+        return
     elif depth >= MAX_NESTING:
         s.add("nested", Verdict.DANGEROUS, label, 0,
               message=f"pickles nested more than {MAX_NESTING} deep")
-    else:
+    elif region.how == "file":
         _scan_source(s, _bytes_source(data), label, depth + 1)
+    else:  # guess: raw tensor bytes are data, what reads as a pickle or archive is scanned
+        probe = s.probe()
+        _scan_source(probe, _bytes_source(data), label, depth + 1)
+        if not any(f.location == label and f.kind == "format" for f in probe.findings):
+            s.findings.extend(probe.findings)
 
 
 def _read_record(s: _Scan, source: Source, entry: ZipEntry, label: str) -> bytes | None:

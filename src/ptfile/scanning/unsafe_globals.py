@@ -27,6 +27,13 @@ legacy (< 1.6), tar      ``ValueError``               the unsafe names of every 
 anything else            ``ValueError``               :class:`FormatError`
 =======================  ===========================  ==========================================
 
+Names are returned as torch returns them: a Python 2 name is translated as torch's
+weights-only unpickler translates it, whatever the protocol (``__builtin__.long`` is
+``builtins.int``, ``copy_reg._reconstructor`` is ``copyreg._reconstructor``), through
+:data:`TORCH_NAME_MAPPING` and :data:`TORCH_IMPORT_MAPPING`, the part of CPython's
+:mod:`_compat_pickle` that torch 2.13 adopts (``torch._utils``); a name of the rest of
+``_compat_pickle`` (``cPickle``, ``commands``...) is returned as written, as torch does.
+
 A name in a module torch never allows (``os``, ``sys``, ``posix``, ``nt``) is listed
 even when registered with :func:`ptfile.add_safe_globals`: ptfile's load refuses it
 then too (torch's function leaves it out, although torch's load refuses it).
@@ -45,9 +52,35 @@ from ..errors import FormatError
 from ..limits import Limits
 from ..policy import find_allowed
 from .scanner import scan
-from .verdicts import Finding
+from .verdicts import Finding, python3_name
 
-__all__ = ["get_unsafe_globals_in_checkpoint"]
+__all__ = ["TORCH_IMPORT_MAPPING", "TORCH_NAME_MAPPING", "get_unsafe_globals_in_checkpoint"]
+
+#: The Python 2 modules torch's weights-only unpickler renames (to :mod:`_compat_pickle`'s
+#: names), in every protocol: ``torch._utils.IMPORT_MAPPING``'s keys in torch 2.13.
+TORCH_IMPORT_MAPPING: Final = frozenset({
+    "__builtin__", "copy_reg", "Queue", "repr", "_abcoll", "UserDict", "UserList",
+    "UserString", "whichdb", "StringIO", "cStringIO"})
+#: The Python 2 names torch renames one by one: ``torch._utils.NAME_MAPPING``'s keys.
+TORCH_NAME_MAPPING: Final = frozenset({
+    *(("__builtin__", n) for n in ("xrange", "reduce", "intern", "unichr", "unicode", "long",
+                                   "basestring")),
+    *(("itertools", n) for n in ("izip", "imap", "ifilter", "ifilterfalse", "izip_longest")),
+    ("UserDict", "IterableUserDict"), ("UserList", "UserList"), ("UserString", "UserString"),
+    ("exceptions", "StandardError"), ("UserDict", "UserDict")})
+
+
+def torch_name(module: str, name: str) -> tuple[str, str]:
+    """``module.name`` as torch's weights-only unpickler reads a ``GLOBAL`` of it.
+
+    Examples
+    --------
+    >>> torch_name("__builtin__", "long"), torch_name("cPickle", "loads")
+    (('builtins', 'int'), ('cPickle', 'loads'))
+    """
+    if (module, name) in TORCH_NAME_MAPPING or module in TORCH_IMPORT_MAPPING:
+        return python3_name(module, name)
+    return module, name
 
 
 def _top_level(location: str) -> bool:
@@ -79,8 +112,8 @@ _LOADED: Final[dict[str, Callable[[str], bool]]] = {
 
 
 def _unsafe(finding: Finding) -> bool:
-    """Whether the strict policy refuses the global of ``finding``."""
-    return find_allowed(finding.module, finding.name) is None
+    """Whether the strict policy refuses the global of ``finding``, named as torch does."""
+    return find_allowed(*torch_name(finding.module, finding.name)) is None
 
 
 def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = None,
@@ -128,5 +161,5 @@ def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = Non
             else f"in the {result.format} format"
         raise FormatError(f"expected a checkpoint written by torch.save, but the file is {kind}; "
                           "ptfile.scan(f) lists the globals of any file")
-    return list(dict.fromkeys(x.qualname for x in result.findings
+    return list(dict.fromkeys(".".join(torch_name(x.module, x.name)) for x in result.findings
                               if x.kind == "global" and loaded(x.location) and _unsafe(x)))

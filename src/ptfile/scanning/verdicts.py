@@ -23,6 +23,7 @@ what they hold.
 
 from __future__ import annotations
 
+import _compat_pickle
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -276,11 +277,27 @@ def _dangerous(module: str, name: str) -> bool:
         or name.startswith(DANGEROUS_PREFIXES.get(module, ()))
 
 
+def python3_name(module: str, name: str) -> tuple[str, str]:
+    """The name CPython's unpickler imports for a Python 2 name (protocols 0-2, as
+    ``fix_imports`` does through :mod:`_compat_pickle`); other names unchanged.
+
+    Examples
+    --------
+    >>> python3_name("__builtin__", "long"), python3_name("copy_reg", "_reconstructor")
+    (('builtins', 'int'), ('copyreg', '_reconstructor'))
+    """
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[module, name]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
 def verdict_of(module: str, name: str) -> Verdict:
     """The verdict for a global ``module.name`` (tables first, then the allowlist).
 
     A dotted ``name`` is dangerous when any object along its attribute chain may
-    be (:func:`_readings`): ``pathlib`` + ``os.system`` is ``os.system``.
+    be (:func:`_readings`): ``pathlib`` + ``os.system`` is ``os.system``.  A Python 2
+    name is judged as written and as CPython (and torch) translate it
+    (:func:`python3_name`): ``__builtin__.reduce`` is ``functools.reduce``.
 
     Examples
     --------
@@ -289,7 +306,8 @@ def verdict_of(module: str, name: str) -> Verdict:
     >>> verdict_of("pathlib", "os.system")
     <Verdict.DANGEROUS: 'dangerous'>
     """
-    if any(_dangerous(m, n) for m, n in _readings(module, name)):
+    names = {(module, name), python3_name(module, name)}
+    if any(_dangerous(m, n) for pair in names for m, n in _readings(*pair)):
         return Verdict.DANGEROUS
     if find_allowed(module, name) is not None or (module, name) in TORCHSCRIPT_NAMES:
         return Verdict.ALLOWED

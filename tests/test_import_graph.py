@@ -46,6 +46,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.reduction": 2,  # the save-side inverse of rebuild
     "ptfile.location": 2,  # location tags of storages
     "ptfile.policy": 2,  # which globals a pickle may name (find_class policies)
+    "ptfile.numpy_globals": 2,  # inert rebuilders of numpy values (ptfile.NUMPY_GLOBALS)
     "ptfile.structural": 2,  # any pickle as an inert tree of the model's objects
     "ptfile.tree": 2,  # tensors of an object tree by state-dict name (flatten)
     # 3: the checkpoint formats: the one way in.

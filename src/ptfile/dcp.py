@@ -71,6 +71,7 @@ from .formats.dcp_metadata import (
 from .formats.safetensors import CODES, header_json
 from .limits import DEFAULT_LIMITS, Limits
 from .picklevm.unpickler import unpickle
+from .policy import loads_structurally
 from .tensor import Storage, Tensor
 
 __all__ = [
@@ -281,10 +282,13 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
     return np.frombuffer(data, raw, nbytes // raw.itemsize).reshape(chunk.sizes)
 
 
-def _load_item(data: bytes | memoryview, what: str, limits: Limits) -> Any:
+def _load_item(data: bytes | memoryview, what: str, limits: Limits, *,
+               structural: bool = False) -> Any:
     """A torch.save item, which MUST end with its ZIP's end record (torch writes no
     comment): else the metadata's length disagrees with the item (a ZIP reader would
-    accept trailing bytes, or find a later item's end record)."""
+    accept trailing bytes, or find a later item's end record).  Read as :func:`ptfile.load`
+    reads a file: torch's weights-only allowlist and the user's safe globals, or
+    ``structural``'s stand-ins."""
     if bytes(data[:4]) == _ZIP and (len(data) < _EOCD_BYTES
                                     or bytes(data[-_EOCD_BYTES:-_EOCD_BYTES + 4]) != _EOCD
                                     or bytes(data[-2:]) != b"\0\0"):
@@ -292,8 +296,8 @@ def _load_item(data: bytes | memoryview, what: str, limits: Limits) -> Any:
                           "record: the length in the metadata disagrees with the item")
     try:
         with damage_as_format_error():  # the bytes are read in place (a view of the map)
-            return read(BytesSource(data), ReadOptions(limits=limits,
-                                                       find_class=policies.strict()))
+            find_class = policies.structural() if structural else policies.strict()
+            return read(BytesSource(data), ReadOptions(limits=limits, find_class=find_class))
     except PtfileError as exc:
         if type(exc) is FormatError:
             raise FormatError(f"{what}: {exc}") from exc
@@ -467,8 +471,10 @@ def contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
-               limits: Limits = DEFAULT_LIMITS) -> Any:
-    """The whole tensor, or the object, that ``fqn`` names.
+               limits: Limits = DEFAULT_LIMITS, structural: bool = False) -> Any:
+    """The whole tensor, or the object, that ``fqn`` names (a non-tensor item read with
+    torch's weights-only allowlist and :func:`ptfile.add_safe_globals`, or with
+    ``structural=True`` as :func:`ptfile.load` reads it).
 
     Raises
     ------
@@ -485,7 +491,7 @@ def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
         raise FormatError(f"the bytes item {fqn!r} has no storage entry")
     # A copy: the value is the caller's, and must not pin (or view) the mapped file.
     return _load_item(bytes(item_bytes(files, fqn, info, limits.max_pickle_bytes)),
-                      f"item {fqn!r}", limits)
+                      f"item {fqn!r}", limits, structural=structural)
 
 
 def _child(node: Any, step: str | int, fresh: Any, path: tuple[str | int, ...]) -> Any:
@@ -516,7 +522,8 @@ def object_path(meta: Metadata, fqn: str) -> tuple[str | int, ...]:
     return (meta.planner_data or {}).get(fqn) or (fqn,)
 
 
-def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None,
+def load_dcp(directory: str | os.PathLike[str], *, weights_only: bool | None = None,
+             structural: bool = False, limits: Limits | None = None,
              storage_options: Mapping[str, Any] | None = None) -> Any:
     """The full state dict of a ``torch.distributed.checkpoint`` directory, without torch.
 
@@ -536,6 +543,14 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None,
         ``thread_count``, one or many files per rank, the TORCH_SAVE or SAFETENSORS
         serialization format, zstd-compressed items); or the ``*.safetensors`` of a
         ``HuggingFaceStorageWriter``.
+    weights_only, structural
+        How non-tensor items (pickled ``torch.save`` values) are read, as :func:`load`
+        reads a file (:mod:`ptfile.policy`, torch's environment variables included):
+        torch's weights-only allowlist and the user's :func:`safe_globals` (with
+        ``ptfile.NUMPY_GLOBALS``, a ``np.random.get_state()`` item loads), or, with
+        ``structural=True`` or ``weights_only=False``, unknown globals as inert
+        stand-ins.  (torch's own DCP loader unpickles them with ``weights_only=False``.)
+        The ``.metadata`` is always read with its own policy, and tensor chunks strictly.
     limits
         Ceilings for untrusted input, applied to the metadata and every item.
     storage_options
@@ -554,7 +569,8 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None,
         bytes are not the tensor or value the metadata says.
     UnsafeGlobalError
         ``.metadata`` names a global a DCP checkpoint does not hold, or a
-        non-tensor item one outside ptfile's allowlist (:func:`add_safe_globals`).
+        non-tensor item one outside ptfile's allowlist (:func:`add_safe_globals`;
+        not with ``structural=True``).
     UnsupportedFeatureError
         Items stored through an extension ptfile does not read, or zstd-compressed
         without the ``zstandard`` package (ptfile's ``zstd`` extra).
@@ -573,12 +589,14 @@ def load_dcp(directory: str | os.PathLike[str], *, limits: Limits | None = None,
     ...         print("not a DCP checkpoint")
     not a DCP checkpoint
     """
+    structural = loads_structurally(weights_only, structural)
     limits = DEFAULT_LIMITS if limits is None else limits
     root: dict[str, Any] = {}
     with DirectoryFiles(directory, storage_options=storage_options, limits=limits) as files:
         meta = load_metadata(files, limits)
         for fqn in meta.state_dict_metadata:
-            place(root, object_path(meta, fqn), read_value(meta, files, fqn, limits=limits))
+            place(root, object_path(meta, fqn),
+                  read_value(meta, files, fqn, limits=limits, structural=structural))
     return root
 
 

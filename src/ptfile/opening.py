@@ -16,6 +16,7 @@ from ._io import FileLike
 from ._remote import StorageOptions
 from .dcp_reader import DCPReader, open_dcp
 from .limits import Limits
+from .policy import loads_structurally
 from .reader import CheckpointReader
 from .reader import open as open_file
 
@@ -28,7 +29,7 @@ def is_dcp_directory(f: object, storage_options: StorageOptions = None) -> bool:
 
 
 def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
-         storage_options: StorageOptions = None,
+         storage_options: StorageOptions = None, weights_only: bool | None = None,
          structural: bool = False) -> CheckpointReader | DCPReader:
     """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
 
@@ -49,8 +50,12 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
         Ceilings for untrusted input.
     storage_options
         For a URL: fsspec's options for its backend (credentials, endpoints).
-    structural
-        For a file: resolve globals outside the weights-only allowlist as inert stand-ins.
+    weights_only, structural
+        As :func:`ptfile.load` takes them (:mod:`ptfile.policy`): by default globals
+        outside torch's weights-only allowlist and :func:`ptfile.safe_globals` raise
+        :class:`UnsafeGlobalError`; ``structural=True`` or ``weights_only=False`` resolves
+        them as inert stand-ins.  For a DCP directory, this is how its non-tensor items
+        are read (:meth:`~ptfile.dcp_reader.DCPReader.value`, ``check``).
 
     Returns
     -------
@@ -74,8 +79,9 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
     ...     list(ck.keys()), ck.info("w").shape
     (['w'], (2, 3))
     """
+    structural = loads_structurally(weights_only, structural)
     if is_dcp_directory(f, storage_options):
         return open_dcp(os.fspath(f), limits=limits,  # type: ignore[arg-type]
-                        storage_options=storage_options)
+                        storage_options=storage_options, structural=structural)
     return open_file(f, mmap=mmap, limits=limits, storage_options=storage_options,
                      structural=structural)

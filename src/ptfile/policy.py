@@ -62,6 +62,14 @@ uses to an object the *user* trusts; a bare object is keyed by its own
 (``BUILD`` sets attributes, ``APPENDS`` calls ``extend``; see
 :mod:`ptfile.picklevm.unpickler`), so register callables and classes whose
 instances are fresh per call, as with torch.
+
+Numpy values
+------------
+:data:`NUMPY_GLOBALS` is a ready-made set of entries for the numpy names training
+checkpoints hold (RNG states, numpy hyperparameters): inert rebuilders that
+check every argument and never run numpy's pickle code (:mod:`ptfile.numpy_globals`).
+``with safe_globals(NUMPY_GLOBALS): load(f)`` returns what ``torch.load`` returns
+once numpy's names are allowlisted; a refusal of one of these names says so.
 """
 
 from __future__ import annotations
@@ -72,15 +80,18 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, Final, TypeAlias, TypeVar
 
 from .errors import PtfileError, PtfileWarning, UnsafeGlobalError
+from .numpy_globals import NUMPY_REBUILDERS
 from .rebuild import SAFE_GLOBALS, lookup
 
 __all__ = [
     "BLOCKED_MODULES",
     "FORCE_NO_WEIGHTS_ONLY",
     "FORCE_WEIGHTS_ONLY",
+    "NUMPY_GLOBALS",
     "SafeGlobals",
     "add_safe_globals",
     "clear_safe_globals",
@@ -284,6 +295,16 @@ def _guard_table() -> None:
 
 _guard_table()
 
+#: Numpy values as data (:mod:`ptfile.numpy_globals`): numpy's ``_reconstruct``,
+#: ``scalar``, ``ndarray`` and ``dtype`` (numpy 1.x and 2.x names) mapped to inert
+#: rebuilders that check every argument and never run numpy's pickle code, for
+#: ``with ptfile.safe_globals(ptfile.NUMPY_GLOBALS): ptfile.load(f)``.  Read-only; the
+#: functions are wrapped against ``BUILD`` (:class:`CallOnly`).
+NUMPY_GLOBALS: Final[Mapping[str, object]] = MappingProxyType({
+    name: CallOnly(value) if callable(value) else value
+    for name, value in NUMPY_REBUILDERS.items()
+})
+
 
 def _guarded(value: object) -> object:
     return _WRAPPED.get(id(value), value)
@@ -305,6 +326,13 @@ def find_allowed(module: str, name: str) -> Any:
 def unsafe_global_message(module: str, name: str) -> str:
     """The refusal text: what was refused, and the three ways forward."""
     qual = f"{module}.{name}"
+    if qual in NUMPY_GLOBALS and module.partition(".")[0] == "numpy":
+        return (f"unsupported global {qual}: numpy values are not among the globals torch.load("
+                "weights_only=True) allows. ptfile reads numpy arrays, scalars, dtypes and "
+                "RNG states as data, without numpy's pickle code: `with ptfile.safe_globals("
+                "ptfile.NUMPY_GLOBALS): ptfile.load(f)` (or ptfile.add_safe_globals(ptfile."
+                "NUMPY_GLOBALS)). To load the file without calling anything (unknown objects "
+                "become inert stand-ins): ptfile.load(f, structural=True)")
     if module.split(".")[0] in BLOCKED_MODULES:
         return (f"the pickle names {qual}, in module {module.split('.')[0]!r}, which ptfile "
                 "(like torch) never allows. To look at the file without running anything: "

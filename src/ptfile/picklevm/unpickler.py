@@ -53,6 +53,11 @@ that is harmless: builtin functions and classes (immutable), per-load copies,
 or instances of a slotted class without ``__setstate__``, ``__dict__`` and
 ``__setattr__``.
 
+A callback that can only make its value from the ``BUILD`` state that follows
+(numpy's arrays) hands out a placeholder instead and registers it
+(:mod:`ptfile.picklevm.deferred`); :func:`unpickle` puts the values in place
+once the stream is read.
+
 ``EXT1``/``EXT2``/``EXT4`` are refused: the C unpickler looks their code up in
 ``copyreg``'s process-wide extension cache *before* calling ``find_class``, so
 a code resolved once by any unrestricted unpickler bypasses the allowlist, and
@@ -69,6 +74,7 @@ from typing import Any, Final
 from ..errors import PickleStreamError, PtfileError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits, applied
 from ._walk import Buffer
+from .deferred import collecting, substitute
 from .hazards import run_unpickler
 from .lexer import StreamInfo, check_stream
 
@@ -196,8 +202,10 @@ def unpickle(
     try:
         # Deep tuples make hashing recurse in C: give the C unpickler the stack they need.
         # The callbacks read ``limits`` (max_ndim) as the active ones.
-        with applied(limits):
-            return run_unpickler(unpickler.load, stream), info.end
+        with applied(limits), collecting() as pending:
+            root = run_unpickler(unpickler.load, stream)
+            # Placeholders a callback deferred (numpy arrays): swapped for their values.
+            return (substitute(root, pending) if pending else root), info.end
     except PtfileError:
         raise
     except Exception as exc:  # the C unpickler's and the callbacks' exception zoo

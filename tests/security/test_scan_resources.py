@@ -183,7 +183,6 @@ def test_scan_is_dangerous_exactly_when_cpython_runs_out(case: str) -> None:
 SHARED = frozenset({"self-list", "nested-refs"})
 
 
-@pytest.mark.xfail(reason="scanning.loaders.stream._inert expands shared lists", strict=False)
 @pytest.mark.parametrize("case", sorted(SHARED))
 def test_scan_of_shared_structures_stays_bounded(case: str) -> None:
     assert _child(_SCAN, CASES[case][0](), 1 << 30, seconds=30) == "allowed"

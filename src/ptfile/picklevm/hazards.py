@@ -42,12 +42,13 @@ from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
 from ..errors import LimitExceededError
-from ..limits import Limits
+from ..limits import Limits, active
 from ._walk import Buffer
+from .decoder import genops
 from .symbolic import trace
 
-__all__ = ["call_with_stack", "check_number_keys", "deepest_tuple", "run_unpickler",
-           "stack_bytes_for"]
+__all__ = ["call_with_stack", "check_hash_work", "check_number_keys", "deepest_tuple",
+           "hash_work", "run_unpickler", "stack_bytes_for"]
 
 T = TypeVar("T")
 
@@ -201,6 +202,7 @@ def run_unpickler(load: Callable[[], T], stream: bytes) -> T:
         The stack would be too big (see :func:`call_with_stack`), or the result
         holds tuples nested more than :data:`DEEP_TUPLE_LEVELS` deep.
     """
+    check_hash_work(stream, active())
     stack_bytes = stack_bytes_for(stream)
     result = call_with_stack(load, stack_bytes)
     if stack_bytes // STACK_BYTES_PER_LEVEL > DEEP_TUPLE_LEVELS:
@@ -226,3 +228,99 @@ def check_number_keys(data: Buffer, start: int, limits: Limits) -> None:
         raise LimitExceededError("max_hash_collisions", limits.max_hash_collisions,
                                  info.max_collisions,
                                  f"dict/set keys sharing one hash value in the pickle at {start:#x}")
+
+
+_SHARING_OPCODES: Final = (b"h", b"j", b"g", b"2")  # BINGET, LONG_BINGET, GET, DUP
+_KEYED: Final = frozenset({"SETITEM", "SETITEMS", "DICT", "ADDITEMS", "FROZENSET", "APPEND",
+                           "APPENDS", "LIST"})
+_CALLS: Final = frozenset({"REDUCE", "NEWOBJ", "NEWOBJ_EX", "OBJ", "INST", "BUILD"})
+_POPS: Final = {"POP": 1, "STACK_GLOBAL": 2, "BINPERSID": 1}
+_PUSH_NOTHING: Final = frozenset({"PROTO", "FRAME", "STOP", "READONLY_BUFFER", "POP"})
+
+
+def hash_work(stream: bytes, cap: int) -> int:
+    """Tuple hashes CPython may make unpickling ``stream`` (an upper bound), or ``cap + 1``.
+
+    Hashing a tuple hashes each of its items and caches nothing
+    (``Objects/tupleobject.c``): a tuple costs 1 plus its items' costs, an item
+    shared by memo ``GET``/``DUP`` counted once per reference.  Each tuple's cost is
+    computed once, as it is built (linear in the stream), and the walk adds the
+    cost of every item put into a dict, set, frozenset or list (a list may be handed
+    to ``set()``) and of every call's arguments (a call may hash them).  Streams
+    without a tuple opcode or without a memo fetch cannot share a tuple: 0.
+    """
+    if not any(code in stream for code in _TUPLE_OPCODES) \
+            or not any(code in stream for code in _SHARING_OPCODES):
+        return 0
+    limit = cap + 1
+    stack: list[int] = []  # the hash cost of each stack item (0: not a tuple)
+    marks: list[int] = []
+    memo: dict[object, int] = {}
+    total = 0
+    for op in genops(stream):
+        name = op.opcode.name
+        at = marks[-1] if marks and op.opcode.pops_mark else None
+        if name == "MARK":
+            marks.append(len(stack))
+        elif name in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_TUPLE"):
+            n = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "EMPTY_TUPLE": 0}.get(name)
+            begin = len(stack) - n if n is not None else (marks.pop() if marks else 0)
+            cost = min(1 + sum(stack[max(begin, 0):]), limit) if name != "EMPTY_TUPLE" else 0
+            del stack[max(begin, 0):]
+            stack.append(cost)
+            if cost > cap:
+                return limit
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(memo.get(op.arg, 0))
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[op.arg] = stack[-1] if stack else 0
+        elif name == "MEMOIZE":
+            memo[len(memo)] = stack[-1] if stack else 0
+        elif name == "DUP":
+            stack.append(stack[-1] if stack else 0)
+        elif name in _KEYED or name in _CALLS:
+            if at is not None:
+                marks.pop()
+                items, begin = stack[at:], at
+            else:
+                n = {"SETITEM": 2, "APPEND": 1, "BUILD": 1, "REDUCE": 1, "NEWOBJ": 1,
+                     "NEWOBJ_EX": 2}.get(name, 0)
+                items, begin = stack[len(stack) - n:] if n else [], max(len(stack) - n, 0)
+            work = sum(items[0::2]) if name in ("SETITEM", "SETITEMS", "DICT") else sum(items)
+            total = min(total + work, limit)
+            if total > cap:
+                return limit
+            del stack[begin:]
+            if name in _CALLS:
+                if name in ("REDUCE", "NEWOBJ", "NEWOBJ_EX") and stack:
+                    stack.pop()  # the callable
+                if name != "BUILD":
+                    stack.append(min(work, limit))  # a tuple subclass may hash its items
+            elif name in ("DICT", "FROZENSET", "LIST"):
+                stack.append(0)
+        elif at is not None:  # POP_MARK
+            marks.pop()
+            del stack[at:]
+        else:
+            pops = _POPS.get(name, 0)
+            if pops:
+                del stack[max(len(stack) - pops, 0):]
+            if name not in _PUSH_NOTHING:
+                stack.append(0)
+    return total
+
+
+def check_hash_work(stream: bytes, limits: Limits) -> None:
+    """Refuse a stream whose unpickling may hash tuples more than ``limits.max_hash_steps``
+    times (:func:`hash_work`): a key of shared tuples runs for ``2**levels`` steps.
+
+    Raises
+    ------
+    LimitExceededError
+        ``max_hash_steps``.
+    """
+    work = hash_work(stream, limits.max_hash_steps)
+    if work > limits.max_hash_steps:
+        raise LimitExceededError("max_hash_steps", limits.max_hash_steps, work,
+                                 "tuple hashes (at least) the dict/set keys of shared tuples "
+                                 "would cost")

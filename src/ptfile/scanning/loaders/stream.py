@@ -111,7 +111,7 @@ class _StandIns:
 def _inert(value: object, budget: list[int]) -> bool:
     """Whether ``value`` holds no call's result (a stand-in instance), looked at
     ``budget`` objects deep at most."""
-    stack = [value]
+    stack, seen = [value], set()  # each container once: a list may hold itself 10**5 times
     while stack:
         budget[0] -= 1
         if budget[0] < 0:
@@ -119,11 +119,17 @@ def _inert(value: object, budget: list[int]) -> bool:
         item = stack.pop()
         if isinstance(item, StandIn):
             return False
-        if isinstance(item, (tuple, list, set, frozenset)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+        if isinstance(item, (tuple, list, set, frozenset, dict)):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            if len(stack) > budget[0]:
+                return False  # more to look at than the budget allows
+            if isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            else:
+                stack.extend(item)
     return True
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -40,10 +40,23 @@ from .._gc import paused_gc
 from .._io import Source
 from ..archive import ZipReader
 from ..archive.tar import is_tar
+from ..errors import FormatError
 from ..limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["DCP_METADATA_NAME", "HEAD_BYTES", "LEGACY_MAGIC_PICKLE", "Detected", "Format", "detect",
-           "detect_directory", "detect_source", "zip_kind"]
+__all__ = [
+    "DCP_METADATA_NAME",
+    "HEAD_BYTES",
+    "LEGACY_MAGIC_PICKLE",
+    "ZIP_MARKERS",
+    "Detected",
+    "Format",
+    "detect",
+    "detect_directory",
+    "detect_source",
+    "folded_markers",
+    "kind_of_markers",
+    "zip_kind",
+]
 
 
 class Format(enum.Enum):
@@ -83,6 +96,8 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
 
 #: A torch ZIP's kind, by the record that marks it (first match wins).
 _ZIP_KINDS: Final = (("archive_format", Format.PT2), ("constants.pkl", Format.TORCHSCRIPT))
+#: The records (under the archive folder) that tell what torch's loaders read a ZIP as.
+ZIP_MARKERS: Final = ("archive_format", "constants.pkl", "data.pkl")
 
 
 #: A DCP metadata pickle's file name: the coordinator's ``.metadata``, or a rank's own
@@ -125,12 +140,55 @@ def detect(head: bytes) -> Format:
 
 
 def zip_kind(reader: ZipReader) -> Format:
-    """The kind of torch ZIP archive ``reader`` holds: ZIP, TORCHSCRIPT or PT2."""
+    """The kind of torch ZIP archive ``reader`` holds: ZIP, TORCHSCRIPT or PT2
+    (:func:`kind_of_markers`).
+
+    Raises
+    ------
+    FormatError
+        torch's loaders read it as two different things.
+    """
     prefix = reader.prefix
-    for record, fmt in _ZIP_KINDS:
-        if reader.get(f"{prefix}/{record}") is not None:
-            return fmt
-    return Format.ZIP
+    exact = {m for m in ZIP_MARKERS if reader.get(f"{prefix}/{m}") is not None}
+    return kind_of_markers(folded_markers(reader.names, prefix), exact)
+
+
+def folded_markers(names: Sequence[str], folder: str) -> frozenset[str]:
+    """The :data:`ZIP_MARKERS` that ``<folder>/<marker>`` finds among ``names`` when ASCII
+    case is ignored, as torch's record lookups (miniz) find them."""
+    joined = ("\0" + "\0".join(names) + "\0").encode("utf-8", "surrogateescape").lower()
+    base = f"\0{folder}/".encode("utf-8", "surrogateescape").lower()
+    return frozenset(m for m in ZIP_MARKERS if base + m.encode() + b"\0" in joined)
+
+
+def kind_of_markers(found: Collection[str], exact: Collection[str]) -> Format:
+    """The kind of a torch ZIP by its marker records: ``found`` as torch's case-folding
+    lookups find them, ``exact`` those present in exactly that case.
+
+    PT2 (``archive_format``) first, then TORCHSCRIPT (``constants.pkl``), else ZIP.
+    One reading or none: a file torch's loaders read as two things is refused.
+
+    Raises
+    ------
+    FormatError
+        ``archive_format`` with ``data.pkl`` or ``constants.pkl`` (``torch.export.load``
+        reads a program, ``torch.load`` a pickle or TorchScript), or ``constants.pkl`` in
+        another case only (``torch.load`` tests that name exactly and unpickles
+        ``data.pkl``; ``torch.jit.load`` finds it and reads TorchScript).
+
+    Examples
+    --------
+    >>> kind_of_markers({"data.pkl", "constants.pkl"}, {"data.pkl", "constants.pkl"})
+    <Format.TORCHSCRIPT: 'torchscript'>
+    """
+    if "archive_format" in found and ("data.pkl" in found or "constants.pkl" in found):
+        raise FormatError("the archive is both a torch.export program (archive_format) and a "
+                          "torch.save or TorchScript archive (data.pkl, constants.pkl): "
+                          "torch's loaders read it as different things")
+    if "constants.pkl" in found and "constants.pkl" not in exact:
+        raise FormatError("the archive's constants.pkl differs in case: torch.jit.load reads "
+                          "it as TorchScript, torch.load unpickles its data.pkl")
+    return next((fmt for record, fmt in _ZIP_KINDS if record in found), Format.ZIP)
 
 
 @dataclass(frozen=True, slots=True)

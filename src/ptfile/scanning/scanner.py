@@ -2,10 +2,12 @@
 
 What is scanned
 ---------------
-* ZIP archives (torch ≥ 1.6, TorchScript): every record whose name ends in
-  ``.pkl`` or ``.debug_pkl`` (``data.pkl``, ``constants.pkl``, ``bytecode.pkl``…),
-  including records the central directory names twice and *shadow* local
-  headers it never names; plus the archive anomalies of
+* ZIP archives (torch ≥ 1.6, TorchScript, ``.pt2``): exactly the records torch's
+  ZIP loaders read, with their leniency (names looked up ignoring case, ``.pt2``
+  payload configs: :mod:`ptfile.scanning.loaders.zipfamily`), each finding naming its
+  loaders, including records the central directory names twice and *shadow* local
+  headers it never names; other ``.pkl`` records at most ``unknown``; plus the archive
+  anomalies of
   :mod:`ptfile.scanning.containers` (duplicate names, local/central mismatch,
   overlaps, data outside the archive, bytes before the first record, a second
   archive in the comment).

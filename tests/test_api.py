@@ -406,7 +406,6 @@ def test_lazy_exports_agree_with_the_type_checking_imports() -> None:
     import ast
     import subprocess
     import sys
-
     from pathlib import Path
 
     source = Path(ptfile.__file__).read_text()

@@ -50,8 +50,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, Final, TypeAlias
 
-import numpy as np
-
 from ._io import BytesSource, FileLike, Source, check_range, is_url, open_source, url_scheme
 from ._progress import progress_bar
 from .errors import PtfileWarning, RemoteError, UnsupportedFeatureError
@@ -93,6 +91,30 @@ watched_sources: contextvars.ContextVar[list[RemoteSource] | None] = contextvars
     "watched_sources", default=None)
 
 
+#: By URL scheme: the package its fsspec backend needs, what installs it, and ptfile's
+#: extra that pins a working set of versions.
+BACKENDS: Final[Mapping[str, tuple[str, str, str]]] = {
+    "http": ("aiohttp", "'fsspec[http]'", "remote"),
+    "https": ("aiohttp", "'fsspec[http]'", "remote"),
+    "s3": ("s3fs", "s3fs", "s3"), "s3a": ("s3fs", "s3fs", "s3"),
+    "gs": ("gcsfs", "gcsfs", "gcs"), "gcs": ("gcsfs", "gcsfs", "gcs"),
+    "hf": ("huggingface_hub", "huggingface_hub", "hf"),
+}
+
+
+def _missing_backend(url: str, exc: ImportError) -> UnsupportedFeatureError:
+    """The error for a backend that is not installed: the package, how to install it,
+    and the extra that pins versions that work together."""
+    scheme = url_scheme(url) or ""
+    if scheme not in BACKENDS:  # fsspec's own message names the package
+        return UnsupportedFeatureError(
+            f"reading {scheme}:// URLs needs a package that is not installed: {exc}")
+    package, install, extra = BACKENDS[scheme]
+    return UnsupportedFeatureError(
+        f"reading {scheme}:// URLs needs {package}, which is not installed: pip install "
+        f"{install}, or ptfile's {extra} extra: pip install 'ptfile[{extra}]' ({exc})")
+
+
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """fsspec's filesystem for ``url`` and the path on it.
 
@@ -105,17 +127,29 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any
         import fsspec.core  # type: ignore[import-untyped]  # optional: only URLs need it
     except ImportError:
         raise UnsupportedFeatureError(
-            f"reading {url_scheme(url)}:// URLs needs fsspec: pip install 'fsspec[http]' (ptfile's remote extra)"
-        ) from None
+            f"reading {url_scheme(url)}:// URLs needs fsspec: pip install 'fsspec[http]' "
+            f"(ptfile's remote extra)") from None
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-    except ImportError as exc:  # fsspec's message names the backend package
-        raise UnsupportedFeatureError(
-            f"reading {url_scheme(url)}:// URLs needs a package that is not installed: {exc}"
-        ) from None
+    except ImportError as exc:  # the backend package (s3fs, gcsfs, huggingface_hub…)
+        raise _missing_backend(url, exc) from None
     except ValueError as exc:  # an unknown protocol
         raise UnsupportedFeatureError(f"cannot read {url!r}: {exc}") from None
     return fs, str(path)
+
+
+#: Open options, by URL scheme, for backends that read ranges through fsspec's generic
+#: ``cat_file`` (open, seek, read): their buffered file's default read-ahead cache would
+#: fetch a whole block (5 MiB) past every range; without a cache it fetches the range.
+EXACT_READS: Final[Mapping[str, Mapping[str, Any]]] = {"hf": {"cache_type": "none"}}
+
+
+def _read_options(url: str, fs: Any) -> dict[str, Any]:
+    """What :meth:`RemoteSource._fetch` passes to ``fs.cat_file`` (and ``cat_ranges``)."""
+    import fsspec.spec  # type: ignore[import-untyped]  # installed with fsspec.core above
+
+    generic = getattr(type(fs), "cat_file", None) is fsspec.spec.AbstractFileSystem.cat_file
+    return dict(EXACT_READS.get(url_scheme(url) or "", {})) if generic else {}
 
 
 def _status(exc: BaseException) -> int | None:
@@ -137,7 +171,11 @@ def _is_transient(exc: BaseException) -> bool:
 def _remote_error(url: str, what: str, exc: BaseException) -> RemoteError:
     status = _status(exc)
     if isinstance(exc, FileNotFoundError) or status == 404:
-        return RemoteError(f"{url}: not found (404) reading {what}", url=url, status=404)
+        # A backend may say which part is missing (huggingface_hub: "(repository not found)",
+        # "(revision not found)"); most only name the path again.
+        said = str(exc.args[-1]) if isinstance(exc, FileNotFoundError) and exc.args else ""
+        why = f": {said}" if said and said not in url else ""
+        return RemoteError(f"{url}: not found (404) reading {what}{why}", url=url, status=404)
     if isinstance(exc, PermissionError) or status in (401, 403):
         return RemoteError(f"{url}: access denied ({status or 403}) reading {what}; pass "
                            "credentials with storage_options", url=url, status=status or 403)
@@ -159,6 +197,7 @@ class RemoteSource:
                  limits: Limits = DEFAULT_LIMITS) -> None:
         self.name: str | None = url
         self._fs, self._path = filesystem(url, storage_options)
+        self._read_options = _read_options(url, self._fs)
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, bytes] = OrderedDict()  # start -> bytes, LRU order
         self._cached = 0
@@ -204,7 +243,8 @@ class RemoteSource:
         """Bytes ``[start, end)`` in one checked request (retried when short)."""
         what = f"bytes {start:#x}..{end:#x}"
         for attempt in range(RETRIES + 1):
-            data = self._call(self._fs.cat_file, what, self._path, start=start, end=end)
+            data = self._call(self._fs.cat_file, what, self._path, start=start, end=end,
+                              **self._read_options)
             self.requests += 1
             self.bytes_fetched += len(data)
             if len(data) == end - start:
@@ -360,7 +400,8 @@ class RemoteSource:
         for i in range(0, len(spans), at_once):
             group = spans[i:i + at_once]
             got = self._call(self._fs.cat_ranges, "byte ranges", [self._path] * len(group),
-                             [s for s, _ in group], [e for _, e in group], on_error="return")
+                             [s for s, _ in group], [e for _, e in group], on_error="return",
+                             **self._read_options)
             for (start, end), data in zip(group, got, strict=True):
                 if isinstance(data, bytes) and len(data) == end - start:
                     self.requests += 1
@@ -380,6 +421,8 @@ class RemoteSource:
         progress bar on a terminal): memory is the file size plus a few chunks."""
         if self._whole is not None:
             return memoryview(self._whole)
+        import numpy as np  # here, not at import: the CLI starts without numpy
+
         view = np.empty(self.size, np.uint8).data.cast("B")
         spans = [(s, min(self.size, s + CHUNK_BYTES)) for s in range(0, self.size, CHUNK_BYTES)]
         with progress_bar(self.size, "download", enabled=len(spans) > 1) as update:

@@ -133,6 +133,7 @@ def unpickle(
     encoding: str = "ASCII",
     errors: str = "strict",
     start: int = 0,
+    hash_work: bool = False,
 ) -> tuple[Any, int]:
     """Unpickle the stream at ``data[start:]``, resolving globals through ``find_class``.
 
@@ -203,7 +204,7 @@ def unpickle(
         # Deep tuples make hashing recurse in C: give the C unpickler the stack they need.
         # The callbacks read ``limits`` (max_ndim) as the active ones.
         with applied(limits), collecting() as pending:
-            root = run_unpickler(unpickler.load, stream)
+            root = run_unpickler(unpickler.load, stream, hash_work=hash_work)
             # Placeholders a callback deferred (numpy arrays): swapped for their values.
             return (substitute(root, pending) if pending else root), info.end
     except PtfileError:

@@ -149,7 +149,7 @@ def fast_names(data: bytes, start: int, limits: Limits, allowed: Callable[[str, 
         return None
     recorder = _Recorder()
     try:
-        result, end = unpickle(data, find_class=recorder.find_class,
+        result, end = unpickle(data, hash_work=True, find_class=recorder.find_class,
                                persistent_load=recorder.persistent_load, limits=limits,
                                start=start, encoding="latin1")
     except PtfileError:

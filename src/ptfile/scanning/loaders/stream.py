@@ -147,7 +147,7 @@ def evaluate(data: bytes, start: int, limits: Limits) -> tuple[object, int]:
     """
     hooks = _StandIns()
     try:
-        value, end = unpickle(data, find_class=hooks.find_class,
+        value, end = unpickle(data, hash_work=True, find_class=hooks.find_class,
                               persistent_load=hooks.persistent_load, limits=limits,
                               start=start, encoding="utf-8", errors="surrogateescape")
     except PtfileError:

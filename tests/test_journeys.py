@@ -270,3 +270,18 @@ def test_a_dcp_checkpoint_from_python_3_13_converts_and_diffs_identical(tmp_path
     result = ptfile("diff", folder, out)
     assert result.returncode == 0 and result.stdout.startswith("identical"), result.stdout
     assert "other values" in result.stdout
+
+
+def test_an_hf_writer_dcp_folder_converts_as_one_checkpoint(zoo: Path, tmp_path: Path) -> None:
+    """``ptfile convert DIR out.pt`` on a folder torch's HuggingFaceStorageWriter wrote (on
+    Python 3.13, a committed fixture) consolidates it as ``load_dcp`` reads it; a folder
+    holding another checkpoint beside a ``.safetensors`` still names many files."""
+    folder = Path(__file__).parent / "fixtures" / "pythons" / "3.13" / "dcp-hf"
+    out = tmp_path / "hf.pt"
+    result = ptfile("convert", folder, out)
+    assert result.returncode == 0, result.stderr
+    diff = ptfile("diff", folder, out)
+    assert diff.returncode == 0 and diff.stdout.startswith("identical"), diff.stdout
+    mixed = ptfile("convert", zoo / "team1" / "run02", tmp_path / "x.pt")
+    assert mixed.returncode == 2 and "names many files" in mixed.stderr
+    assert not (tmp_path / "x.pt").exists()

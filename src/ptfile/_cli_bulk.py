@@ -96,13 +96,33 @@ def single(args: argparse.Namespace) -> None:
     """Set the one-file arguments the commands read (``args.file``; ``args.input`` and
     ``args.output``) from the inputs, for a run that is not in bulk."""
     from . import bulk
+
     if args.command in ("inspect", "verify"):
         args.file = args.file[0]
     elif args.command == "convert":
         args.input, args.output = args.input
-        if bulk.expands(args.input):
+        if bulk.expands(args.input) and not _opens_as_one(args.input):
             raise PtfileError(f"{args.input} names many files: convert them with "
                               f"--out-prefix {args.output}")
+
+
+def _opens_as_one(item: str) -> bool:
+    """Whether a local folder is one checkpoint to ``ptfile.open`` (a DCP folder of either
+    writer: ``.metadata``, or a HuggingFace writer's ``*.safetensors`` and nothing else a
+    walk would take), so ``convert DIR OUT`` consolidates it as ``load_dcp`` reads it.
+    A folder that also holds other checkpoints (``model.pt`` beside an adapter's
+    ``.safetensors``) still names many files."""
+    from . import bulk
+    from .formats.detection import Format, detect_directory
+
+    try:
+        names = os.listdir(item) if os.path.isdir(item) else []
+    except OSError:
+        return False
+    others = [n for n in names if os.path.splitext(n)[1].lower() in bulk.CHECKPOINT_SUFFIXES
+              and not n.lower().endswith(".safetensors")]
+    return detect_directory(names) is Format.DCP and \
+        (".metadata" in names or not others)
 
 
 @contextlib.contextmanager

@@ -163,7 +163,8 @@ def test_specs_equal_torch_graph_signature(archives: dict[str, bytes], name: str
     assert got.parameters == list(ep.graph_signature.parameters)
     assert got.buffers == list(ep.graph_signature.buffers)
     assert got.constants == list(ep.graph_signature.lifted_tensor_constants)
-    assert got.torch_version == torch.__version__
+    # the golden file says the build that wrote it (2.13.0+cpu); Python 3.13's torch is +cu130
+    assert got.torch_version.split("+")[0] == torch.__version__.split("+")[0]
 
 
 def _shape(value: Any) -> tuple[int | str, ...]:

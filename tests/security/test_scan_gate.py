@@ -152,10 +152,12 @@ DOTTED = [("pathlib", "os.system"), ("typing", "sys.modules"),
 
 @pytest.mark.parametrize(("module", "name"), DOTTED)
 def test_scan_classifies_a_dotted_name_by_what_it_resolves_to(module: str, name: str) -> None:
-    fetched = pickle.loads(b"\x80\x04" + stack_global(module, name) + b".")  # nothing called
     first = name.split(".")[0]
-    owner = getattr(importlib.import_module(module), first)
-    assert fetched is functools.reduce(getattr, name.split(".")[1:], owner)
+    if hasattr(importlib.import_module(module), first):  # pathlib.os: gone in Python 3.13
+        fetched = pickle.loads(b"\x80\x04" + stack_global(module, name) + b".")  # no call
+        owner = getattr(importlib.import_module(module), first)
+        assert fetched is functools.reduce(getattr, name.split(".")[1:], owner)
+    # dangerous on every Python: the file may be loaded on one where the chain resolves
     data = b"\x80\x04" + stack_global(module, name) + b"\x8c\x02hi\x85R."
     result = ptfile.scan(data)
     assert result.is_dangerous, result.findings

@@ -57,7 +57,7 @@ import numpy as np
 from ._dcp_files import DirectoryFiles
 from ._io import BytesSource, damage_as_format_error
 from .archive import ZipReader
-from .errors import FormatError, PtfileError, UnsupportedFeatureError
+from .errors import FormatError, PtfileError, UnsupportedFeatureError, brief
 from .formats import ReadOptions, policies, read
 from .formats.dcp_metadata import (
     BytesStorageMetadata,
@@ -268,7 +268,7 @@ def blob_entry(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadat
     except (TypeError, ValueError, KeyError) as exc:
         raise FormatError(f"the safetensors entry of {fqn!r} is damaged") from exc
     if not agrees or begin < data_start or end > files.size(info.relative_path):
-        raise FormatError(f"the safetensors entry of {fqn!r} {entry!r:.160} disagrees with "
+        raise FormatError(f"the safetensors entry of {fqn!r} {brief(entry, 160)} disagrees with "
                           f"its chunk at {chunk.offsets} of sizes {chunk.sizes}")
     return begin, nbytes
 
@@ -372,7 +372,7 @@ def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
     value = _load_item(data, what, limits)
     if not isinstance(value, Tensor) or value.dtype != item.dtype \
             or tuple(value.shape) != chunk.sizes:
-        raise FormatError(f"{what} holds {value!r:.120}, not a {item.dtype} tensor of "
+        raise FormatError(f"{what} holds {brief(value, 120)}, not a {item.dtype} tensor of "
                           f"size {chunk.sizes}")
     raw = np.dtype(f"V{item.dtype.itemsize}")
     return _raw(value, raw) if value.numel() else np.empty(chunk.sizes, raw)
@@ -503,7 +503,7 @@ def _child(node: Any, step: str | int, fresh: Any, path: tuple[str | int, ...]) 
         if node[step] is None:
             node[step] = fresh
         return node[step]
-    raise FormatError(f"the planner_data path {path!r:.120} crosses a value")
+    raise FormatError(f"the planner_data path {brief(path, 120)} crosses a value")
 
 
 def place(root: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None:

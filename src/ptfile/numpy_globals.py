@@ -78,6 +78,7 @@ from .errors import (
     StorageError,
     UnsafeGlobalError,
     UnsupportedFeatureError,
+    brief,
 )
 from .picklevm.deferred import defer, enter_only
 from .tensor import Storage, Tensor, check_rank
@@ -110,7 +111,7 @@ _MAX_ITEMSIZE: Final = 2**31 - 1
 
 
 def _fail(what: str, value: object) -> PickleStreamError:
-    return PickleStreamError(f"numpy {what}: unexpected {type(value).__name__} {value!r:.80}")
+    return PickleStreamError(f"numpy {what}: unexpected {type(value).__name__} {brief(value, 80)}")
 
 
 class _NDArrayType:

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from . import dtypes
 from .dtypes import DType
-from .errors import PickleStreamError, StorageError, UnsupportedFeatureError
+from .errors import PickleStreamError, StorageError, UnsupportedFeatureError, brief
 from .tensor import (
     MAX_NDIM,
     Device,
@@ -80,7 +80,7 @@ class TensorType:
 
 
 def _fail(what: str, value: object) -> PickleStreamError:
-    return PickleStreamError(f"{what}: unexpected {type(value).__name__} {value!r:.80}")
+    return PickleStreamError(f"{what}: unexpected {type(value).__name__} {brief(value, 80)}")
 
 
 def _int(value: object, what: str) -> int:
@@ -201,7 +201,7 @@ def rebuild_qtensor(storage: object, storage_offset: object, size: object, strid
                                f"do not fit shape {tuple(int_repr.shape)}")
         return QuantizedTensor(int_repr, scheme.name, scales=scales, zero_points=zero_points,
                                axis=axis, requires_grad=bool(requires_grad), backward_hooks=hooks)
-    raise UnsupportedFeatureError(f"quantizer {quantizer_params!r:.100}")
+    raise UnsupportedFeatureError(f"quantizer {brief(quantizer_params, 100)}")
 
 
 def _check_coo(indices: Tensor, values: Tensor, size: tuple[int, ...]) -> None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Final
 
-from .errors import LimitExceededError
+from .errors import LimitExceededError, brief
 from .tensor import Parameter, Tensor
 
 __all__ = [
@@ -129,7 +129,7 @@ class StandIn(metaclass=StandInType):
 
     def __repr__(self) -> str:
         state = "" if self.state is NO_STATE else ", state=..."
-        return f"<stand-in {self.module}.{self.name} {self.how}{self.args!r:.60}{state}>"
+        return f"<stand-in {self.module}.{self.name} {self.how}{brief(self.args, 60)}{state}>"
 
 
 def make_stand_in(module: str, name: str) -> StandInType:

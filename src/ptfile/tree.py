@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from .errors import FormatError
+from .errors import FormatError, brief
 from .tensor import Parameter, Tensor
 
 __all__ = ["flatten", "values"]
@@ -54,7 +54,7 @@ def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
         if items is None or id(node) in seen:
             continue
         if depth >= max_depth:
-            raise FormatError(f"object tree deeper than {max_depth} levels at {name!r:.80}")
+            raise FormatError(f"object tree deeper than {max_depth} levels at {brief(name, 80)}")
         seen.add(id(node))
         prefix = f"{name}." if name else ""
         stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))
@@ -93,7 +93,7 @@ def values(obj: object, *, max_depth: int = 1000) -> dict[str, object]:
         if id(node) in seen:
             continue
         if depth >= max_depth:
-            raise FormatError(f"object tree deeper than {max_depth} levels at {name!r:.80}")
+            raise FormatError(f"object tree deeper than {max_depth} levels at {brief(name, 80)}")
         seen.add(id(node))
         prefix = f"{name}." if name else ""
         stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))

@@ -157,3 +157,18 @@ def test_benign_tuple_keys_load_and_scan_clean() -> None:
         loaded = ptfile.load(io.BytesIO(buf.getvalue()))
         assert loaded.keys() == obj.keys()
         assert ptfile.scan(buf.getvalue()).verdict.value == "allowed"
+
+
+def shared_tuple_pid(levels: int) -> bytes:
+    """A persistent id that is a chain of shared tuples (``t(n+1) = (tn, tn)`` by DUP)."""
+    return b"\x80\x02)" + b"2\x86" * levels + b"Q."
+
+
+@pytest.mark.parametrize("levels", [60])
+def test_a_malformed_persistent_id_of_shared_tuples_is_refused_at_once(levels: int) -> None:
+    """The refusal's message shows the id through ``errors.brief``: its repr (2**60 steps)
+    is never built.  It was: ``f"{pid!r:.100}"`` builds the whole repr before truncating."""
+    out = _child(_LOAD, in_torch_zip(shared_tuple_pid(levels)), seconds=20)
+    assert out.startswith("PtfileError:"), out
+    with pytest.raises(ptfile.PtfileError, match=r"\(\(\(\.\.\.\), \(\.\.\.\)\)"):
+        ptfile.load(io.BytesIO(in_torch_zip(shared_tuple_pid(levels))))

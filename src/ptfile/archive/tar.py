@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._io import Source
-from ..errors import FormatError, LimitExceededError, PtfileError
+from ..errors import FormatError, LimitExceededError, PtfileError, brief
 from ..limits import Limits
 from .anomalies import Anomaly, report
 
@@ -250,7 +250,7 @@ def _member_size(header: TarHeader, pending: dict[bytes, bytes], pos: int,
         except (UnicodeDecodeError, ValueError):
             return 0
     if not text.isdigit() or len(text) > 20:
-        raise FormatError(f"PAX size {text!r:.40} is not a decimal number", offset=pos)
+        raise FormatError(f"PAX size {brief(text, 40)} is not a decimal number", offset=pos)
     return int(text)
 
 

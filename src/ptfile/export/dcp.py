@@ -65,7 +65,7 @@ from ..dcp import (
     storage_infos,
     tensor_item,
 )
-from ..errors import FormatError, UnsupportedFeatureError
+from ..errors import FormatError, UnsupportedFeatureError, brief
 from ..formats.dcp_metadata import (
     ChunkStorageMetadata,
     Metadata,
@@ -161,7 +161,7 @@ class _Reader:
                      limits=self.limits)
         if not isinstance(value, Tensor) or value.dtype != item.dtype \
                 or tuple(value.shape) != chunk.sizes or value.storage is None:
-            raise FormatError(f"chunk {chunk.offsets} of {fqn!r} holds {value!r:.120}, not a "
+            raise FormatError(f"chunk {chunk.offsets} of {fqn!r} holds {brief(value, 120)}, not a "
                               f"{item.dtype} tensor of size {chunk.sizes}")
         perm = _dense_order(value.shape, value.stride())
         if perm is None or value.metadata or not value.numel():

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..errors import FormatError
+from ..errors import FormatError, brief
 from ..structural import StandIn
 from ..tensor import Tensor
 
@@ -175,7 +175,7 @@ def split_values(obj: object, tensors: Mapping[str, Tensor], changes: Changes, *
         if id(node) in seen:
             continue
         if depth >= max_depth:
-            raise FormatError(f"object tree deeper than {max_depth} levels at {name!r:.80}")
+            raise FormatError(f"object tree deeper than {max_depth} levels at {brief(name, 80)}")
         seen.add(id(node))
         prefix = f"{name}." if name else ""
         stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))

@@ -58,7 +58,7 @@ from pathlib import PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, Final
 
 from ..dtypes import DType
-from ..errors import FormatError
+from ..errors import FormatError, brief
 
 __all__ = [
     "DCP_CLASSES",
@@ -110,21 +110,21 @@ def size(dims: Any) -> tuple[int, ...]:
     """``torch.Size(dims)``: a tuple of non-negative ints below 2**62 (torch's are int64)."""
     if not isinstance(dims, (tuple, list)) or not all(
             type(d) is int and 0 <= d < 2**62 for d in dims):
-        raise FormatError(f"torch.Size in .metadata takes non-negative ints, not {dims!r:.80}")
+        raise FormatError(f"torch.Size in .metadata takes non-negative ints, not {brief(dims, 80)}")
     return tuple(dims)
 
 
 def mem_format(value: Any) -> int:
     """``_MEM_FORMAT_ENCODING(value)``: 0 contiguous, 1 channels_last, 2 preserve."""
     if type(value) is not int or value not in (0, 1, 2):
-        raise FormatError(f"_MEM_FORMAT_ENCODING has no value {value!r:.80}")
+        raise FormatError(f"_MEM_FORMAT_ENCODING has no value {brief(value, 80)}")
     return value
 
 
 def layout(name: Any) -> str:
     """``torch.serialization._get_layout(name)``: only dense tensors are checkpointed by DCP."""
     if name != "torch.strided":
-        raise FormatError(f"DCP tensor layout {name!r:.80} is not torch.strided")
+        raise FormatError(f"DCP tensor layout {brief(name, 80)} is not torch.strided")
     return "torch.strided"
 
 
@@ -274,7 +274,7 @@ def _storage(record: Any) -> StorageInfo:
 def _path(value: Any) -> tuple[str | int, ...]:
     if not isinstance(value, tuple) or not all(
             isinstance(part, (str, int)) and not isinstance(part, bool) for part in value):
-        raise FormatError(f"a planner_data path in .metadata is {value!r:.80}")
+        raise FormatError(f"a planner_data path in .metadata is {brief(value, 80)}")
     return value
 
 

@@ -53,7 +53,7 @@ from typing import Any, Final
 from .. import dtypes
 from .._io import Source
 from ..archive.tar import tarfile_accepts
-from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError
+from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError, brief
 from ..limits import Limits
 from ..location import MapLocation, restore_location
 from ..picklevm import check_stream, unpickle
@@ -95,9 +95,9 @@ def _text(value: object, what: str) -> str:
         try:
             return value.decode("ascii")
         except UnicodeDecodeError:
-            raise FormatError(f"{what} {value!r:.60} is not ASCII") from None
+            raise FormatError(f"{what} {brief(value, 60)} is not ASCII") from None
     if not isinstance(value, str):
-        raise FormatError(f"{what} must be a string, got {type(value).__name__} {value!r:.60}")
+        raise FormatError(f"{what} must be a string, got {type(value).__name__} {brief(value, 60)}")
     return value
 
 
@@ -147,7 +147,7 @@ def unpickle_at(source: Source, start: int, stop: int, limits: Limits,
 
 def _check_sys_info(sys_info: object, offset: int) -> LegacyInfo:
     if not isinstance(sys_info, dict) or not isinstance(sys_info.get("type_sizes"), dict):
-        raise FormatError(f"sys_info must be a dict with type_sizes, got {sys_info!r:.100}",
+        raise FormatError(f"sys_info must be a dict with type_sizes, got {brief(sys_info, 100)}",
                           offset=offset)
     sizes = sys_info["type_sizes"]
     for name, size in EXPECTED_TYPE_SIZES.items():
@@ -157,7 +157,7 @@ def _check_sys_info(sys_info: object, offset: int) -> LegacyInfo:
     little = sys_info.get("little_endian", True)
     version = sys_info.get("protocol_version", LEGACY_PROTOCOL_VERSION)
     if type(little) is not bool or type(version) is not int:
-        raise FormatError(f"malformed sys_info {sys_info!r:.100}", offset=offset)
+        raise FormatError(f"malformed sys_info {brief(sys_info, 100)}", offset=offset)
     return LegacyInfo(version, little, dict(sizes), 0)
 
 
@@ -175,11 +175,11 @@ def read_header(source: Source, limits: Limits) -> LegacyInfo:
 
     magic, pos = plain(0)
     if magic != LEGACY_MAGIC:
-        raise FormatError(f"invalid magic number {magic!r:.40}; expected {LEGACY_MAGIC:#x} "
+        raise FormatError(f"invalid magic number {brief(magic, 40)}; expected {LEGACY_MAGIC:#x} "
                           "(torch: Invalid magic number; corrupt file?)", offset=0)
     version, next_pos = plain(pos)
     if version != LEGACY_PROTOCOL_VERSION:
-        raise FormatError(f"invalid protocol version {version!r:.40}; expected "
+        raise FormatError(f"invalid protocol version {brief(version, 40)}; expected "
                           f"{LEGACY_PROTOCOL_VERSION}", offset=pos)
     sys_info, end = plain(next_pos)
     info = _check_sys_info(sys_info, next_pos)
@@ -203,16 +203,16 @@ class LegacyStorages:
 
     def __call__(self, pid: object) -> Any:
         if not isinstance(pid, tuple) or not pid:
-            raise FormatError(f"persistent id must be a tuple, got {pid!r:.100}")
+            raise FormatError(f"persistent id must be a tuple, got {brief(pid, 100)}")
         kind = _text(pid[0], "persistent id kind")
         if kind == "module" and len(pid) == 4:
             return pid[1]  # the class, already resolved (or refused) by find_class
         if kind != "storage" or len(pid) != 6:
             raise FormatError(f"persistent id must be ('storage', type, key, location, numel, "
-                              f"view_metadata), got {pid!r:.100}")
+                              f"view_metadata), got {brief(pid, 100)}")
         _, storage_type, key, location, numel, view_metadata = pid
         if not isinstance(storage_type, StorageType) or type(numel) is not int or numel < 0:
-            raise FormatError(f"malformed storage persistent id {pid!r:.100}")
+            raise FormatError(f"malformed storage persistent id {brief(pid, 100)}")
         root = self._root(storage_type, _text(key, "storage key"),
                           _text(location, "location"), numel)
         return root if view_metadata is None else self._view(root, view_metadata)
@@ -235,7 +235,7 @@ class LegacyStorages:
     def _view(self, root: Storage, view_metadata: object) -> Storage:
         if not isinstance(view_metadata, tuple) or len(view_metadata) != 3:
             raise FormatError(f"view_metadata must be (view_key, offset, size), "
-                              f"got {view_metadata!r:.100}")
+                              f"got {brief(view_metadata, 100)}")
         view_key, offset, size = view_metadata
         key = _text(view_key, "view key")
         item = root.dtype.itemsize
@@ -266,12 +266,12 @@ class LegacyStorages:
             count disagrees with the pickle, or the bytes run past the input.
         """
         if not isinstance(keys, list):
-            raise FormatError(f"the storage key list must be a list, got {keys!r:.100}",
+            raise FormatError(f"the storage key list must be a list, got {brief(keys, 100)}",
                               offset=start)
         names = [_text(k, "storage key") for k in keys]
         if len(set(names)) != len(names) or set(names) != set(self.roots):
-            raise StorageError(f"the key list {sorted(names)!r:.200} does not name exactly "
-                               f"the storages the object uses {sorted(self.roots)!r:.200}")
+            raise StorageError(f"the key list {brief(sorted(names), 200)} does not name exactly "
+                               f"the storages the object uses {brief(sorted(self.roots), 200)}")
         pos = start
         for key in names:
             pos = self._fill_one(source, self.roots[key], pos, skip_data)

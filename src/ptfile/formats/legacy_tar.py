@@ -33,7 +33,7 @@ from typing import Any, Final
 from .. import dtypes
 from .._io import Source
 from ..archive.tar import TarMember, read_members
-from ..errors import FormatError, LimitExceededError, PtfileError, StorageError
+from ..errors import FormatError, LimitExceededError, PtfileError, StorageError, brief
 from ..limits import Limits, applied
 from ..location import MapLocation, restore_location
 from ..policy import find_strict_class
@@ -69,7 +69,7 @@ def list_members(source: Source, limits: Limits) -> dict[str, TarMember]:
 
 def _key(value: object, what: str) -> int | str:
     if type(value) not in (int, str):
-        raise FormatError(f"{what} must be an int or str key, got {value!r:.60}")
+        raise FormatError(f"{what} must be an int or str key, got {brief(value, 60)}")
     return value  # type: ignore[return-value]
 
 
@@ -112,7 +112,7 @@ class _Member:
         """A pickled item count, at most the items of ``smallest`` bytes that still fit."""
         n = self.pickle()
         if type(n) is not int or n < 0 or n * smallest > self.member.size - self.pos:
-            raise FormatError(f"{what} count {n!r:.40} does not fit the member",
+            raise FormatError(f"{what} count {brief(n, 40)} does not fit the member",
                               member=self.member.name, offset=self.pos)
         return n
 
@@ -134,7 +134,7 @@ class _TarObjects:
             if not isinstance(entry, tuple) or len(entry) != 3 \
                     or not isinstance(entry[2], StorageType) or not isinstance(entry[1], str):
                 raise FormatError(f"storage entry must be (key, location, StorageClass), "
-                                  f"got {entry!r:.100}", member="storages")
+                                  f"got {brief(entry, 100)}", member="storages")
             key, location, storage_type = _key(entry[0], "storage key"), entry[1], entry[2]
             dtype = storage_type.dtype or dtypes.UINT8
             (count,) = member.ints(_INT64, f"element count of storage {key!r}")
@@ -145,7 +145,7 @@ class _TarObjects:
             self.objects[key] = restore_location(storage, location, self.map_location)
         views = member.pickle()
         if not isinstance(views, list):
-            raise FormatError(f"storage views must be a list, got {views!r:.100}",
+            raise FormatError(f"storage views must be a list, got {brief(views, 100)}",
                               member="storages")
         for view in views:
             self._add_view(view)
@@ -153,7 +153,7 @@ class _TarObjects:
     def _add_view(self, view: object) -> None:
         if not isinstance(view, tuple) or len(view) != 4:
             raise FormatError(f"storage view must be (key, root_key, offset, numel), "
-                              f"got {view!r:.100}", member="storages")
+                              f"got {brief(view, 100)}", member="storages")
         key, root = _key(view[0], "view key"), self.storage(view[1])
         offset, numel, item = view[2], view[3], root.dtype.itemsize
         if type(offset) is not int or type(numel) is not int or offset < 0 or numel < 0 \
@@ -167,7 +167,7 @@ class _TarObjects:
     def storage(self, key: object) -> Storage:
         found = self.objects.get(_key(key, "storage key"))
         if not isinstance(found, Storage):
-            raise StorageError(f"no storage with key {key!r:.40}")
+            raise StorageError(f"no storage with key {brief(key, 40)}")
         return found
 
     def read_tensors(self, member: _Member) -> None:
@@ -175,7 +175,7 @@ class _TarObjects:
             entry = member.pickle()
             if not isinstance(entry, tuple) or len(entry) != 3:
                 raise FormatError(f"tensor entry must be (key, storage_key, type), "
-                                  f"got {entry!r:.100}", member="tensors")
+                                  f"got {brief(entry, 100)}", member="tensors")
             key, storage = _key(entry[0], "tensor key"), self.storage(entry[1])
             (ndim,) = member.ints(_INT32, "tensor ndim")
             if ndim < 0:
@@ -194,7 +194,7 @@ class _TarObjects:
         if isinstance(saved_id, str) and saved_id.isdecimal() and len(saved_id) < 20:
             saved_id = int(saved_id)
         if type(saved_id) is not int or saved_id not in self.objects:
-            raise StorageError(f"persistent id {saved_id!r:.40} names no storage or tensor")
+            raise StorageError(f"persistent id {brief(saved_id, 40)} names no storage or tensor")
         return self.objects[saved_id]
 
 
@@ -202,7 +202,7 @@ def _member(members: dict[str, TarMember], name: str) -> TarMember:
     found = members.get(name)
     if found is None:
         raise FormatError(f"the legacy tar checkpoint has no {name!r} member "
-                          f"(members: {sorted(members)!r:.200})")
+                          f"(members: {brief(sorted(members), 200)})")
     return found
 
 

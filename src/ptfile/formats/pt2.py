@@ -70,7 +70,7 @@ from typing import Any, Final
 from .. import dtypes
 from .._io import BytesSource, Source
 from ..archive import Record, ZipReader
-from ..errors import FormatError, UnsupportedFeatureError
+from ..errors import FormatError, UnsupportedFeatureError, brief
 from ..location import has_packages, restore_location
 from ..tensor import Parameter, Storage, Tensor
 from .detection import Detected, Format, detect_source
@@ -147,13 +147,13 @@ def _field(obj: object, key: str, kind: type | tuple[type, ...], where: str) -> 
     if not isinstance(obj, dict) or key not in obj or not isinstance(obj[key], kind) \
             or (kind is int and isinstance(obj[key], bool)):
         raise FormatError(f"{where}: expected a {key!r} field of type "
-                          f"{getattr(kind, '__name__', kind)}, got {obj!r:.120}")
+                          f"{getattr(kind, '__name__', kind)}, got {brief(obj, 120)}")
     return obj[key]
 
 
 def _symint(value: object, where: str) -> int:
     if isinstance(value, dict) and "as_int" not in value:
-        raise UnsupportedFeatureError(f"{where}: a symbolic size {value!r:.80} (only concrete "
+        raise UnsupportedFeatureError(f"{where}: a symbolic size {brief(value, 80)} (only concrete "
                                       "sizes are read)")
     number: int = _field(value, "as_int", int, where)
     if number < 0:
@@ -180,7 +180,7 @@ def device_of(meta: object, where: str) -> str:
     kind = _field(device, "type", str, f"{where} device")
     index = device.get("index")
     if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
-        raise FormatError(f"{where}: device index {index!r:.40} is not an int")
+        raise FormatError(f"{where}: device index {brief(index, 40)} is not an int")
     return kind if index is None else f"{kind}:{index}"
 
 
@@ -232,7 +232,7 @@ class _Folder:
         if storage is not None:
             return storage
         if path.startswith(_PICKLED_OBJECTS) or "/" in path:
-            raise FormatError(f"{where}: {path!r:.80} is not a tensor record")
+            raise FormatError(f"{where}: {brief(path, 80)} is not a tensor record")
         storage = self.archive.storage(self.folder + path, dtype, location)
         options = self.archive.options
         if options.map_location is not None or has_packages():
@@ -335,7 +335,7 @@ def read_pt2(source: Source, detected: Detected, options: ReadOptions) -> dict[s
     archive = _Archive(source, reader, read_info(reader, options.settings), options)
     version = archive.text("archive_version", 64).decode("ascii", "replace").strip()
     if version not in ARCHIVE_VERSIONS:
-        raise UnsupportedFeatureError(f".pt2 archive_version {version!r:.20} (ptfile reads "
+        raise UnsupportedFeatureError(f".pt2 archive_version {brief(version, 20)} (ptfile reads "
                                       f"{', '.join(sorted(ARCHIVE_VERSIONS))})")
     model = model_name(reader, archive.info.prefix)
     if reader.get(archive.name(f"{_WEIGHTS}{model}.pt")) is not None:

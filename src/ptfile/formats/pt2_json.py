@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..errors import FormatError, LimitExceededError
+from ..errors import FormatError, LimitExceededError, brief
 from ..limits import Limits
 
 __all__ = ["JsonDoc", "loads", "render_expr", "render_structure"]
@@ -49,13 +49,13 @@ class JsonDoc:
             return None
         if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
             raise self.fail(where, f"expected a {key!r} field of type "
-                                   f"{getattr(kind, '__name__', kind)}, got {value!r:.80}")
+                                   f"{getattr(kind, '__name__', kind)}, got {brief(value, 80)}")
         return value
 
     def union(self, obj: object, where: str) -> tuple[str, Any]:
         """The one field of a serde union object."""
         if not isinstance(obj, dict) or len(obj) != 1:
-            raise self.fail(where, f"expected an object of one field (a union), got {obj!r:.80}")
+            raise self.fail(where, f"expected an object of one field (a union), got {brief(obj, 80)}")
         key, value = next(iter(obj.items()))
         return key, value
 
@@ -248,7 +248,7 @@ class _Mismatch(Exception):
 def render_structure(doc: JsonDoc, raw: object, leaves: list[str], where: str,
                as_call: bool) -> str | None:
     if not isinstance(raw, str):
-        raise doc.fail(where, f"expected a serialized TreeSpec string, got {raw!r:.60}")
+        raise doc.fail(where, f"expected a serialized TreeSpec string, got {brief(raw, 60)}")
     top = loads(raw, doc, where)
     if not isinstance(top, list) or len(top) != 2 or top[0] != 1:
         return None  # another TreeSpec protocol: not shown

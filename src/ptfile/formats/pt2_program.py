@@ -60,7 +60,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from ..archive import ZipReader
-from ..errors import FormatError, LimitExceededError
+from ..errors import FormatError, LimitExceededError, brief
 from ..limits import Limits
 from .pt2 import SCALAR_TYPES, device_of, model_name
 from .pt2_json import JsonDoc, loads, render_expr, render_structure
@@ -231,18 +231,18 @@ class _Values:
         kind = _CONCRETE.get(key)
         if kind is not None:
             if not isinstance(body, kind) or (kind is int and isinstance(body, bool)):
-                raise self.doc.fail(where, f"{key} is not a {kind.__name__}: {body!r:.40}")
+                raise self.doc.fail(where, f"{key} is not a {kind.__name__}: {brief(body, 40)}")
             return body if isinstance(body, int) and kind is int else str(body)
         if key == "as_expr":
             text = self.doc.get(body, "expr_str", str, f"{where} as_expr")
             return render_expr(text, self.doc.limits)
-        raise self.doc.fail(where, f"unknown symbolic value {key!r:.40}")
+        raise self.doc.fail(where, f"unknown symbolic value {brief(key, 40)}")
 
     def tensor(self, kind: str, name: str, where: str, **extra: Any) -> ProgramValue:
         meta = self.tensors.get(name)
         if meta is None:
             return ProgramValue(kind, name, "tensor", **extra)
-        where = f"tensor_values[{name!r:.80}]"
+        where = f"tensor_values[{brief(name, 80)}]"
         code = self.doc.get(meta, "dtype", int, where)
         sizes = self.doc.items(meta, "sizes", where)
         if len(sizes) > self.doc.limits.max_ndim:
@@ -260,9 +260,9 @@ class _Values:
             return ProgramValue(kind, None, type_.removeprefix("sym_"), value=_scalar(
                 self.doc, value, where), **extra)
         if not isinstance(value, str):
-            raise self.doc.fail(where, f"as_name is not a string: {value!r:.40}")
+            raise self.doc.fail(where, f"as_name is not a string: {brief(value, 40)}")
         known = self.symbols.get(value)
-        expr = None if known is None else str(self.dim(known, f"symbol {value!r:.80}"))
+        expr = None if known is None else str(self.dim(known, f"symbol {brief(value, 80)}"))
         return ProgramValue(kind, value, type_, expr=expr, **extra)
 
     def argument(self, kind: str, arg: object, where: str, **extra: Any) -> ProgramValue:
@@ -288,7 +288,7 @@ class _Values:
 def _scalar(doc: JsonDoc, value: object, where: str) -> Scalar:
     if value is None or isinstance(value, (int, float, str, bool)):
         return value
-    raise doc.fail(where, f"expected a number, string or bool, got {value!r:.60}")
+    raise doc.fail(where, f"expected a number, string or bool, got {brief(value, 60)}")
 
 
 # --------------------------------------------------------------------------- specs
@@ -319,7 +319,7 @@ def _spec(values: _Values, spec: object, table: Mapping[str, tuple[str, str | No
           where: str) -> ProgramValue:
     doc = values.doc
     key, body = doc.union(spec, where)
-    where = f"{where} {key!r:.40}"
+    where = f"{where} {brief(key, 40)}"
     if key == "constant_input":  # a user input specialised to a constant
         name = doc.get(body, "name", str, where)
         type_, value = doc.union(doc.get(body, "value", dict, where), f"{where} value")
@@ -351,7 +351,7 @@ def _ranges(doc: JsonDoc, program: object) -> dict[str, tuple[int | None, int | 
     table = doc.get(program, "range_constraints", dict, "program", optional=True) or {}
     out: dict[str, tuple[int | None, int | None]] = {}
     for name, bounds in table.items():
-        where = f"range_constraints[{name!r:.80}]"
+        where = f"range_constraints[{brief(name, 80)}]"
         out[name] = (doc.get(bounds, "min_val", int, where, optional=True),
                      doc.get(bounds, "max_val", int, where, optional=True))
     return out

@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._io import Source
 from ..dtypes import DType, by_name
-from ..errors import FormatError, LimitExceededError, UnsupportedFeatureError
+from ..errors import FormatError, LimitExceededError, UnsupportedFeatureError, brief
 from ..limits import DEFAULT_LIMITS, Limits, applied
 from ..location import restore_location
 from ..tensor import Storage, Tensor, check_rank
@@ -171,7 +171,7 @@ def _text(value: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise FormatError(f"{what} {value!r:.80} is not valid Unicode") from exc
+        raise FormatError(f"{what} {brief(value, 80)} is not valid Unicode") from exc
     return value
 
 
@@ -190,18 +190,18 @@ def _entry(name: str, value: object) -> Entry:
         raise FormatError(f"{what}: its entry is a JSON {type(value).__name__}, not an object")
     code, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
     if not isinstance(code, str):
-        raise FormatError(f"{what}: dtype {code!r:.40} is not a dtype code")
+        raise FormatError(f"{what}: dtype {brief(code, 40)} is not a dtype code")
     if code in _NO_TORCH_DTYPE:
         raise UnsupportedFeatureError(f"{what}: dtype {code} has no torch dtype")
     dtype_name = CODES.get(code) or PACKED.get(code)
     if dtype_name is None:
-        raise FormatError(f"{what}: dtype {code!r:.40} is not a safetensors dtype code")
+        raise FormatError(f"{what}: dtype {brief(code, 40)} is not a safetensors dtype code")
     if not isinstance(shape, list) or not all(
             type(d) is int and 0 <= d < _DIM_END for d in shape):
-        raise FormatError(f"{what}: shape {shape!r:.80} is not a list of sizes")
+        raise FormatError(f"{what}: shape {brief(shape, 80)} is not a list of sizes")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(type(o) is int for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
-        raise FormatError(f"{what}: data_offsets {offsets!r:.80} are not [begin, end] "
+        raise FormatError(f"{what}: data_offsets {brief(offsets, 80)} are not [begin, end] "
                           "with 0 <= begin <= end")
     check_rank(len(shape), f"the rank of {what}")
     dtype = by_name(dtype_name)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
-from ..errors import FormatError
+from ..errors import FormatError, brief
 from ..tensor import Tensor
 
 __all__ = ["JIT_GLOBALS", "ScriptClass", "ScriptObject", "TorchScriptArchive", "parse_classes"]
@@ -115,7 +115,7 @@ class TorchScriptArchive:
     def _collect(self, module: ScriptObject, prefix: str, out: OrderedDict[str, Tensor],
                  metadata: dict[str, dict[str, int]], path: tuple[int, ...]) -> None:
         if id(module) in path or len(path) > MAX_MODULE_DEPTH:
-            raise FormatError(f"the module tree is cyclic or too deep at {prefix!r:.100}")
+            raise FormatError(f"the module tree is cyclic or too deep at {brief(prefix, 100)}")
         metadata[prefix[:-1]] = {"version": 1}
         attrs = module.attributes
         info = self.classes.get(module.qualified_name)
@@ -167,7 +167,7 @@ class _ListBuilder:
     def __call__(self, data: object) -> list[Any]:
         if not isinstance(data, list) or any(not isinstance(v, self.items) for v in data):
             raise FormatError(f"{type(self).__name__}: expected a list of "
-                              f"{[t.__name__ for t in self.items]}, got {data!r:.80}")
+                              f"{[t.__name__ for t in self.items]}, got {brief(data, 80)}")
         return data
 
 

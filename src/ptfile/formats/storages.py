@@ -49,7 +49,7 @@ from ..archive._bulk import sparse
 from ..archive.reader import BULK_MIN_RECORDS
 from ..archive.records import METHOD_STORED
 from ..dtypes import UINT8, DType
-from ..errors import ArchiveError, FormatError, StorageError, UnsupportedFeatureError
+from ..errors import ArchiveError, FormatError, StorageError, UnsupportedFeatureError, brief
 from ..limits import active as active_limits
 from ..location import MapLocation, has_packages, restore_location
 from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
@@ -86,11 +86,11 @@ class StorageLoader:
     def __call__(self, pid: object) -> Storage:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise FormatError(f"persistent id must be ('storage', type, key, location, numel), "
-                              f"got {pid!r:.100}", member=self._pickle)
+                              f"got {brief(pid, 100)}", member=self._pickle)
         _, storage_type, key, location, numel = pid
         if type(key) is not str or type(storage_type) is not StorageType \
                 or type(location) is not str or type(numel) is not int or numel < 0:
-            raise FormatError(f"malformed storage persistent id {pid!r:.100}",
+            raise FormatError(f"malformed storage persistent id {brief(pid, 100)}",
                               member=self._pickle)
         storage = self.storages.get(key)
         if storage is None:

@@ -15,7 +15,7 @@ from typing import Final
 
 from ..archive import ZipReader
 from ..config import Settings
-from ..errors import FormatError
+from ..errors import FormatError, brief
 
 __all__ = ["MAX_READ_VERSION", "ZipInfo", "read_info"]
 
@@ -53,7 +53,7 @@ def _decimal(text: str | None, name: str, default: int | None) -> int | None:
         return default
     stripped = text.strip()
     if not stripped.isdigit() or len(stripped) > 18:
-        raise FormatError(f"expected a decimal number, got {text!r:.40}", member=name)
+        raise FormatError(f"expected a decimal number, got {brief(text, 40)}", member=name)
     return int(stripped)
 
 
@@ -73,7 +73,7 @@ def read_info(reader: ZipReader, settings: Settings) -> ZipInfo:
                           member=version_name)
     order = _text(reader, f"{prefix}/byteorder")
     if order is not None and order not in ("little", "big"):
-        raise FormatError(f"unknown byte order {order!r:.20}", member=f"{prefix}/byteorder")
+        raise FormatError(f"unknown byte order {brief(order, 20)}", member=f"{prefix}/byteorder")
     alignment = _decimal(_text(reader, f"{prefix}/.storage_alignment"), "storage_alignment", 64)
     return ZipInfo(
         prefix=prefix,

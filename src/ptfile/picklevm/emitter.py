@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from ptfile.errors import PtfileError, SaveError
 
+from ..errors import brief
 from ._codes import (
     APPEND,
     APPENDS,
@@ -379,7 +380,7 @@ class Emitter(PairWriter):
                     try:
                         get(type(value), fallback)(value)
                     except PtfileError as exc:
-                        add_note(exc, f"while pickling the value of key {key!r:.80}")
+                        add_note(exc, f"while pickling the value of key {brief(key, 80)}")
                         raise
             self.write(SETITEMS)
 

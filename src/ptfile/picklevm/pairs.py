@@ -51,6 +51,7 @@ from typing import Any, Final
 
 from ptfile.errors import PtfileError, SaveError
 
+from ..errors import brief
 from ._codes import (
     BININT1_CODES,
     BINPERSID,
@@ -189,7 +190,7 @@ class PairWriter(ViewWriter):
             try:
                 view = reducer(value)
             except PtfileError as exc:
-                add_note(exc, f"while pickling the value of key {key!r:.80}")
+                add_note(exc, f"while pickling the value of key {brief(key, 80)}")
                 raise
             if type(view) is not ViewReduce:
                 self.write_reduced(key, value, view, parts)
@@ -337,7 +338,7 @@ class PairWriter(ViewWriter):
         try:
             self.save_part(value, parts)
         except PtfileError as exc:
-            add_note(exc, f"while pickling the value of key {key!r:.80}")
+            add_note(exc, f"while pickling the value of key {brief(key, 80)}")
             raise
 
     def write_reduced(self, key: object, value: object, result: object,
@@ -347,7 +348,7 @@ class PairWriter(ViewWriter):
         try:
             self.save_reduced(result, value)
         except PtfileError as exc:
-            add_note(exc, f"while pickling the value of key {key!r:.80}")
+            add_note(exc, f"while pickling the value of key {brief(key, 80)}")
             raise
 
     def shape_put(self, values: object) -> bytes:

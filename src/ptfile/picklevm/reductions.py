@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from ptfile.errors import SaveError
 
+from ..errors import brief
 from .nodes import Reduce, global_
 
 __all__ = ["BUILTIN_REDUCTIONS", "check_args", "checked_pairs"]
@@ -85,5 +86,5 @@ def checked_pairs(pairs: Iterable[object]) -> Iterator[tuple[object, object]]:
     """Yield ``pairs``, each of which must be a 2-tuple (C ``batch_dict``)."""
     for pair in pairs:
         if not isinstance(pair, tuple) or len(pair) != 2:
-            raise SaveError(f"dict items must be 2-tuples, not {pair!r:.60}")
+            raise SaveError(f"dict items must be 2-tuples, not {brief(pair, 60)}")
         yield pair

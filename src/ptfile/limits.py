@@ -81,6 +81,12 @@ class Limits:
     #: a few KiB each; Python's parser takes ~130x the source in memory and ~2.5 s per
     #: MiB.  Above it, the record is ``dangerous`` (not read).
     max_torchscript_code_bytes: int = 2**22
+    #: Tokens of one statement of a TorchScript ``code/`` record that :func:`ptfile.scan`
+    #: hands to Python's parser.  A chain of 200,000 trailers (``a.b.b.b...``) or unary
+    #: operators overflows the C stack of Python 3.10's parser (a crash, measured; 60,000
+    #: parse); torch's serialized statements have tens of tokens.  Above it, the record is
+    #: ``dangerous`` (not parsed).
+    max_torchscript_statement_tokens: int = 20_000
 
 DEFAULT_LIMITS: Final = Limits()
 

@@ -71,6 +71,8 @@ torch's standard operators.
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 import warnings
 from collections.abc import Iterator
 from typing import Final
@@ -127,6 +129,25 @@ BUILTIN_NAMES: Final = _RESERVED - {"torch", "ops", TORCHSCRIPT_PREFIX} | frozen
 _ATTR_FUNCTIONS: Final = frozenset({"getattr", "hasattr"})
 
 
+def _longest_statement(text: str, most: int) -> int | None:
+    """Tokens in the longest logical line of ``text`` (counting stops past ``most``), or
+    None when the tokenizer refuses it.  Python's parser recurses once per trailer or
+    operator of a statement, in C: this bounds it before :func:`ast.parse` runs."""
+    longest = count = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                longest, count = max(longest, count), 0
+            elif token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
+                                    tokenize.DEDENT):
+                count += 1
+                if count > most:
+                    return count
+    except (tokenize.TokenError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return max(longest, count)
+
+
 def judge_code(text: str, limits: Limits | None = None) -> tuple[Verdict, str]:
     """The verdict and message for one ``code/`` source file (rules: the module doc).
 
@@ -144,6 +165,11 @@ def judge_code(text: str, limits: Limits | None = None) -> tuple[Verdict, str]:
     if len(text) > most:
         return Verdict.DANGEROUS, (f"{what}: {len(text)} characters, over "
                                    f"max_torchscript_code_bytes ({most}); not read")
+    longest = _longest_statement(text, (limits or DEFAULT_LIMITS).max_torchscript_statement_tokens)
+    if longest is None or longest > (limits or DEFAULT_LIMITS).max_torchscript_statement_tokens:
+        return Verdict.DANGEROUS, (f"{what}, which ptfile cannot parse safely: a "
+                                   "statement of more than max_torchscript_statement_tokens "
+                                   "tokens, or source the tokenizer refuses")
     try:
         with warnings.catch_warnings():  # invalid escapes: a verdict, not a warning filter's
             warnings.simplefilter("ignore")

@@ -135,9 +135,15 @@ def _utf8(text: str) -> bytes:
 
 
 def add_note(exc: BaseException, note: str) -> None:
-    """Add context to an error on its way out (``add_note`` is new in Python 3.11)."""
+    """Add context to an error on its way out (``add_note`` is new in Python 3.11; on 3.10
+    the note goes to ``__notes__`` as PEP 678 defines it, where callers read it)."""
     if hasattr(exc, "add_note"):
         exc.add_note(note)
+        return
+    try:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined,unused-ignore]
+    except (AttributeError, TypeError):  # an exception type that refuses new attributes
+        pass
 
 
 class PairWriter(ViewWriter):

@@ -8,17 +8,19 @@ and tuples around its tensors (a training checkpoint: ``{"model": {...},
 indices joined with ``.``, as ``state_dict()`` names a module's parameters.
 What is neither a tensor nor a dict, list or tuple (``step``, ``lr``, a string,
 None) is a value, named the same way by :func:`values`: what ``diff`` compares
-and ``convert`` reports beside the tensors.
+and ``convert`` reports beside the tensors.  Both, and ``convert``'s own sorting of the
+values (:func:`ptfile.export.values.split_values`), are one :func:`walk`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from .errors import FormatError, brief
 from .tensor import Parameter, Tensor
 
-__all__ = ["flatten", "values"]
+__all__ = ["flatten", "values", "walk"]
 
 
 def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
@@ -43,21 +45,14 @@ def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
     if isinstance(obj, dict) and _is_flat(obj):
         return dict(obj)  # a state dict: the keys are the names
     out: dict[str, Tensor] = {}
-    seen: set[int] = set()
-    stack: list[tuple[str, object, int]] = [("", obj, 0)]
-    while stack:
-        name, node, depth = stack.pop()
+
+    def visit(name: str, node: object, _depth: int) -> bool:
         if isinstance(node, Tensor):
             out.setdefault(name, node)
-            continue
-        items = _children(node)
-        if items is None or id(node) in seen:
-            continue
-        if depth >= max_depth:
-            raise FormatError(f"object tree deeper than {max_depth} levels at {brief(name, 80)}")
-        seen.add(id(node))
-        prefix = f"{name}." if name else ""
-        stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))
+            return False
+        return True
+
+    walk(obj, visit, max_depth=max_depth)
     return out
 
 
@@ -80,24 +75,54 @@ def values(obj: object, *, max_depth: int = 1000) -> dict[str, object]:
     if isinstance(obj, dict) and _is_flat(obj):
         return {}
     out: dict[str, object] = {}
+
+    def visit(name: str, node: object, _depth: int) -> bool:
+        if isinstance(node, Tensor):
+            return False
+        if not _children(node):  # not a container, or an empty one: a value
+            out.setdefault(name, node)
+            return False
+        return True
+
+    walk(obj, visit, max_depth=max_depth)
+    return out
+
+
+def walk(obj: object, visit: Callable[[str, object, int], bool], *,
+         max_depth: int = 1000) -> None:
+    """Call ``visit(name, node, depth)`` for each node of an object tree, depth first in
+    order, and walk into the children of a dict, list or tuple when it returns True.
+
+    Names are :func:`flatten`'s (dict keys and indices joined with ``.``; the root is
+    ``""``).  A container reached twice is visited each time but walked into only under
+    its first path, so a cycle ends.
+
+    Raises
+    ------
+    FormatError
+        The tree is deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> seen = []
+    >>> walk({"a": [1, 2], "b": 3}, lambda name, node, depth: seen.append(name) or True)
+    >>> seen
+    ['', 'a', 'a.0', 'a.1', 'b']
+    """
     seen: set[int] = set()
     stack: list[tuple[str, object, int]] = [("", obj, 0)]
     while stack:
         name, node, depth = stack.pop()
-        if isinstance(node, Tensor):
+        if not visit(name, node, depth):
             continue
         items = _children(node)
-        if items is None or not items:
-            out.setdefault(name, node)
-            continue
-        if id(node) in seen:
+        if items is None or id(node) in seen:
             continue
         if depth >= max_depth:
             raise FormatError(f"object tree deeper than {max_depth} levels at {brief(name, 80)}")
         seen.add(id(node))
         prefix = f"{name}." if name else ""
         stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))
-    return out
 
 
 _LEAVES: Final = frozenset({Tensor, Parameter})

@@ -45,9 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..errors import FormatError, brief
 from ..structural import StandIn
 from ..tensor import Tensor
+from ..tree import walk
 
 __all__ = ["METADATA_MAX_BYTES", "VALUE_MAX_BYTES", "Changes", "header_values",
            "split_values", "type_name"]
@@ -148,12 +148,10 @@ def split_values(obj: object, tensors: Mapping[str, Tensor], changes: Changes, *
     """
     out: dict[str, object] = {}
     with_tuples: list[str] = []
-    seen: set[int] = set()
-    stack: list[tuple[str, object, int]] = [("", obj, 0)]
-    while stack:
-        name, node, depth = stack.pop()
+
+    def visit(name: str, node: object, depth: int) -> bool:
         if isinstance(node, Tensor):
-            continue
+            return False
         tuples = [False]
         if depth and _plain(node, tuples, as_json):
             if name in tensors:
@@ -162,23 +160,15 @@ def split_values(obj: object, tensors: Mapping[str, Tensor], changes: Changes, *
                 out[name] = node
                 if tuples[0]:
                     with_tuples.append(name)
-            continue
-        if isinstance(node, dict):
-            items: list[tuple[object, object]] = list(node.items())
-        elif isinstance(node, (list, tuple)):
-            items = list(enumerate(node))
-        else:
-            changes.drop(name, type_name(node), "JSON cannot hold it" if as_json and depth else
-                         "a stand-in for a class ptfile did not import" if depth else
-                         "the file holds this one object, not a tree of tensors")
-            continue
-        if id(node) in seen:
-            continue
-        if depth >= max_depth:
-            raise FormatError(f"object tree deeper than {max_depth} levels at {brief(name, 80)}")
-        seen.add(id(node))
-        prefix = f"{name}." if name else ""
-        stack.extend((f"{prefix}{k}", v, depth + 1) for k, v in reversed(items))
+            return False
+        if isinstance(node, (dict, list, tuple)):
+            return True
+        changes.drop(name, type_name(node), "JSON cannot hold it" if as_json and depth else
+                     "a stand-in for a class ptfile did not import" if depth else
+                     "the file holds this one object, not a tree of tensors")
+        return False
+
+    walk(obj, visit, max_depth=max_depth)
     return out, with_tuples
 
 

@@ -68,12 +68,8 @@ __all__ = ["EXIT_CODES", "EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_O
            "EXIT_UNSAFE", "main"]
 
 
-_EPILOG: Final = """\
-exit codes (every command):
-  0  ok (scan: clean; verify: intact; diff: identical)
-  1  found something (scan: dangerous; verify: damaged; diff: differs)
-  2  could not read (missing, not a checkpoint, damaged, network, refused globals, usage)
-  3  scan only: unknown globals, nothing dangerous (0 with --allow-unknown)
+_EPILOG: Final = "exit codes (every command):\n" + "".join(
+    f"  {code}  {meaning}\n" for code, meaning in EXIT_CODES.items()) + """\
   over several files the worst wins: 1, then 2, then 3
 
 examples:

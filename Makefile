@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,17 @@ lint: $(VENV)/.installed-test
 		$(BIN)/mypy; \
 	else echo "mypy skipped on Python 3.10 (numpy 2.4's stubs need 3.11+)"; fi
 
-test: lint
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $@
+
+# The documentation site (mkdocs.yml: docs/ and the API reference from the docstrings) into
+# site/, git-ignored; a warning (a broken link or anchor, a docstring griffe cannot parse)
+# fails the build.
+docs: $(VENV)/.installed-docs
+	$(BIN)/mkdocs build --strict --quiet
+
+test: lint docs
 	$(BIN)/python -m pytest -q
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
@@ -39,4 +49,4 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ptfile
-from ptfile.export.torch import from_torch, to_torch
+from ptfile.model.torch import from_torch, to_torch
 
 
 def _state() -> dict[str, object]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptfile.cli import (
+from ptfile.outcomes import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
     EXIT_INVALID,

@@ -1,17 +1,21 @@
 """The import graph of ``src/ptfile``: no cycles, and the layer order of STYLE.md §2.1.
 
-    errors/limits/_io → archive, picklevm → dtypes/tensor/rebuild → formats → api/export → cli
+    errors/limits/config/outcomes/_gc/_io → archive, picklevm → model → allowlist → formats
+    → reader → dcp → api → scanning → inspection → export → bulk → cli
 
 Every module's imports are read with :mod:`ast` (nothing is imported), those
 inside functions included; imports under ``if TYPE_CHECKING:`` are left out,
 since they never run.  An edge ``a → b`` means module ``a`` imports module
 ``b`` (``from .x import name`` counts as importing ``x``, or ``x.name`` when
-that is a module).  Two rules:
+that is a module).  The rules:
 
-* no cycles between modules;
-* a module imports only modules of its own layer or lower ones
-  (:data:`LAYERS`), and ``archive/`` and ``picklevm/`` import nothing of each
-  other or of torch's model: only the base layer and themselves.
+* every module belongs to exactly one entry of :data:`LAYERS` (a package, with
+  all its modules, or a module); there is no fallback: an unlisted module fails;
+* no cycles between modules, nor between the entries of :data:`LAYERS`
+  (packages);
+* a module imports only modules of its own layer or lower ones;
+* the top level holds at most 12 modules; each package's ``__init__`` says
+  what the package owns.
 """
 
 from __future__ import annotations
@@ -27,51 +31,39 @@ SOURCE: Final = Path(__file__).resolve().parents[1] / "src" / "ptfile"
 
 #: The base layer: what everything may use.
 BASE: Final = 0
-#: Layer of each module or package (the longest matching prefix decides), lowest first.
-#: Modules STYLE.md does not name sit where what they do puts them.
+#: The layer of each package (with all its modules) or top-level module, lowest first.
 LAYERS: Final[dict[str, int]] = {
-    # 0: errors, ceilings, sources, settings, a GC helper: no knowledge of any format.
+    # 0: errors, ceilings, settings, exit codes, bytes in and out: no knowledge of any format.
+    "ptfile": BASE,  # the package's face: the errors at import, every other name lazily
     "ptfile.errors": BASE,
     "ptfile.limits": BASE,
-    "ptfile._io": BASE,
     "ptfile.config": BASE,  # torch's serialization settings, as plain data
+    "ptfile.outcomes": BASE,  # the exit codes of every command
     "ptfile._gc": BASE,  # pausing the cyclic GC while building many objects
-    # 1: mechanism without torch knowledge: a ZIP reader/writer, a restricted pickle VM.
+    "ptfile._io": BASE,  # local and remote sources, directories, atomic writes, progress
+    # 1: mechanism without torch knowledge: ZIP and tar, a restricted pickle VM.
     "ptfile.archive": 1,
     "ptfile.picklevm": 1,
-    # 2: torch's model: dtypes, tensors, the allowlist and its save-side inverse, policies.
-    "ptfile.dtypes": 2,
-    "ptfile.tensor": 2,
-    "ptfile.rebuild": 2,
-    "ptfile.reduction": 2,  # the save-side inverse of rebuild
-    "ptfile.location": 2,  # location tags of storages
-    "ptfile.policy": 2,  # which globals a pickle may name (find_class policies)
-    "ptfile.numpy_globals": 2,  # inert rebuilders of numpy values (ptfile.NUMPY_GLOBALS)
-    "ptfile.structural": 2,  # any pickle as an inert tree of the model's objects
-    "ptfile.tree": 2,  # tensors of an object tree by state-dict name (flatten)
-    # 3: the checkpoint formats: the one way in.
-    "ptfile.formats": 3,
-    "ptfile.formats.pt2_program": 3,  # a .pt2 program's signature (inspect)
-    "ptfile.formats.pt2_json": 3,  # checked JSON and text rendering for it
-    # 4: the front doors and what is built on them.
-    "ptfile.api": 4,
-    "ptfile.reader": 4,  # ptfile.open
-    "ptfile.inspection": 4,  # inspect / verify / diff
-    "ptfile.scanning": 4,  # ptfile.scan: the static scanner
-    "ptfile.export": 4,  # conversions, the torch bridge (export.torch) among them
-    "ptfile._dcp_files": 4,  # a DCP directory's files, local or by URL (uses _remote)
-    "ptfile._dcp_hf": 4,  # HuggingFace-writer directories' metadata (formats.safetensors headers)
-    "ptfile.dcp": 4,  # load_dcp and the DCP building blocks (items read with formats.read)
-    "ptfile.dcp_reader": 4,  # ptfile.open on a DCP directory (TensorInfo of reader)
-    "ptfile.opening": 4,  # ptfile.open: a file's reader or a DCP directory's
-    "ptfile.dcp_writer": 4,  # save_dcp: DCP directories through the formats' ZIP writer
-    "ptfile": 4,  # the package's public surface re-exports the front doors
-    # 5: many files at once, on a local pool or Dask, built on the front doors.
-    "ptfile.bulk": 5,
-    # 6: the command line.
-    "ptfile.cli": 6,
-    "ptfile._cli_bulk": 6,  # the command line's bulk runs
-    "ptfile.__main__": 6,
+    # 2: torch's object model: dtypes, tensors, locations, selections, trees, the torch bridge.
+    "ptfile.model": 2,
+    # 3: which globals a pickle may name, and what they rebuild (and the save-side inverse).
+    "ptfile.allowlist": 3,
+    # 4: each checkpoint format's one reader (and writer).
+    "ptfile.formats": 4,
+    # 5: ptfile.open's reader of one file.
+    "ptfile.reader": 5,
+    # 6: distributed checkpoints, built on the formats and the file reader.
+    "ptfile.dcp": 6,
+    # 7..10: the front doors, in the order they build on each other.
+    "ptfile.api": 7,  # load, save, open, detect_format
+    "ptfile.scanning": 8,  # scan
+    "ptfile.inspection": 9,  # inspect, verify, diff (through open)
+    "ptfile.export": 10,  # conversions (through load and open)
+    # 11: many files at once, on a local pool or Dask.
+    "ptfile.bulk": 11,
+    # 12: the command line.
+    "ptfile.cli": 12,
+    "ptfile.__main__": 12,
 }
 #: The torch-free mechanism packages: each may import only the base layer and itself.
 MECHANISM: Final = ("ptfile.archive", "ptfile.picklevm")
@@ -132,12 +124,18 @@ def _imports(module: str) -> set[str]:
 GRAPH: Final = {module: _imports(module) for module in MODULES}
 
 
+def _entry(module: str) -> str:
+    """The entry of :data:`LAYERS` that ``module`` belongs to: itself, or its package
+    (the package ``ptfile`` holds only itself: it is no fallback)."""
+    for entry in LAYERS:
+        if module == entry or (entry != "ptfile" and module.startswith(entry + ".")):
+            return entry
+    raise AssertionError(f"{module} has no layer: add it (or its package) to LAYERS in "
+                         f"{__file__}")
+
+
 def _layer(module: str) -> int:
-    best = max((prefix for prefix in LAYERS
-                if module == prefix or module.startswith(prefix + ".")), key=len, default=None)
-    if best is None:
-        raise AssertionError(f"{module} has no layer: add it to LAYERS in {__file__}")
-    return LAYERS[best]
+    return LAYERS[_entry(module)]
 
 
 def _mechanism(module: str) -> str | None:
@@ -238,3 +236,25 @@ def test_import_graph_keeps_the_mechanism_free_of_torch_knowledge(package: str) 
              for target in sorted(targets)
              if _mechanism(target) != package and _layer(target) != BASE]
     assert not wrong, f"{package} imports beyond the base layer and itself:\n" + "\n".join(wrong)
+
+
+def test_import_graph_has_no_cycles_between_packages() -> None:
+    packages = {entry: set() for entry in LAYERS}
+    for module, targets in GRAPH.items():
+        packages[_entry(module)] |= {_entry(target) for target in targets} - {_entry(module)}
+    cycles = _cycles(packages)
+    assert not cycles, "import cycles between packages:\n" + "\n".join(
+        f"  {' -> '.join(cycle)}" for _, cycle in cycles)
+
+
+def test_import_graph_entries_are_what_exists() -> None:
+    # A LAYERS entry naming nothing would hide a renamed package from the rules above.
+    assert sorted(entry for entry in LAYERS if entry not in MODULES) == []
+
+
+def test_layout_keeps_the_top_level_small_and_says_what_each_package_owns() -> None:
+    top = sorted(path.name for path in SOURCE.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules at the top level of src/ptfile: {top}"
+    for init in sorted(SOURCE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc, f"{init.relative_to(SOURCE)} has no docstring saying what its package owns"

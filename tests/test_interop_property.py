@@ -141,7 +141,7 @@ def test_open_agrees_with_load_on_random_torch_objects(obj: Any) -> None:
     # The metadata ptfile.open lists (its own fast paths) is that of the tensors
     # ptfile.load builds, and each data_offset points at the storage's bytes.
     raw = torch_bytes(obj)
-    expected = ptfile.tree.flatten(ptfile.load(io.BytesIO(raw)))
+    expected = ptfile.model.tree.flatten(ptfile.load(io.BytesIO(raw)))
     with _on_disk(raw) as path:
         for source in (path, io.BytesIO(raw)):
             with ptfile.open(source) as ck:
@@ -267,7 +267,7 @@ def test_torchscript_state_dict_equals_torch_on_random_modules(module: Any) -> N
 
 
 def _torch_flat(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """Tensors of a torch-loaded tree by dotted name, as ptfile.tree.flatten names them."""
+    """Tensors of a torch-loaded tree by dotted name, as ptfile.model.tree.flatten names them."""
     if isinstance(obj, torch.Tensor):
         return {prefix: obj}
     items = obj.items() if isinstance(obj, dict) else \
@@ -293,7 +293,7 @@ def test_safetensors_conversion_of_random_torch_objects(obj: Any) -> None:
         source, target = Path(folder) / "a.pt", Path(folder) / "a.safetensors"
         torch.save(obj, source)
         expected = _torch_flat(torch.load(source, weights_only=True))
-        assume(sorted(expected) == sorted(ptfile.tree.flatten(ptfile.load(source))))
+        assume(sorted(expected) == sorted(ptfile.model.tree.flatten(ptfile.load(source))))
         convert(str(source), str(target), to="safetensors", shared="copy")
         got = safetensors_torch.load_file(target)
         assert sorted(got) == sorted(expected)
@@ -327,7 +327,7 @@ def _basic_index(draw: st.DrawFn, ndim: int) -> tuple[Any, ...]:
 def test_get_slice_equals_numpy_indexing_on_random_objects(obj: Any, data: st.DataObject) -> None:
     # ptfile.open(...).get_slice(name)[index] reads what numpy's basic indexing selects.
     raw = torch_bytes(obj)
-    loaded = ptfile.tree.flatten(ptfile.load(io.BytesIO(raw)))
+    loaded = ptfile.model.tree.flatten(ptfile.load(io.BytesIO(raw)))
     with ptfile.open(io.BytesIO(raw)) as ck:
         for name, tensor in loaded.items():
             array = tensor.numpy()
@@ -369,7 +369,7 @@ def test_mapped_load_used_whole_fails_exactly_when_the_in_memory_load_fails(
 
     def outcome(read: Any) -> Any:
         try:
-            tensors = ptfile.tree.flatten(read())
+            tensors = ptfile.model.tree.flatten(read())
             return {name: _raw(t.numpy()) for name, t in tensors.items()}
         except ptfile.PtfileError:
             return "error"
@@ -394,7 +394,7 @@ def test_mutated_random_torch_files_load_or_raise_ptfile_errors(obj: Any,
                 ck.get_tensor(name)
 
     def use_all(loaded: Any) -> None:  # with mmap=True, local headers are read on first use
-        for tensor in ptfile.tree.flatten(loaded).values():
+        for tensor in ptfile.model.tree.flatten(loaded).values():
             np.asarray(tensor)
 
     with _on_disk(damaged) as path:

@@ -254,7 +254,7 @@ def test_ptfile_warnings_print_as_one_line(capsys: pytest.CaptureFixture[str],
                       stacklevel=1)
         return 0
 
-    monkeypatch.setitem(cli._COMMANDS, "inspect", (warns, "describe"))
+    monkeypatch.setitem(cli.commands._COMMANDS, "inspect", (warns, "describe"))
     assert cli.main(["inspect", "m.pt"]) == 0
     assert capsys.readouterr().err == \
         "ptfile inspect: warning: http://h/m.pt: the server ignores range requests\n"

@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
     dump(ptfile.load(f"{folder}/zip.pt"), f"{folder}/out.safetensors")
     ptfile.save_dcp(ptfile.load(f"{folder}/zip.pt"), f"{folder}/dcp")
     assert np.array_equal(ptfile.load_dcp(f"{folder}/dcp")["w"].numpy(), np.arange(6.0).reshape(2, 3))
-    from ptfile.export.dcp import convert_dcp
+    from ptfile.dcp.consolidate import convert_dcp
     convert_dcp(f"{folder}/dcp", f"{folder}/from_dcp.pt", to="pt")
     assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
     print("ok")

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import ptfile
 from oracle import assert_tensor_equal
-from ptfile import numpy_globals
+from ptfile.allowlist import numpy_globals
 from ptfile.formats import policies
 from ptfile.picklevm.deferred import substitute
 from ptfile.picklevm.unpickler import unpickle

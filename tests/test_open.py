@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ptfile
-from ptfile._io import open_source
+from ptfile._io.local import open_source
 from ptfile.archive import ZipReader
 
 

@@ -33,7 +33,15 @@ from .errors import (
 )
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers (test_api checks the two agree)
-    from .api import detect_format, load, load_torchscript, save
+    from .allowlist.policy import (
+        NUMPY_GLOBALS,
+        add_safe_globals,
+        clear_safe_globals,
+        get_safe_globals,
+        safe_globals,
+    )
+    from .allowlist.structural import StandIn, state_dict
+    from .api import detect_format, load, load_torchscript, open, save
     from .config import (
         MAP_PRIVATE,
         MAP_SHARED,
@@ -48,22 +56,23 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (test_api checks
         settings,
         skip_data,
     )
-    from .dcp import load_dcp
-    from .dcp_reader import DCPReader, DCPSlice
-    from .dcp_writer import save_dcp
-    from .dtypes import DTYPES, DType
+    from .dcp.load import load_dcp
+    from .dcp.reader import DCPReader, DCPSlice
+    from .dcp.writer import save_dcp
     from .formats import Format
     from .formats.torchscript import ScriptObject, TorchScriptArchive
     from .inspection import DiffReport, Inspection, VerifyReport, diff, inspect, verify
     from .limits import DEFAULT_LIMITS, Limits
-    from .location import register_package
-    from .opening import open
-    from .policy import (
-        NUMPY_GLOBALS,
-        add_safe_globals,
-        clear_safe_globals,
-        get_safe_globals,
-        safe_globals,
+    from .model.dtypes import DTYPES, DType
+    from .model.location import register_package
+    from .model.tensor import (
+        Device,
+        Parameter,
+        QuantizedTensor,
+        Size,
+        SparseTensor,
+        Storage,
+        Tensor,
     )
     from .reader import (
         CheckpointReader,
@@ -72,8 +81,6 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (test_api checks
     )
     from .scanning import Finding, ScanResult, Verdict, scan
     from .scanning.unsafe_globals import get_unsafe_globals_in_checkpoint
-    from .structural import StandIn, state_dict
-    from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __version__ = "0.1.0"
 
@@ -85,25 +92,25 @@ _EXPORTS: Final[dict[str, str]] = {
     "get_default_load_endianness": "config", "get_default_mmap_options": "config",
     "set_crc32_options": "config", "set_default_load_endianness": "config",
     "set_default_mmap_options": "config", "settings": "config", "skip_data": "config",
-    "load_dcp": "dcp",
-    "DCPReader": "dcp_reader", "DCPSlice": "dcp_reader",
-    "save_dcp": "dcp_writer",
-    "DTYPES": "dtypes", "DType": "dtypes",
+    "load_dcp": "dcp.load",
+    "DCPReader": "dcp.reader", "DCPSlice": "dcp.reader",
+    "save_dcp": "dcp.writer",
+    "DTYPES": "model.dtypes", "DType": "model.dtypes",
     "Format": "formats",
     "ScriptObject": "formats.torchscript", "TorchScriptArchive": "formats.torchscript",
     "DiffReport": "inspection", "Inspection": "inspection", "VerifyReport": "inspection",
     "diff": "inspection", "inspect": "inspection", "verify": "inspection",
     "DEFAULT_LIMITS": "limits", "Limits": "limits",
-    "register_package": "location",
-    "open": "opening",
-    "NUMPY_GLOBALS": "policy", "add_safe_globals": "policy", "clear_safe_globals": "policy",
-    "get_safe_globals": "policy", "safe_globals": "policy",
+    "register_package": "model.location",
+    "open": "api",
+    "NUMPY_GLOBALS": "allowlist.policy", "add_safe_globals": "allowlist.policy", "clear_safe_globals": "allowlist.policy",
+    "get_safe_globals": "allowlist.policy", "safe_globals": "allowlist.policy",
     "CheckpointReader": "reader", "TensorInfo": "reader", "TensorSlice": "reader",
     "Finding": "scanning", "ScanResult": "scanning", "Verdict": "scanning", "scan": "scanning",
     "get_unsafe_globals_in_checkpoint": "scanning.unsafe_globals",
-    "StandIn": "structural", "state_dict": "structural",
-    "Device": "tensor", "Parameter": "tensor", "QuantizedTensor": "tensor", "Size": "tensor",
-    "SparseTensor": "tensor", "Storage": "tensor", "Tensor": "tensor",
+    "StandIn": "allowlist.structural", "state_dict": "allowlist.structural",
+    "Device": "model.tensor", "Parameter": "model.tensor", "QuantizedTensor": "model.tensor", "Size": "model.tensor",
+    "SparseTensor": "model.tensor", "Storage": "model.tensor", "Tensor": "model.tensor",
 }
 
 __all__ = [

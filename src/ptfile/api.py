@@ -1,29 +1,38 @@
-"""ptfile's front door: :func:`load` and :func:`save`, with torch's signatures."""
+"""ptfile's front doors: :func:`load`, :func:`save` and :func:`open`, with torch's (and
+``safetensors.safe_open``'s) signatures.
+
+``open`` sits here, above both readers, so neither imports the other: a directory opens as a
+:class:`~ptfile.dcp.reader.DCPReader`, anything else as a :class:`~ptfile.CheckpointReader`.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Callable
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import numpy as np
 
 from . import config
-from ._dcp_files import DirectoryFiles, is_directory
-from ._io import FileLike, atomic_file, damage_as_format_error, is_path, is_url
-from ._remote import StorageOptions, local_path, open_any, open_target
+from ._io.directory import DirectoryFiles, is_directory
+from ._io.local import FileLike, atomic_file, damage_as_format_error, is_path, is_url
+from ._io.remote import StorageOptions, local_path, open_any, open_target
+from .allowlist.policy import loads_structurally
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_directory, detect_source, policies, read
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
-from .formats.zipped import write_zip
+from .formats.zipped import archive_prefix, write_zip
 from .limits import DEFAULT_LIMITS, Limits
-from .location import MapLocation
-from .policy import loads_structurally
+from .model.location import MapLocation
 
-__all__ = ["detect_format", "load", "load_torchscript", "save"]
+if TYPE_CHECKING:
+    from .dcp.reader import DCPReader
+    from .reader import CheckpointReader
+
+__all__ = ["detect_format", "load", "load_torchscript", "open", "save"]
 
 _MMAP_MODES: Final = {"r": "r", "c": "private", "r+": "shared"}
 
@@ -84,7 +93,7 @@ def load(
         the file names); it loads structurally instead, as ``structural=True``.
         torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` and
         ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` apply as described in
-        :mod:`ptfile.policy`.
+        :mod:`ptfile.allowlist.policy`.
     mmap
         ``True`` maps the file (copy-on-write unless
         :func:`ptfile.set_default_mmap_options` says ``MAP_SHARED``): nothing is
@@ -107,7 +116,7 @@ def load(
         ``False`` (default): globals outside torch's weights-only allowlist and
         :func:`ptfile.add_safe_globals` raise :class:`UnsafeGlobalError`.
         ``True``: they load as inert stand-ins that record their name,
-        arguments and state (:mod:`ptfile.structural`); nothing from the file is
+        arguments and state (:mod:`ptfile.allowlist.structural`); nothing from the file is
         imported or called.  ``ptfile.state_dict(obj)`` extracts the state dict
         of a whole ``torch.save(model)`` file.
     storage_options
@@ -174,21 +183,6 @@ def _refuse_dcp_directory(f: object) -> None:
                           "with ptfile.load_dcp(), or ptfile.open() for its metadata first")
 
 
-def archive_prefix(f: object) -> str:
-    """torch's archive folder name: the file's stem for ASCII paths (and URLs), else
-    ``archive``."""
-    if not is_path(f) and not is_url(f):
-        return "archive"
-    name: str = os.path.basename(os.fspath(f).split("?")[0])  # type: ignore[call-overload]
-    if not name.isascii():
-        return "archive"
-    stem = name[: name.rfind(".")] if "." in name else name
-    if not stem:
-        raise SaveError(f"invalid file name {name!r}: torch derives the archive folder from the "
-                        "file name's stem, which is empty")
-    return stem
-
-
 def save(
     obj: object,
     f: FileLike,
@@ -249,7 +243,7 @@ def save(
         ``torch.save`` (which never fsyncs); the rename is atomic either way.
 
     torch tensors (when torch is already imported) are converted through
-    :mod:`ptfile.export.torch`, sharing kept.
+    :mod:`ptfile.model.torch`, sharing kept.
 
     Raises
     ------
@@ -276,7 +270,7 @@ def save(
     # Never import torch ourselves: only convert what is there (a None entry is an import
     # blocked on purpose, which must not be retried).
     if sys.modules.get("torch") is not None:
-        from .export.torch import from_torch  # the bridge imports torch: only here
+        from .model.torch import from_torch  # the bridge imports torch: only here
 
         obj = from_torch(obj)
     emit: Callable[[Callable[[Any], Any]], None]
@@ -456,3 +450,65 @@ def load_torchscript(
                 map_location=map_location, limits=limits, skip_data=skip_data))
     finally:
         source.close()
+
+
+def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
+         storage_options: StorageOptions = None, weights_only: bool | None = None,
+         structural: bool = False) -> CheckpointReader | DCPReader:
+    """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
+
+    A file (path, file object or URL) opens as :func:`ptfile.reader.open` describes, as a
+    :class:`~ptfile.CheckpointReader`.  A directory (a path or URL: a
+    ``torch.distributed.checkpoint`` with ``.metadata`` and ``*.distcp`` files, or a
+    HuggingFace writer's ``*.safetensors``) opens as a :class:`~ptfile.dcp.reader.DCPReader`:
+    its metadata is read, each tensor's chunks only when the tensor is read, and a slice
+    reads only the chunks it meets.
+
+    Parameters
+    ----------
+    f
+        A path, a seekable binary file object, a URL fsspec knows, or a DCP directory.
+    mmap
+        Map a file read-only (tensors are zero-copy views); DCP chunks are read by range.
+    limits
+        Ceilings for untrusted input.
+    storage_options
+        For a URL: fsspec's options for its backend (credentials, endpoints).
+    weights_only, structural
+        As :func:`ptfile.load` takes them (:mod:`ptfile.allowlist.policy`): by default globals
+        outside torch's weights-only allowlist and :func:`ptfile.safe_globals` raise
+        :class:`UnsafeGlobalError`; ``structural=True`` or ``weights_only=False`` resolves
+        them as inert stand-ins.  For a DCP directory, this is how its non-tensor items
+        are read (:meth:`~ptfile.dcp.reader.DCPReader.value`, ``check``).
+
+    Returns
+    -------
+    CheckpointReader or DCPReader
+        A context manager and read-only ``Mapping[str, Tensor]`` with ``keys``,
+        ``info``, ``get_tensor``, ``get_slice`` and ``metadata``.
+
+    Raises
+    ------
+    FormatError
+        The file or directory is not a well-formed checkpoint.
+    UnsafeGlobalError
+        A pickle names a global outside the policy that reads it.
+    LimitExceededError, UnsupportedFeatureError, RemoteError
+
+    Examples
+    --------
+    >>> import io, numpy as np, ptfile
+    >>> buf = io.BytesIO(); ptfile.save({"w": np.ones((2, 3), "float32")}, buf)
+    >>> with ptfile.open(io.BytesIO(buf.getvalue())) as ck:
+    ...     list(ck.keys()), ck.info("w").shape
+    (['w'], (2, 3))
+    """
+    from .dcp.reader import open_dcp  # the readers only when one is opened
+    from .reader import open as open_file
+
+    structural = loads_structurally(weights_only, structural)
+    if is_directory(f, storage_options):  # a DCP directory, of either writer
+        return open_dcp(os.fspath(f), limits=limits,  # type: ignore[arg-type]
+                        storage_options=storage_options, structural=structural)
+    return open_file(f, mmap=mmap, limits=limits, storage_options=storage_options,
+                     structural=structural)

@@ -18,19 +18,19 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._io import FileLike
-from ._remote import StorageOptions
+from ._io.local import FileLike
+from ._io.remote import StorageOptions
+from .allowlist.structural import StandIn
+from .api import open as open_checkpoint
 from .archive import ZipReader
-from .dcp_reader import DCPReader
+from .dcp.reader import DCPReader
 from .errors import PtfileError, RemoteError, UnknownFormatError, UnsafeGlobalError
 from .formats import Format
 from .formats.pt2_program import ProgramSignature, read_program
 from .limits import DEFAULT_LIMITS, Limits
-from .opening import open as open_checkpoint
+from .model.tensor import Tensor
+from .model.tree import values as values_of
 from .reader import CheckpointReader, TensorInfo
-from .structural import StandIn
-from .tensor import Tensor
-from .tree import values as values_of
 
 __all__ = ["DiffReport", "Inspection", "Problem", "RecordRow", "VerifyReport", "diff",
            "inspect", "verify"]
@@ -495,7 +495,7 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
          progress: Progress | None = None, storage_options: StorageOptions = None,
          tensors_only: bool = False, structural: bool = False) -> DiffReport:
     """Compare two checkpoints: tensor by tensor (dotted names, as :func:`ptfile.open`),
-    then every other value (``step``, a config dict's entries, as :func:`ptfile.tree.values`
+    then every other value (``step``, a config dict's entries, as :func:`ptfile.model.tree.values`
     names them).  Any two inputs :func:`ptfile.open` reads compare: a ``.pt`` with its
     ``.safetensors`` conversion, a DCP folder with the file consolidated from it.
 

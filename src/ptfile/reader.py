@@ -34,22 +34,22 @@ import numpy as np
 
 from . import config
 from ._gc import paused_gc
-from ._io import BytesSource, FileLike, Source, damage_as_format_error, is_path
-from ._remote import StorageOptions, local_path, open_any
+from ._io.local import BytesSource, FileLike, Source, damage_as_format_error, is_path
+from ._io.remote import StorageOptions, local_path, open_any
+from .allowlist.structural import is_module, state_dict
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .archive.records import METHOD_STORED
-from .dtypes import DType
 from .errors import FormatError, StorageError, UnsupportedFeatureError
 from .formats import Detected, Format, ReadOptions, detect_source, policies, read_detected
 from .formats.safetensors import read_header, to_tensors
 from .formats.storages import FastStorages, record_bytes
 from .formats.zipinfo import ZipInfo, read_info
 from .limits import DEFAULT_LIMITS, Limits
+from .model.dtypes import DType
+from .model.selection import runs, select, span
+from .model.tensor import Parameter, Storage, Tensor
+from .model.tree import flatten
 from .picklevm import unpickle
-from .selection import runs, select, span
-from .structural import is_module, state_dict
-from .tensor import Parameter, Storage, Tensor
-from .tree import flatten
 
 if TYPE_CHECKING:
     from typing_extensions import Self

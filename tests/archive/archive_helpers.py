@@ -7,7 +7,7 @@ import io
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import SERIALIZATION_ID_NAME, ZipReader, ZipWriter
 
 GOLDEN = Path(__file__).parent.parent / "golden"

@@ -21,7 +21,7 @@ from archive_helpers import GOLDEN, ZIP_GOLDEN, write_archive, zip64_sample
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource, FileSource, MmapSource
+from ptfile._io.local import BytesSource, FileSource, MmapSource
 from ptfile.archive import ZipReader
 from ptfile.archive._bulk import bulk_data_offsets, gathered_data_offsets, sparse
 from ptfile.archive._entries import (

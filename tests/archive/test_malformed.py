@@ -11,7 +11,7 @@ from archive_helpers import GOLDEN, zip64_sample
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource, FileSource, Source
+from ptfile._io.local import BytesSource, FileSource, Source
 from ptfile.archive import ZipReader
 from ptfile.errors import PtfileError
 

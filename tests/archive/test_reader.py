@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 from archive_helpers import GOLDEN, NOT_ZIP_GOLDEN, TORCH_WRITTEN, ZIP_GOLDEN, write_archive
 
-from ptfile._io import BytesSource, FileSource, MmapSource, Source
+from ptfile._io.local import BytesSource, FileSource, MmapSource, Source
 from ptfile.archive import Record, ZipReader
 from ptfile.errors import ArchiveError, LimitExceededError, UnsupportedFeatureError
 from ptfile.limits import Limits

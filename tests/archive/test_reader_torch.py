@@ -7,7 +7,7 @@ import io
 import pytest
 from archive_helpers import torch_save_options
 
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader, computed_data_offset, computed_next_header_offset
 
 torch = pytest.importorskip("torch")

@@ -12,7 +12,7 @@ from archive_helpers import GOLDEN, TORCH_WRITTEN, zip64_sample
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import (
     ZipReader,
     computed_data_offset,

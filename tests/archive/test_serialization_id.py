@@ -14,7 +14,7 @@ from archive_helpers import GOLDEN, torch_file_writer, write_archive
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader
 from ptfile.archive import serialization_id as sid
 

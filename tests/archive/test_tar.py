@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ptfile
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive.anomalies import Anomaly
 from ptfile.archive.tar import read_members
 from ptfile.limits import DEFAULT_LIMITS, Limits

@@ -14,7 +14,7 @@ from archive_helpers import GOLDEN, ZIP_GOLDEN, torch_file_writer, write_archive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader
 from ptfile.archive._entries import parse_entries
 from ptfile.archive.anomalies import Anomaly

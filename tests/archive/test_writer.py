@@ -18,7 +18,7 @@ from archive_helpers import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import SERIALIZATION_ID_NAME, ZipReader, ZipWriter
 
 torch = pytest.importorskip("torch")

@@ -13,7 +13,7 @@ from archive_helpers import write_archive
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import MAX_ALIGNMENT, SERIALIZATION_ID_NAME, ZipReader, ZipWriter
 
 member_names = st.text(

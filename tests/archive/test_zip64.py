@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from archive_helpers import rebuild, write_archive
 
-from ptfile._io import BytesSource, FileSource
+from ptfile._io.local import BytesSource, FileSource
 from ptfile.archive import SERIALIZATION_ID_NAME, ZipReader, ZipWriter, computed_data_offset
 
 pytestmark = pytest.mark.slow

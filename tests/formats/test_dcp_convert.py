@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import ptfile
-from ptfile import cli
-from ptfile.export import dcp as dcp_export
+from ptfile import cli, outcomes
+from ptfile.dcp import consolidate as dcp_export
+from ptfile.dcp.consolidate import convert_dcp as _convert_dcp
 from ptfile.export.convert import target_kind
-from ptfile.export.dcp import convert_dcp as _convert_dcp
 from ptfile.export.safetensors import dump, load_safetensors
 
 torch = pytest.importorskip("torch")
@@ -29,7 +29,7 @@ from dcp_cases import trained  # noqa: E402
 
 
 def convert_dcp(src: Path | str, dst: Path, **options: Any) -> dict[str, Any]:
-    """:func:`ptfile.export.dcp.convert_dcp` to the kind the CLI tells from the names."""
+    """:func:`ptfile.dcp.consolidate.convert_dcp` to the kind the CLI tells from the names."""
     return _convert_dcp(src, dst, to=target_kind(str(dst), str(src)), **options)
 
 
@@ -181,11 +181,11 @@ def test_sources_torch_cannot_consolidate(tmp_path: Path) -> None:
 def test_cli_convert(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
                      ) -> None:
     assert cli.main(["convert", str(checkpoint), str(tmp_path / "m.pt"),
-                     "--no-progress"]) == cli.EXIT_OK
+                     "--no-progress"]) == outcomes.EXIT_OK
     assert f"(pt, {len(_flat_tensors(checkpoint))} tensors)" in capsys.readouterr().out
     assert (tmp_path / "m.pt").read_bytes() == ptfile_bytes(checkpoint, tmp_path / "x" / "m.pt")
     assert cli.main(["convert", str(checkpoint), str(tmp_path / "hf") + "/", "--no-progress",
-                     "--json"]) == cli.EXIT_OK
+                     "--json"]) == outcomes.EXIT_OK
     assert json.loads(capsys.readouterr().out)["kind"] == "hf"
     assert (tmp_path / "hf" / "model.safetensors").exists()
 

@@ -58,7 +58,7 @@ def test_open_reads_metadata_only(chunked: tuple[Path, np.ndarray]) -> None:
         assert ck.metadata()["chunks"] == "4"
         assert ck.files.opened == {".metadata"}
         tree = ck.object
-        assert tree["step"] == ptfile.dcp_reader.BytesItem("step")
+        assert tree["step"] == ptfile.dcp.reader.BytesItem("step")
         assert ck.value("step") == 7
         np.testing.assert_array_equal(ck.get_tensor("w"), full)
         assert ck["w"].shape == (9, 4)

@@ -122,12 +122,12 @@ def test_sharded_training_state(saved: Path, case: str) -> None:
     got = ptfile.load_dcp(saved / case)
     assert_same(got, expected)
     assert list(got["optim"]["state"]["l1.weight"]) == ["exp_avg", "exp_avg_sq", "step"]
-    chunks = ptfile.dcp.read_metadata((saved / case / ".metadata").read_bytes())
+    chunks = ptfile.dcp.load.read_metadata((saved / case / ".metadata").read_bytes())
     assert len(chunks.state_dict_metadata["model.l1.weight"].chunks) == 2  # one per rank
 
 
 def test_tensor_parallel_shards_rows_and_columns(saved: Path) -> None:
-    meta = ptfile.dcp.read_metadata((saved / "tp" / ".metadata").read_bytes())
+    meta = ptfile.dcp.load.read_metadata((saved / "tp" / ".metadata").read_bytes())
     item = meta.state_dict_metadata["model.l2.weight"]
     assert sorted(c.offsets for c in item.chunks) == [(0, 0), (0, 3)]  # RowwiseParallel
     fsdp = ptfile.load_dcp(saved / "fsdp2")["model"]

@@ -55,7 +55,7 @@ def _zeros_like(tree: Any) -> Any:
     if isinstance(tree, torch.Tensor):
         return torch.zeros(tree.shape, dtype=tree.dtype)
     if isinstance(tree, np.ndarray):
-        return torch.zeros(tree.shape, dtype=getattr(torch, ptfile.dtypes.from_numpy(
+        return torch.zeros(tree.shape, dtype=getattr(torch, ptfile.model.dtypes.from_numpy(
             tree.dtype).name))
     if isinstance(tree, dict):
         return type(tree)((k, _zeros_like(v)) for k, v in tree.items())

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 import ptfile
+from ptfile.allowlist.policy import find_strict_class
+from ptfile.allowlist.rebuild import StorageType
+from ptfile.allowlist.structural import StandInType
 from ptfile.formats import policies
 from ptfile.formats.script_model import JIT_GLOBALS, ScriptObject
-from ptfile.policy import find_strict_class
-from ptfile.rebuild import StorageType
-from ptfile.structural import StandInType
 
 SRC = Path(ptfile.__file__).parent
 

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 import ptfile
-from ptfile.cli import EXIT_DIFFERENT, EXIT_ERROR, EXIT_INVALID, EXIT_OK
-from ptfile.dcp_reader import DCPReader
+from ptfile.dcp.reader import DCPReader
 from ptfile.formats import Format
 from ptfile.inspection import diff, verify
+from ptfile.outcomes import EXIT_DIFFERENT, EXIT_ERROR, EXIT_INVALID, EXIT_OK
 
 ENTRY = Path(sys.executable).with_name("ptfile")
 

@@ -27,7 +27,7 @@ EXPECTED = {
 
 _CHILD = """
 import json, sys, ptfile
-from ptfile.rebuild import SAFE_GLOBALS
+from ptfile.allowlist.rebuild import SAFE_GLOBALS
 path = sys.argv[1]
 try:
     ptfile.load(path)

@@ -26,7 +26,7 @@ from rangeserver import Behaviour, RangeServer
 
 import ptfile
 from oracle import assert_same
-from ptfile.tree import flatten
+from ptfile.model.tree import flatten
 
 torch.manual_seed(13)
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -110,7 +110,7 @@ def test_remote_load_equals_local_within_105_percent(server: RangeServer, folder
 
 def test_remote_full_load_fetches_concurrent_chunks(server: RangeServer, folder: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from ptfile import _remote
+    from ptfile._io import remote as _remote
 
     monkeypatch.setattr(_remote, "CHUNK_BYTES", 1 << 16)  # many chunks of a small file
     remote = ptfile.load(server.url("zip.pt"))
@@ -230,7 +230,7 @@ def test_remote_transient_failures_are_retried(folder: Path, behaviour: Behaviou
 def test_remote_persistent_failures_are_clear_errors(folder: Path, behaviour: Behaviour,
                                                      match: str | None,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from ptfile import _remote
+    from ptfile._io import remote as _remote
 
     monkeypatch.setattr(_remote, "BACKOFF_SECONDS", 0.001)
     with RangeServer(folder, behaviour) as srv, \

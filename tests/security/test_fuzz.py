@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ptfile
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.limits import Limits
 from ptfile.picklevm import OPCODES
 from ptfile.scanning.containers import read_member, walk_zip

@@ -9,7 +9,7 @@ import pytest
 from hostile import checkpoint, g, proto2, s
 
 import ptfile
-from ptfile.rebuild import SAFE_GLOBALS
+from ptfile.allowlist.rebuild import SAFE_GLOBALS
 
 
 @dataclass

@@ -117,7 +117,7 @@ def test_scan_never_imports(tmp_path: Path) -> None:
 
 def test_scan_verdict_table_is_consistent() -> None:
     # No dangerous name is on torch's allowlist; every table entry is a dotted module path.
-    from ptfile.rebuild import SAFE_GLOBALS
+    from ptfile.allowlist.rebuild import SAFE_GLOBALS
 
     assert not {f"{m}.{n}" for m, n in SAFE_GLOBALS} & {f"{m}.{n}" for m, n in DANGEROUS_NAMES}
     assert all(verdict_of(m, n) is Verdict.ALLOWED for m, n in SAFE_GLOBALS

@@ -19,7 +19,7 @@ import torch
 from hostile import checkpoint, raw_zip
 
 import ptfile
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader
 from ptfile.archive.records import (
     CentralDirectoryHeader,

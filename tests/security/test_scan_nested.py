@@ -23,7 +23,7 @@ from gate_oracle import c_unpickler
 from hostile import checkpoint
 
 import ptfile
-from ptfile import cli
+from ptfile import cli, outcomes
 from ptfile.scanning import Verdict
 from ptfile.scanning.nested import MIN_ENCODED_CHARS, may_be_encoded, nested_payload
 
@@ -148,8 +148,8 @@ def test_cli_exit_codes_for_nested_payloads(tmp_path: object) -> None:
     evil, kind = folder / "evil.pt", folder / "kind.pt"
     evil.write_bytes(TECHNIQUES["hex_text"](EVIL[2]))
     kind.write_bytes(TECHNIQUES["hex_text"](KIND))
-    assert cli.main(["scan", str(evil)]) == cli.EXIT_UNSAFE
-    assert cli.main(["scan", str(kind)]) == cli.EXIT_OK
+    assert cli.main(["scan", str(evil)]) == outcomes.EXIT_UNSAFE
+    assert cli.main(["scan", str(kind)]) == outcomes.EXIT_OK
 
 
 # --------------------------------------------------------------------------- false positives

@@ -197,10 +197,10 @@ def test_aotinductor_native_code_is_dangerous(plain: bytes) -> None:
 
 
 def test_the_cli_exit_codes_of_pt2_files(tmp_path: Path, plain: bytes, opaque: bytes) -> None:
-    from ptfile import cli
+    from ptfile import cli, outcomes
 
-    for name, data, code in [("plain", plain, cli.EXIT_OK), ("evil", evil_opaque(opaque),
-                                                             cli.EXIT_UNSAFE)]:
+    for name, data, code in [("plain", plain, outcomes.EXIT_OK), ("evil", evil_opaque(opaque),
+                                                             outcomes.EXIT_UNSAFE)]:
         path = tmp_path / f"{name}.pt2"
         path.write_bytes(data)
         assert cli.main(["scan", str(path)]) == code

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import ptfile
-from ptfile._io import BytesSource
+from ptfile._io.local import BytesSource
 from ptfile.archive.tar import read_members
 from ptfile.limits import DEFAULT_LIMITS
 

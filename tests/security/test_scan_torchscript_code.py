@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import ptfile
-from ptfile import cli
+from ptfile import cli, outcomes
 from ptfile.limits import Limits
 from ptfile.scanning import Verdict
 from ptfile.scanning.torchscript import judge_code
@@ -150,7 +150,7 @@ def test_torch_written_torchscript_scans_clean(name: str) -> None:
 def test_methods_named_like_builtins_are_listed_not_flagged(tmp_path: Path) -> None:
     path = tmp_path / "named.pt"
     path.write_bytes(BENIGN["named-like-builtins"])
-    assert cli.main(["scan", str(path)]) == cli.EXIT_OK
+    assert cli.main(["scan", str(path)]) == outcomes.EXIT_OK
     messages = [f.message for f in ptfile.scan(path).findings if f.kind == "torchscript-code"]
     assert any("compile" in m and "open" in m and "eval_" in m for m in messages), messages
 

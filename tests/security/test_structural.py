@@ -13,7 +13,7 @@ import torch
 from hostile import checkpoint, g, proto2, s
 
 import ptfile
-from ptfile.structural import NO_STATE, StandIn
+from ptfile.allowlist.structural import NO_STATE, StandIn
 
 
 class SmallCNN(torch.nn.Module):

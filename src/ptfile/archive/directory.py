@@ -38,7 +38,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Final
 
-from .._io import Source
+from .._io.local import Source
 from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
 from ..limits import Limits
 from .anomalies import Anomaly, report

@@ -43,7 +43,7 @@ from typing import Final, cast
 import numpy as np
 
 from .._gc import paused_gc
-from .._io import BytesSource, MmapSource, Source
+from .._io.local import BytesSource, MmapSource, Source
 from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
 from ._bulk import bulk_data_offsets, gathered_data_offsets, sparse
@@ -154,7 +154,7 @@ class ZipReader:
     Examples
     --------
     >>> import io
-    >>> from ptfile._io import BytesSource
+    >>> from ptfile._io.local import BytesSource
     >>> from ptfile.archive import ZipWriter
     >>> out = io.BytesIO()
     >>> with ZipWriter(out.write, "archive") as writer:
@@ -291,7 +291,7 @@ class ZipReader:
 
     def rebound(self, source: Source) -> ZipReader:
         """This reader, reading through ``source`` from now on: another way in to the same
-        bytes (:meth:`ptfile._io.MmapSource.detached`).  The directory is not read again."""
+        bytes (:meth:`ptfile._io.local.MmapSource.detached`).  The directory is not read again."""
         other = copy.copy(self)
         other._source = source
         other._made, other._single = list(self._made), dict(self._single)

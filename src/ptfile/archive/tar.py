@@ -71,7 +71,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from .._io import Source
+from .._io.local import Source
 from ..errors import FormatError, LimitExceededError, PtfileError, brief
 from ..limits import Limits
 from .anomalies import Anomaly, report
@@ -420,7 +420,7 @@ def read_members(source: Source, limits: Limits,
 
     Examples
     --------
-    >>> from ptfile._io import BytesSource
+    >>> from ptfile._io.local import BytesSource
     >>> from ptfile.limits import DEFAULT_LIMITS
     >>> read_members(BytesSource(bytes(1024)), DEFAULT_LIMITS)
     []

@@ -92,7 +92,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
-from .._remote import StorageOptions
+from .._io.remote import StorageOptions
 from ..errors import UnsupportedFeatureError
 from ..limits import Limits
 from .execution import (

@@ -8,8 +8,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from .._io import is_url, url_scheme
-from .._remote import StorageOptions, filesystem
+from .._io.local import is_url, url_scheme
+from .._io.remote import StorageOptions, filesystem
 from ..errors import RemoteError
 from ..formats.detection import DCP_METADATA_NAME
 

@@ -1,5 +1,5 @@
 """``ptfile convert``: pick the conversion from the file names, one file or one shard at a time
-(a DCP directory: one tensor at a time, :mod:`ptfile.export.dcp`).
+(a DCP directory: one tensor at a time, :mod:`ptfile.dcp.consolidate`).
 
 Nothing is changed or left out without a word: the summary :func:`convert` returns
 (and ``ptfile convert`` prints, or gives with ``--json``; bulk convert's records carry
@@ -36,15 +36,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from .. import api
-from .._dcp_files import is_directory
-from .._io import is_path, is_url
-from .._remote import StorageOptions, open_any, open_target
+from .._io.directory import is_directory
+from .._io.local import is_path, is_url
+from .._io.remote import StorageOptions, open_any, open_target
+from ..allowlist.structural import is_module
+from ..dcp.consolidate import convert_dcp
 from ..errors import FormatError, UnsupportedFeatureError
+from ..model.tensor import Tensor
+from ..model.tree import flatten
 from ..reader import open as open_checkpoint
-from ..structural import is_module
-from ..tensor import Tensor
-from ..tree import flatten
-from .dcp import convert_dcp
 from .npz import NOTES, dump_npz
 from .safetensors import SharedPolicy, convert_sharded, dump, load_safetensors
 from .values import Changes, header_values, split_values, type_name
@@ -264,7 +264,7 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
         A summary: output, kind, tensors, shards, aliases, dropped, changed (module
         docstring; :func:`describe` words it).
 
-    A DCP directory converts tensor by tensor (:mod:`ptfile.export.dcp`) to ``to``
+    A DCP directory converts tensor by tensor (:mod:`ptfile.dcp.consolidate`) to ``to``
     ``"pt"``, ``"safetensors"`` or ``"hf"`` (a sharded folder).
 
     Raises

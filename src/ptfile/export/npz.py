@@ -43,9 +43,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from .._io import atomic_file
+from .._io.local import atomic_file
 from ..errors import SaveError, UnsupportedFeatureError
-from ..tensor import Tensor
+from ..model.tensor import Tensor
 from .safetensors import SharedPolicy, plan
 
 __all__ = ["NOTES", "dump_npz"]

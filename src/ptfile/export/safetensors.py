@@ -28,10 +28,10 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from .._io import MmapSource, atomic_file, atomic_path
+from .._io.local import MmapSource, atomic_file, atomic_path
 from ..errors import FormatError, SaveError, UnsupportedFeatureError
 from ..formats.safetensors import CODES, read_header, to_tensors
-from ..tensor import Tensor
+from ..model.tensor import Tensor
 
 __all__ = ["SharedPolicy", "convert_sharded", "dump", "load_safetensors"]
 

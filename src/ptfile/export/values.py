@@ -2,7 +2,7 @@
 
 A checkpoint is a tree of dicts, lists and tuples around its tensors; its other
 leaves (``step: 3``, ``lr: 0.1``, a ``config`` dict, a string) are **values**.
-:func:`split_values` names them as :func:`ptfile.tree.flatten` names tensors (dict
+:func:`split_values` names them as :func:`ptfile.model.tree.flatten` names tensors (dict
 keys and list indices joined with ``.``) and sorts them:
 
 * a subtree with no tensor in it whose leaves are JSON's own (None, bool, int,
@@ -45,9 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..structural import StandIn
-from ..tensor import Tensor
-from ..tree import walk
+from ..allowlist.structural import StandIn
+from ..model.tensor import Tensor
+from ..model.tree import walk
 
 __all__ = ["METADATA_MAX_BYTES", "VALUE_MAX_BYTES", "Changes", "header_values",
            "split_values", "type_name"]
@@ -131,7 +131,7 @@ def split_values(obj: object, tensors: Mapping[str, Tensor], changes: Changes, *
     what cannot be kept goes to ``changes.dropped``.
 
     ``as_json=False`` (a ``.pt`` output, which pickles what it is given) keeps any
-    value but a stand-in (:mod:`ptfile.structural`: a class ptfile did not import).
+    value but a stand-in (:mod:`ptfile.allowlist.structural`: a class ptfile did not import).
 
     Raises
     ------

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
-from .._io import Source
+from .._io.local import Source
 from ..errors import UnknownFormatError, UnsupportedFeatureError
 from .detection import Detected, Format, detect, detect_directory, detect_source
 from .legacy_pickle import read_legacy

@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from pathlib import PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, Final
 
-from ..dtypes import DType
 from ..errors import FormatError, brief
+from ..model.dtypes import DType
 
 __all__ = [
     "DCP_CLASSES",

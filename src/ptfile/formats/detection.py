@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._gc import paused_gc
-from .._io import Source
+from .._io.local import Source
 from ..archive import ZipReader
 from ..archive.tar import is_tar
 from ..errors import FormatError

@@ -50,17 +50,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .. import dtypes
-from .._io import Source
+from .._io.local import Source
+from ..allowlist.rebuild import StorageType
+from ..allowlist.reduction import Reducer, ordered_bytes
 from ..archive.tar import tarfile_accepts
 from ..errors import FormatError, PickleStreamError, StorageError, UnsupportedFeatureError, brief
 from ..limits import Limits
-from ..location import MapLocation, restore_location
+from ..model import dtypes
+from ..model.location import MapLocation, restore_location
+from ..model.tensor import Storage
 from ..picklevm import check_stream, unpickle
 from ..picklevm.pickler import Pickler
-from ..rebuild import StorageType
-from ..reduction import Reducer, ordered_bytes
-from ..tensor import Storage
 from .detection import Detected
 from .options import ReadOptions
 from .policies import plain

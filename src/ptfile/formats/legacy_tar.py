@@ -30,15 +30,15 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
-from .. import dtypes
-from .._io import Source
+from .._io.local import Source
+from ..allowlist.policy import find_strict_class
+from ..allowlist.rebuild import StorageType
 from ..archive.tar import TarMember, read_members
 from ..errors import FormatError, LimitExceededError, PtfileError, StorageError, brief
 from ..limits import Limits, applied
-from ..location import MapLocation, restore_location
-from ..policy import find_strict_class
-from ..rebuild import StorageType
-from ..tensor import Storage, Tensor
+from ..model import dtypes
+from ..model.location import MapLocation, restore_location
+from ..model.tensor import Storage, Tensor
 from .detection import Detected
 from .legacy_pickle import LEGACY_MAGIC, unpickle_at
 from .options import ReadOptions
@@ -217,7 +217,7 @@ def pickle_offsets(source: Source, limits: Limits) -> dict[str, list[int]]:
 
     Examples
     --------
-    >>> from ptfile._io import BytesSource
+    >>> from ptfile._io.local import BytesSource
     >>> from ptfile.limits import DEFAULT_LIMITS
     >>> pickle_offsets(BytesSource(bytes(1024)), DEFAULT_LIMITS)
     {}

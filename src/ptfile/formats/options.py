@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..allowlist.policy import FindClass, find_strict_class
 from ..config import Settings, current
 from ..limits import DEFAULT_LIMITS, Limits
-from ..location import MapLocation, has_packages
-from ..policy import FindClass, find_strict_class
+from ..model.location import MapLocation, has_packages
 
 __all__ = ["FindClass", "ReadOptions"]
 
@@ -32,7 +32,7 @@ class ReadOptions:
         The serialization settings in force (:mod:`ptfile.config`); by default
         the current context's when the options are made.
     find_class
-        The global-resolution policy (:mod:`ptfile.policy`); by default
+        The global-resolution policy (:mod:`ptfile.allowlist.policy`); by default
         torch's weights-only allowlist.
     skip_data
         Build tensors without reading storage bytes.

@@ -4,12 +4,12 @@ The restricted unpickler (:mod:`ptfile.picklevm.unpickler`) resolves every
 ``GLOBAL``/``STACK_GLOBAL``/``INST`` name through the ``find_class`` its caller
 gives it.  Which one is a policy decision, and every policy is made here, from
 one mechanism (:class:`Overlay`: exact names, then handlers by module root,
-then a base policy) over the allowlist and registry of :mod:`ptfile.policy`:
+then a base policy) over the allowlist and registry of :mod:`ptfile.allowlist.policy`:
 
 ==================  ==========================================================  ======================
 policy              resolves                                                    used by
 ==================  ==========================================================  ======================
-:func:`strict`      torch's weights-only allowlist (:mod:`ptfile.rebuild`) and  ``load``, ``open``
+:func:`strict`      torch's weights-only allowlist (:mod:`ptfile.allowlist.rebuild`) and  ``load``, ``open``
                     :func:`ptfile.add_safe_globals`; else ``UnsafeGlobalError``
 :func:`fast`        :func:`strict`, with per-load fast ``_rebuild_tensor_v2``   the ZIP bulk path
                     and ``_v3`` (:func:`.storages.fast_tensor_builders`)
@@ -18,7 +18,7 @@ policy              resolves                                                    
                     ``torch.jit._pickle`` helpers, ``torch.<ScalarType>Storage``
                     for every dtype), then a base policy
 :func:`structural`  the allowlist and registry, else an inert per-load          ``load(structural=True)``
-                    stand-in class (:mod:`ptfile.structural`)
+                    stand-in class (:mod:`ptfile.allowlist.structural`)
 :func:`plain`       nothing: any global is damage                               legacy header pickles
 :func:`dcp`         exactly the names a DCP ``.metadata`` holds                 ``ptfile.load_dcp``
                     (:mod:`.dcp_metadata`: torch's dataclasses as per-load
@@ -28,7 +28,7 @@ policy              resolves                                                    
 ==================  ==========================================================  ======================
 
 Whatever a policy returns, a stream can call and ``BUILD`` on it: policies only
-hand out allowlisted objects wrapped against ``BUILD`` (:class:`ptfile.policy.CallOnly`),
+hand out allowlisted objects wrapped against ``BUILD`` (:class:`ptfile.allowlist.policy.CallOnly`),
 stateless helpers, or classes made for one load, so nothing a stream does
 outlives the load.
 """
@@ -38,11 +38,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import dtypes
+from ..allowlist.policy import CallOnly, find_allowed, find_strict_class
+from ..allowlist.rebuild import StorageType
+from ..allowlist.structural import StandInType, make_stand_in
 from ..errors import FormatError, PickleStreamError, UnsafeGlobalError, UnsupportedFeatureError
-from ..policy import CallOnly, find_allowed, find_strict_class
-from ..rebuild import StorageType
-from ..structural import StandInType, make_stand_in
+from ..model import dtypes
 from . import dcp_metadata
 from .options import FindClass
 from .script_model import JIT_GLOBALS, ScriptObject
@@ -87,7 +87,7 @@ class Overlay:
 
 
 def strict() -> FindClass:
-    """torch's weights-only policy: :func:`ptfile.policy.find_strict_class` itself."""
+    """torch's weights-only policy: :func:`ptfile.allowlist.policy.find_strict_class` itself."""
     return find_strict_class
 
 

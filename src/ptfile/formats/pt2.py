@@ -67,12 +67,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Final
 
-from .. import dtypes
-from .._io import BytesSource, Source
+from .._io.local import BytesSource, Source
 from ..archive import Record, ZipReader
 from ..errors import FormatError, UnsupportedFeatureError, brief
-from ..location import has_packages, restore_location
-from ..tensor import Parameter, Storage, Tensor
+from ..model import dtypes
+from ..model.location import has_packages, restore_location
+from ..model.tensor import Parameter, Storage, Tensor
 from .detection import Detected, Format, detect_source
 from .options import ReadOptions
 from .storages import MappedLocator, record_bytes

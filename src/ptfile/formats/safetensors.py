@@ -70,12 +70,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .._io import Source
-from ..dtypes import DType, by_name
+from .._io.local import Source
 from ..errors import FormatError, LimitExceededError, UnsupportedFeatureError, brief
 from ..limits import DEFAULT_LIMITS, Limits, applied
-from ..location import restore_location
-from ..tensor import Storage, Tensor, check_rank
+from ..model.dtypes import DType, by_name
+from ..model.location import restore_location
+from ..model.tensor import Storage, Tensor, check_rank
 
 if TYPE_CHECKING:
     from .detection import Detected

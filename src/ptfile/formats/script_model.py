@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
 from ..errors import FormatError, brief
-from ..tensor import Tensor
+from ..model.tensor import Tensor
 
 __all__ = ["JIT_GLOBALS", "ScriptClass", "ScriptObject", "TorchScriptArchive", "parse_classes"]
 

@@ -42,18 +42,18 @@ from typing import Any, Final
 
 import numpy as np
 
-from .. import dtypes
-from .._io import Source
+from .._io.local import Source
+from ..allowlist.rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
 from ..archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from ..archive._bulk import sparse
 from ..archive.reader import BULK_MIN_RECORDS
 from ..archive.records import METHOD_STORED
-from ..dtypes import UINT8, DType
 from ..errors import ArchiveError, FormatError, StorageError, UnsupportedFeatureError, brief
 from ..limits import active as active_limits
-from ..location import MapLocation, has_packages, restore_location
-from ..rebuild import StorageType, rebuild_tensor_v2, rebuild_tensor_v3
-from ..tensor import MAX_NDIM, Storage, Tensor, view_extent
+from ..model import dtypes
+from ..model.dtypes import UINT8, DType
+from ..model.location import MapLocation, has_packages, restore_location
+from ..model.tensor import MAX_NDIM, Storage, Tensor, view_extent
 from .zipinfo import ZipInfo
 
 __all__ = ["FastStorages", "MappedLocator", "StorageLoader", "fast_tensor_builders",
@@ -176,7 +176,7 @@ class MappedLocator:
     300 tensors has its headers on 300 pages far apart: reading them cost
     0.5 ms of a 4 ms load on a quiet machine, and ~10 ms where pages not
     touched for a while are slow to touch again.  The locator reads through
-    :meth:`ptfile._io.Source.detached`, so it works after the load closed
+    :meth:`ptfile._io.local.Source.detached`, so it works after the load closed
     its source, and holds the map open meanwhile (not the source's descriptor
     for positioned reads).
     """

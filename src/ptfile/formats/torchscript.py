@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._io import Source
+from .._io.local import Source
 from ..archive import ZipReader
 from ..errors import FormatError
 from ..picklevm import unpickle

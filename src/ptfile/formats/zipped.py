@@ -26,29 +26,45 @@ pickling, so the output is byte-identical to ``torch.save`` of the same object.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._gc import paused_gc
-from .._io import Source
+from .._io.local import Source, is_path, is_url
+from ..allowlist.reduction import PERSISTENT_TYPES, Reducer, ordered_bytes
 from ..archive import ZipWriter
 from ..config import Settings
-from ..errors import FormatError
+from ..errors import FormatError, SaveError
+from ..model.tensor import Storage
 from ..picklevm import unpickle
 from ..picklevm.pickler import Pickler
-from ..reduction import PERSISTENT_TYPES, Reducer, ordered_bytes
-from ..tensor import Storage
 from .detection import Detected
 from .options import ReadOptions
 from .policies import fast
 from .storages import FastStorages, StorageLoader
 from .zipinfo import read_info
 
-__all__ = ["Fill", "read_zip", "write_zip"]
+__all__ = ["Fill", "archive_prefix", "read_zip", "write_zip"]
 
 #: The bytes of a storage without data, in pieces (:func:`write_zip`'s ``fill``).
 Fill = Callable[[Storage], Iterable[Any]]
+
+
+def archive_prefix(f: object) -> str:
+    """torch's archive folder name: the file's stem for ASCII paths (and URLs), else
+    ``archive``."""
+    if not is_path(f) and not is_url(f):
+        return "archive"
+    name: str = os.path.basename(os.fspath(f).split("?")[0])  # type: ignore[call-overload]
+    if not name.isascii():
+        return "archive"
+    stem = name[: name.rfind(".")] if "." in name else name
+    if not stem:
+        raise SaveError(f"invalid file name {name!r}: torch derives the archive folder from the "
+                        "file name's stem, which is empty")
+    return stem
 
 
 def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
@@ -97,7 +113,7 @@ def write_zip(obj: object, write: Callable[[Any], Any], prefix: str, settings: S
     ``serialization.skip_data()`` does: the layout is final, the bytes are
     filled in later (e.g. through a shared map of the file).  ``fill`` gives the bytes
     of each storage made without data (``Storage(None, dtype, nbytes=n)``), in pieces
-    written as they come, one record at a time (:mod:`ptfile.export.dcp` streams a
+    written as they come, one record at a time (:mod:`ptfile.dcp.consolidate` streams a
     consolidated checkpoint so): the output is that of the same storages with data.
     """
     if byteorder not in ("little", "big"):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from ptfile.errors import SaveError
-
+from ..errors import SaveError
 from .opcodes import BY_NAME
 
 

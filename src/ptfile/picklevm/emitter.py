@@ -14,9 +14,7 @@ from collections.abc import Callable, Collection, Iterable
 from itertools import islice
 from typing import Any, Final
 
-from ptfile.errors import PtfileError, SaveError
-
-from ..errors import brief
+from ..errors import PtfileError, SaveError, brief
 from ._codes import (
     APPEND,
     APPENDS,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
 
-from ptfile.errors import SaveError
+from ..errors import SaveError
 
 __all__ = [
     "Global",

@@ -49,9 +49,7 @@ from collections.abc import Callable, Sequence
 from gc import get_referents
 from typing import Any, Final
 
-from ptfile.errors import PtfileError, SaveError
-
-from ..errors import brief
+from ..errors import PtfileError, SaveError, brief
 from ._codes import (
     BININT1_CODES,
     BINPERSID,

@@ -110,8 +110,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Final
 
-from ptfile.errors import SaveError
-
+from ..errors import SaveError
 from ._codes import encode_int
 from .emitter import BATCH_SIZE, Emitter
 from .framing import FramedEmitter

@@ -15,9 +15,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-from ptfile.errors import SaveError
-
-from ..errors import brief
+from ..errors import SaveError, brief
 from .nodes import Reduce, global_
 
 __all__ = ["BUILTIN_REDUCTIONS", "check_args", "checked_pairs"]

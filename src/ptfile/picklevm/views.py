@@ -45,8 +45,7 @@ from collections.abc import Callable
 from gc import get_referents
 from typing import Any, Final
 
-from ptfile.errors import SaveError
-
+from ..errors import SaveError
 from ._codes import (
     BININT1_CODES,
     BINPERSID,

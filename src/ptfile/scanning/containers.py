@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .._io import Source
+from .._io.local import Source
 from ..archive._entries import Entries, parse_entries
 from ..archive.anomalies import Anomaly
 from ..archive.directory import check_counts, locate_directory

@@ -20,8 +20,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._dcp_files import DirectoryFiles
-from ..dcp import item_bytes, load_metadata
+from .._io.directory import DirectoryFiles
+from ..dcp.load import item_bytes, load_metadata
 from ..errors import PtfileError
 from ..formats import policies
 from ..formats.dcp_metadata import BytesStorageMetadata

@@ -4,7 +4,7 @@ The symbolic walk of :mod:`ptfile.picklevm.symbolic` costs a few microseconds
 per opcode (~10 s for a 100,000-tensor state dict).  Most files are plain
 state dicts, so :func:`fast_names` first asks CPython itself which globals the
 stream resolves: it unpickles (after the same pre-check as ``load``) with a
-``find_class`` that returns a fresh stand-in class (:mod:`ptfile.structural`)
+``find_class`` that returns a fresh stand-in class (:mod:`ptfile.allowlist.structural`)
 for *every* name, allowlisted or not, and a ``persistent_load`` that returns
 one too.  Nothing but stand-in methods can run, and the names are exactly the
 ones CPython's unpickler would import (memo, stack and ``STACK_GLOBAL`` as
@@ -31,12 +31,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from ..allowlist.structural import StandIn, make_stand_in
 from ..errors import PtfileError
 from ..limits import Limits
 from ..picklevm import unpickle
 from ..picklevm.hazards import tuple_height
 from ..picklevm.symbolic import COPIERS, MAX_BYTES_PER_BYTE
-from ..structural import StandIn, make_stand_in
 from .nested import MIN_ENCODED_CHARS, starts_in_alphabet
 from .verdicts import codec_is_standard
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .._io import Source
+from .._io.local import Source
 from ..errors import PtfileError
 from ..limits import Limits
 from ..picklevm import check_stream

@@ -70,9 +70,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._dcp_files import is_directory
-from .._io import BytesSource, FileLike, Source, is_path
-from .._remote import StorageOptions, local_path, open_any
+from .._io.directory import is_directory
+from .._io.local import BytesSource, FileLike, Source, is_path
+from .._io.remote import StorageOptions, local_path, open_any
 from ..archive import tar
 from ..errors import (
     ArchiveError,

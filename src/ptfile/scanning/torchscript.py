@@ -132,7 +132,11 @@ _ATTR_FUNCTIONS: Final = frozenset({"getattr", "hasattr"})
 def _longest_statement(text: str, most: int) -> int | None:
     """Tokens in the longest logical line of ``text`` (counting stops past ``most``), or
     None when the tokenizer refuses it.  Python's parser recurses once per trailer or
-    operator of a statement, in C: this bounds it before :func:`ast.parse` runs."""
+    operator of a statement, in C: this bounds it before :func:`ast.parse` runs.  A NUL
+    character is refused before tokenizing: Python 3.13's tokenizer fails on one with a
+    SystemError (an exception set while returning a token), and every parser refuses it."""
+    if "\0" in text:
+        return None
     longest = count = 0
     try:
         for token in tokenize.generate_tokens(io.StringIO(text).readline):

@@ -5,7 +5,7 @@ archive and returns the ``"module.name"`` of every ``GLOBAL`` that is neither on
 its weights-only allowlist nor added with ``add_safe_globals``, as a list made
 from a set (so in no particular order).  ptfile answers the same question from
 its scanner (:func:`ptfile.scan`) and its strict policy
-(:func:`ptfile.policy.find_allowed`), running nothing:
+(:func:`ptfile.allowlist.policy.find_allowed`), running nothing:
 
 =======================  ===========================  ==========================================
 file                     torch                        ptfile
@@ -46,11 +46,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from .._io import FileLike
-from .._remote import StorageOptions
+from .._io.local import FileLike
+from .._io.remote import StorageOptions
+from ..allowlist.policy import find_allowed
 from ..errors import FormatError
 from ..limits import Limits
-from ..policy import find_allowed
 from .scanner import scan
 from .verdicts import Finding, python3_name
 

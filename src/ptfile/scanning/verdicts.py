@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from ..policy import BLOCKED_MODULES, find_allowed
+from ..allowlist.policy import BLOCKED_MODULES, find_allowed
 
 __all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "DANGEROUS_PREFIXES", "STANDARD_CODECS",
            "TORCHSCRIPT_NAMES", "Finding", "ScanResult", "Verdict", "codec_is_standard",

@@ -48,11 +48,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ...allowlist.structural import StandIn, make_stand_in
 from ...errors import PtfileError
 from ...limits import Limits
 from ...picklevm import check_stream, unpickle
 from ...picklevm.decoder import genops
-from ...structural import StandIn, make_stand_in
 from . import PICKLE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 
 __all__ = ["CANNOT_TELL", "LEGACY_MAGIC", "LEGACY_PICKLES", "LEGACY_PROTOCOL_VERSION",
@@ -93,7 +93,7 @@ class Region:
 
 
 class _StandIns:
-    """``find_class``/``persistent_load`` handing out inert stand-ins (:mod:`ptfile.structural`)."""
+    """``find_class``/``persistent_load`` handing out inert stand-ins (:mod:`ptfile.allowlist.structural`)."""
 
     def __init__(self) -> None:
         self._classes: dict[tuple[str, str], type] = {}

@@ -62,12 +62,12 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..._io import Source
+from ..._io.local import Source
+from ...allowlist.structural import StandInType
 from ...archive.anomalies import Anomaly
 from ...archive.tar import BLOCK, TarMember, read_members, tarfile_accepts
-from ...dtypes import STORAGE_DTYPES
 from ...limits import Limits
-from ...structural import StandInType
+from ...model.dtypes import STORAGE_DTYPES
 from . import TORCH_LOAD_UNSAFE
 from .stream import CANNOT_TELL, evaluate, next_starts
 

@@ -72,7 +72,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .errors import (
+from ..errors import (
     FormatError,
     PickleStreamError,
     StorageError,
@@ -80,8 +80,8 @@ from .errors import (
     UnsupportedFeatureError,
     brief,
 )
-from .picklevm.deferred import defer, enter_only
-from .tensor import Storage, Tensor, check_rank
+from ..model.tensor import Storage, Tensor, check_rank
+from ..picklevm.deferred import defer, enter_only
 
 __all__ = ["NDARRAY", "NUMPY_REBUILDERS", "empty_bytes", "make_dtype", "reconstruct", "scalar"]
 

@@ -34,10 +34,10 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
   order (:data:`TRANSFORMS`); decompressing needs the ``zstandard`` package
   (ptfile's ``zstd`` extra), and what one item inflates to is bounded.
 * HuggingFaceStorageWriter directories have no ``.metadata``: their ``*.safetensors`` files
-  are read as torch's ``HuggingFaceStorageReader`` does (:mod:`ptfile._dcp_hf`).
+  are read as torch's ``HuggingFaceStorageReader`` does (:mod:`ptfile.dcp.hf`).
 
 The building blocks, for readers and converters built on this one: :func:`load_metadata`
-(the merged :class:`Metadata` of a :class:`~ptfile._dcp_files.DirectoryFiles`),
+(the merged :class:`Metadata` of a :class:`~ptfile._io.directory.DirectoryFiles`),
 :func:`read_tensor` (one whole tensor by FQN), :func:`read_region` (a box of one, reading
 only the chunks that meet it) and :func:`read_value` (any item).
 """
@@ -54,12 +54,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._dcp_files import DirectoryFiles
-from ._io import BytesSource, damage_as_format_error
-from .archive import ZipReader
-from .errors import FormatError, PtfileError, UnsupportedFeatureError, brief
-from .formats import ReadOptions, policies, read
-from .formats.dcp_metadata import (
+from .._io.directory import DirectoryFiles
+from .._io.local import BytesSource, damage_as_format_error
+from ..allowlist.policy import loads_structurally
+from ..archive import ZipReader
+from ..errors import FormatError, PtfileError, UnsupportedFeatureError, brief
+from ..formats import ReadOptions, policies, read
+from ..formats.dcp_metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
     ItemKey,
@@ -68,11 +69,10 @@ from .formats.dcp_metadata import (
     TensorStorageMetadata,
     convert,
 )
-from .formats.safetensors import CODES, header_json
-from .limits import DEFAULT_LIMITS, Limits
-from .picklevm.unpickler import unpickle
-from .policy import loads_structurally
-from .tensor import Storage, Tensor
+from ..formats.safetensors import CODES, header_json
+from ..limits import DEFAULT_LIMITS, Limits
+from ..model.tensor import Storage, Tensor
+from ..picklevm.unpickler import unpickle
 
 __all__ = [
     "TRANSFORMS",
@@ -151,7 +151,7 @@ def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Met
     UnsafeGlobalError
         A ``.metadata`` names a global a DCP checkpoint does not hold.
     """
-    from ._dcp_hf import hf_metadata, is_hf_directory
+    from .hf import hf_metadata, is_hf_directory
 
     if files.has(".metadata"):
         return read_metadata(files.read_whole(".metadata", ".metadata"), limits)
@@ -545,7 +545,7 @@ def load_dcp(directory: str | os.PathLike[str], *, weights_only: bool | None = N
         ``HuggingFaceStorageWriter``.
     weights_only, structural
         How non-tensor items (pickled ``torch.save`` values) are read, as :func:`load`
-        reads a file (:mod:`ptfile.policy`, torch's environment variables included):
+        reads a file (:mod:`ptfile.allowlist.policy`, torch's environment variables included):
         torch's weights-only allowlist and the user's :func:`safe_globals` (with
         ``ptfile.NUMPY_GLOBALS``, a ``np.random.get_state()`` item loads), or, with
         ``structural=True`` or ``weights_only=False``, unknown globals as inert

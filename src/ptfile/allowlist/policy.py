@@ -7,14 +7,14 @@ looked up in a table, and what the table holds is what the stream gets.
 Policies
 --------
 ``strict`` (the default of :func:`ptfile.load`)
-    torch 2.13's ``weights_only=True`` allowlist (:data:`ptfile.rebuild.SAFE_GLOBALS`),
+    torch 2.13's ``weights_only=True`` allowlist (:data:`ptfile.allowlist.rebuild.SAFE_GLOBALS`),
     then the user's registry.  Modules ``sys``, ``os``, ``posix`` and ``nt``
     are refused even when registered, as torch refuses them.  Anything else
     raises :class:`~ptfile.errors.UnsafeGlobalError`, whose message says how to
     allow the name or how to load the file structurally.
 ``structural`` (``ptfile.load(f, structural=True)``)
     The same lookups, but an unknown name becomes an inert stand-in class
-    (:mod:`ptfile.structural`) instead of an error.  Nothing from the file is
+    (:mod:`ptfile.allowlist.structural`) instead of an error.  Nothing from the file is
     ever called except ptfile's own rebuild functions and the user's entries.
 
 Choosing the policy: ``weights_only`` and torch's environment variables
@@ -67,7 +67,7 @@ Numpy values
 ------------
 :data:`NUMPY_GLOBALS` is a ready-made set of entries for the numpy names training
 checkpoints hold (RNG states, numpy hyperparameters): inert rebuilders that
-check every argument and never run numpy's pickle code (:mod:`ptfile.numpy_globals`).
+check every argument and never run numpy's pickle code (:mod:`ptfile.allowlist.numpy_globals`).
 ``with safe_globals(NUMPY_GLOBALS): load(f)`` returns what ``torch.load`` returns
 once numpy's names are allowlisted; a refusal of one of these names says so.
 """
@@ -83,7 +83,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, TypeVar
 
-from .errors import PtfileError, PtfileWarning, UnsafeGlobalError
+from ..errors import PtfileError, PtfileWarning, UnsafeGlobalError
 from .numpy_globals import NUMPY_REBUILDERS
 from .rebuild import SAFE_GLOBALS, lookup
 
@@ -295,7 +295,7 @@ def _guard_table() -> None:
 
 _guard_table()
 
-#: Numpy values as data (:mod:`ptfile.numpy_globals`): numpy's ``_reconstruct``,
+#: Numpy values as data (:mod:`ptfile.allowlist.numpy_globals`): numpy's ``_reconstruct``,
 #: ``scalar``, ``ndarray`` and ``dtype`` (numpy 1.x and 2.x names) mapped to inert
 #: rebuilders that check every argument and never run numpy's pickle code, for
 #: ``with ptfile.safe_globals(ptfile.NUMPY_GLOBALS): ptfile.load(f)``.  Read-only; the

@@ -2,7 +2,7 @@
 
 ``ptfile.load(f, structural=True)`` unpickles a file whatever globals it
 names, without importing or calling anything the file chooses.  Globals on the
-allowlist (and the user's registry, :mod:`ptfile.policy`) resolve as usual, so
+allowlist (and the user's registry, :mod:`ptfile.allowlist.policy`) resolve as usual, so
 tensors are real :class:`ptfile.Tensor` objects.  Every other global resolves to
 a *stand-in class* made for this one load, which records its ``module`` and
 ``name``; what the stream does with it is recorded, never performed:
@@ -42,8 +42,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Final
 
-from .errors import LimitExceededError, brief
-from .tensor import Parameter, Tensor
+from ..errors import LimitExceededError, brief
+from ..model.tensor import Parameter, Tensor
 
 __all__ = [
     "StandIn",

@@ -31,12 +31,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from ._progress import progress_bar
-from .errors import PtfileError
-from .outcomes import RETRIES
+from .._io.progress import progress_bar
+from ..errors import PtfileError
+from ..outcomes import RETRIES
 
 if TYPE_CHECKING:
-    from . import bulk
+    from .. import bulk
 
 __all__ = ["BULK_COMMANDS", "add_arguments", "is_bulk", "run", "single"]
 
@@ -77,7 +77,7 @@ def _inputs(args: argparse.Namespace) -> list[str]:
 
 def is_bulk(args: argparse.Namespace) -> bool:
     """Whether the command line asks for a bulk run (see the module docstring)."""
-    from . import bulk
+    from .. import bulk
     if args.command not in BULK_COMMANDS:
         return False
     inputs = _inputs(args)
@@ -95,7 +95,7 @@ def is_bulk(args: argparse.Namespace) -> bool:
 def single(args: argparse.Namespace) -> None:
     """Set the one-file arguments the commands read (``args.file``; ``args.input`` and
     ``args.output``) from the inputs, for a run that is not in bulk."""
-    from . import bulk
+    from .. import bulk
 
     if args.command in ("inspect", "verify"):
         args.file = args.file[0]
@@ -112,8 +112,8 @@ def _opens_as_one(item: str) -> bool:
     walk would take), so ``convert DIR OUT`` consolidates it as ``load_dcp`` reads it.
     A folder that also holds other checkpoints (``model.pt`` beside an adapter's
     ``.safetensors``) still names many files."""
-    from . import bulk
-    from .formats.detection import Format, detect_directory
+    from .. import bulk
+    from ..formats.detection import Format, detect_directory
 
     try:
         names = os.listdir(item) if os.path.isdir(item) else []
@@ -128,7 +128,7 @@ def _opens_as_one(item: str) -> bool:
 @contextlib.contextmanager
 def _client(args: argparse.Namespace, remote: bool) -> Iterator[Any]:
     """The Dask client the arguments ask for (None: the local pool)."""
-    from . import bulk
+    from .. import bulk
     if not (args.dask or args.scheduler):
         yield None
         return
@@ -144,7 +144,7 @@ def _client(args: argparse.Namespace, remote: bool) -> Iterator[Any]:
 
 
 def _records(args: argparse.Namespace, urls: list[str], client: Any) -> Iterator[bulk.Record]:
-    from . import bulk
+    from .. import bulk
     common = {"client": client, "workers": None if client else args.workers,
               "storage_options": dict(args.storage_options) or None, "retries": args.retries}
     if args.command == "scan":
@@ -173,8 +173,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     PtfileError
         No file matches, or an input cannot be listed.
     """
-    from . import bulk
-    from ._io import is_url
+    from .. import bulk
+    from .._io.local import is_url
     options = dict(args.storage_options) or None
     urls = bulk.expand(_inputs(args), options)
     if not urls:
@@ -197,8 +197,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             step(1)
     summary = bulk.summarize(done, time.perf_counter() - start)
     if sarif:
-        from . import __version__
-        from .scanning.sarif import to_sarif
+        from .. import __version__
+        from ..scanning.sarif import to_sarif
 
         log = to_sarif(bulk.ordered(scanned),
                        version=__version__, verbose=args.verbose,

@@ -1,6 +1,6 @@
-"""The save-side inverse of :mod:`ptfile.rebuild`: objects to the reduce tuples torch pickles.
+"""The save-side inverse of :mod:`ptfile.allowlist.rebuild`: objects to the reduce tuples torch pickles.
 
-:mod:`ptfile.rebuild` maps each global ``torch.load(weights_only=True)`` allows
+:mod:`ptfile.allowlist.rebuild` maps each global ``torch.load(weights_only=True)`` allows
 to the function that rebuilds it; this module maps each ptfile (and numpy)
 type to the ``(callable, args)`` pair ``torch.save`` pickles for the torch
 object it stands for, so that ptfile's output is byte-identical to torch's:
@@ -33,13 +33,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from . import dtypes
-from .dtypes import DType
-from .errors import SaveError
-from .location import pid_location
-from .picklevm.pickler import Global, PersistentId, Reduce, ViewReduce, global_
+from ..errors import SaveError
+from ..model import dtypes
+from ..model.dtypes import DType
+from ..model.location import pid_location
+from ..model.tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from ..picklevm.pickler import Global, PersistentId, Reduce, ViewReduce, global_
 from .rebuild import Layout, QScheme, StorageType, TensorType
-from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
 
 __all__ = ["PERSISTENT_TYPES", "Reducer", "ordered_bytes"]
 

@@ -2,7 +2,7 @@
 
 A checkpoint's metadata is a few small pieces of a large file: a ZIP's end
 records and central directory at its tail, and ``data.pkl`` near its head.
-:class:`RemoteSource` is a :class:`~ptfile._io.Source` that reads exactly those
+:class:`RemoteSource` is a :class:`~ptfile._io.local.Source` that reads exactly those
 with positioned range requests through fsspec (which knows every backend);
 nothing here speaks HTTP or S3 itself.  What fsspec's own file caches do not
 do, and this module does:
@@ -50,10 +50,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, Final, TypeAlias
 
-from ._io import BytesSource, FileLike, Source, check_range, is_url, open_source, url_scheme
-from ._progress import progress_bar
-from .errors import PtfileWarning, RemoteError, UnsupportedFeatureError
-from .limits import DEFAULT_LIMITS, Limits
+from ..errors import PtfileWarning, RemoteError, UnsupportedFeatureError
+from ..limits import DEFAULT_LIMITS, Limits
+from .local import BytesSource, FileLike, Source, check_range, is_url, open_source, url_scheme
+from .progress import progress_bar
 
 __all__ = ["RemoteSource", "StorageOptions", "local_path", "open_any", "open_target",
            "watched_sources"]
@@ -184,7 +184,7 @@ def _remote_error(url: str, what: str, exc: BaseException) -> RemoteError:
 
 
 class RemoteSource:
-    """A :class:`~ptfile._io.Source` over an fsspec URL: checked, cached range reads.
+    """A :class:`~ptfile._io.local.Source` over an fsspec URL: checked, cached range reads.
 
     ``requests`` and ``bytes_fetched`` count what was asked of the server (the
     size look-up excluded).
@@ -469,7 +469,7 @@ def local_path(f: object) -> object:
 def open_any(f: FileLike, *, storage_options: Mapping[str, Any] | None = None,
              mmap: bool = False, access: str = "private", lazy: bool = False,
              limits: Limits = DEFAULT_LIMITS) -> Source:
-    """:func:`ptfile._io.open_source`, for URLs too: a URL is a :class:`RemoteSource`
+    """:func:`ptfile._io.local.open_source`, for URLs too: a URL is a :class:`RemoteSource`
     when ``lazy`` (metadata work: only the bytes asked for are fetched), else its
     whole file is fetched concurrently into memory.  ``mmap`` applies to local files,
     ``storage_options`` to URLs.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from .errors import FormatError, brief
+from ..errors import FormatError, brief
 from .tensor import Parameter, Tensor
 
 __all__ = ["flatten", "values", "walk"]

@@ -57,12 +57,13 @@ from typing import IO, Any, Final
 
 import numpy as np
 
-from . import config, dtypes
-from ._io import atomic_path
-from .errors import SaveError
-from .formats.zipped import write_zip
-from .picklevm.pickler import Global, Reduce, dumps, global_
-from .tensor import Parameter, Storage, Tensor
+from .. import config
+from .._io.local import atomic_path
+from ..errors import SaveError
+from ..formats.zipped import write_zip
+from ..model import dtypes
+from ..model.tensor import Parameter, Storage, Tensor
+from ..picklevm.pickler import Global, Reduce, dumps, global_
 
 __all__ = ["DATA_FILE", "save_dcp"]
 
@@ -292,7 +293,7 @@ def _planned(state_dict: Mapping[Any, Any]) -> list[_Item]:
 @contextlib.contextmanager
 def _atomic_directory(target: str) -> Iterator[str]:
     """A fresh directory (``os.mkdir``'s modes) renamed to ``target`` once the block
-    succeeds (:func:`ptfile._io.atomic_path`: an existing directory is replaced then)."""
+    succeeds (:func:`ptfile._io.local.atomic_path`: an existing directory is replaced then)."""
     if os.path.exists(target) and not os.path.isdir(target):
         raise SaveError(f"{target!r} exists and is not a directory")
     with atomic_path(target, fsync=True, same_name=True) as tmp:
@@ -305,7 +306,7 @@ def save_dcp(state_dict: Mapping[Any, Any], directory: str | os.PathLike[str]) -
 
     The directory is what ``dcp.save(state_dict, checkpoint_id=directory)`` writes from
     a single process (``__0_0.distcp`` and ``.metadata``; the layout is in
-    :mod:`ptfile.dcp_writer`): ``torch.distributed.checkpoint.load`` reads it back into
+    :mod:`ptfile.dcp.writer`): ``torch.distributed.checkpoint.load`` reads it back into
     a state dict of the same structure, ``dcp_to_torch_save`` consolidates it, and
     :func:`ptfile.load_dcp` reads it too.
 
@@ -340,7 +341,7 @@ def save_dcp(state_dict: Mapping[Any, Any], directory: str | os.PathLike[str]) -
     if not isinstance(state_dict, Mapping):
         raise SaveError(f"a DCP state dict is a mapping, not {type(state_dict).__name__}")
     if sys.modules.get("torch") is not None:
-        from .export.torch import from_torch  # the bridge imports torch: only here
+        from ..model.torch import from_torch  # the bridge imports torch: only here
 
         state_dict = from_torch(state_dict)
     items = _planned(state_dict)

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from ..errors import LimitExceededError, StorageError, UnsupportedFeatureError
+from ..limits import active as _active_limits
 from .dtypes import UINT8, DType
-from .errors import LimitExceededError, StorageError, UnsupportedFeatureError
-from .limits import active as _active_limits
 
 __all__ = [
     "Device",
@@ -98,7 +98,7 @@ class Storage:
     use (:meth:`_located_later`).  ``_pickled_location`` is the very str object the
     loaded checkpoint's pickle gave as this storage's location (None for a storage
     made otherwise): while ``location`` is that object, a re-save memoises it where
-    the file did (:func:`ptfile.location.pid_location`).  ``byteorder`` is the order of
+    the file did (:func:`ptfile.model.location.pid_location`).  ``byteorder`` is the order of
     those bytes: the file's, except that a big-endian bfloat16 storage is replaced by
     one little-endian copy on the first use of its values (:meth:`Tensor.numpy`).
     """

@@ -24,7 +24,7 @@ Over several files the code is the worst one: 1, then 2, then 3, then 0.
 
 ``scan``, ``inspect``, ``verify`` and ``convert`` also take globs, directories
 and URL prefixes (``s3://bucket/models/**/*.bin``) and run over every file on a
-local pool or Dask, printing JSON Lines: :mod:`ptfile._cli_bulk` says when.
+local pool or Dask, printing JSON Lines: :mod:`ptfile.cli.bulk` says when.
 
 Every read command takes ``--json`` and then prints one JSON document on
 stdout.  Long work (convert, verify, diff) shows a progress bar on stderr when
@@ -45,10 +45,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from . import _cli_bulk
-from ._progress import progress_bar as _progress
-from .errors import PtfileError, PtfileWarning, UnsafeGlobalError
-from .outcomes import (
+from .._io.progress import progress_bar as _progress
+from ..errors import PtfileError, PtfileWarning, UnsafeGlobalError
+from ..outcomes import (
     EXIT_CODES,
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -59,10 +58,11 @@ from .outcomes import (
     SCAN_CODES,
     WORST_FIRST,
 )
+from . import bulk as _cli_bulk
 
 if TYPE_CHECKING:  # imported by the commands that need them: --help needs no numpy
-    from .inspection import Inspection
-    from .reader import TensorInfo
+    from ..inspection import Inspection
+    from ..reader import TensorInfo
 
 __all__ = ["EXIT_CODES", "EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
            "EXIT_UNSAFE", "main"]
@@ -210,7 +210,7 @@ def _render_chunks(chunks: dict[str, list[dict[str, Any]]], out: TextIO, limit: 
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from .inspection import inspect
+    from ..inspection import inspect
 
     ins = inspect(args.file, storage_options=_options(args), structural=args.structural)
     if args.json:
@@ -255,8 +255,8 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
 
 def _sarif(docs: list[dict[str, Any]], args: argparse.Namespace, code: int) -> Any:
     """The scan's SARIF 2.1.0 log (:mod:`ptfile.scanning.sarif`)."""
-    from . import __version__
-    from .scanning.sarif import to_sarif
+    from .. import __version__
+    from ..scanning.sarif import to_sarif
 
     return to_sarif(docs, version=__version__, verbose=args.verbose, exit_code=code)
 
@@ -303,7 +303,7 @@ def _tally(findings: list[dict[str, Any]]) -> str:
 
 
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
-    from .export import convert  # the safetensors package only when converting
+    from ..export import convert  # the safetensors package only when converting
 
     to = args.to or convert.target_kind(args.output, args.input)
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
@@ -325,8 +325,8 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from ._io import is_url
-    from .inspection import verify
+    from .._io.local import is_url
+    from ..inspection import verify
 
     size = 0 if is_url(args.file) else os.path.getsize(args.file)
     with _progress(size, "verify", not args.no_progress) as step:
@@ -342,7 +342,7 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
-    from .inspection import diff
+    from ..inspection import diff
 
     with _progress(0, "diff", not args.no_progress, unit="tensor") as step:
         report = diff(args.a, args.b, progress=step, storage_options=_options(args),
@@ -382,7 +382,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ptfile", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
         description="Read, vet and convert PyTorch checkpoints (.pt/.pth/.bin) without torch.")
-    from . import __version__  # ptfile imports cli lazily, never at import time
+    from .. import __version__  # ptfile imports cli lazily, never at import time
 
     parser.add_argument("--version", action="version", version=f"ptfile {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -8,7 +8,7 @@ reader above one way to list them and read byte ranges of them:
 * a local directory: each data file is mapped read-only on its first read (an empty file
   is ``b""``: it cannot be mapped), and reads are views of the map;
 * a URL (``s3://bucket/ckpt``, ``https://…``…): each file is a
-  :class:`~ptfile._remote.RemoteSource`, so a read fetches only its range.
+  :class:`~ptfile._io.remote.RemoteSource`, so a read fetches only its range.
 
 Only names of the directory itself are read: a name with a path separator, ``.`` or
 ``..`` is refused, so metadata cannot point outside the checkpoint.  ``opened`` and
@@ -23,10 +23,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ._io import is_url, url_scheme
-from ._remote import RemoteSource, filesystem, local_path
-from .errors import FormatError, PtfileError, RemoteError
-from .limits import DEFAULT_LIMITS, Limits
+from ..errors import FormatError, PtfileError, RemoteError
+from ..limits import DEFAULT_LIMITS, Limits
+from .local import is_url, url_scheme
+from .remote import RemoteSource, filesystem, local_path
 
 __all__ = ["DirectoryFiles", "is_directory"]
 

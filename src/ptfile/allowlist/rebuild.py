@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from . import dtypes
-from .dtypes import DType
-from .errors import PickleStreamError, StorageError, UnsupportedFeatureError, brief
-from .tensor import (
+from ..errors import PickleStreamError, StorageError, UnsupportedFeatureError, brief
+from ..model import dtypes
+from ..model.dtypes import DType
+from ..model.tensor import (
     MAX_NDIM,
     Device,
     Parameter,

@@ -32,7 +32,7 @@ from typing import Final
 
 import numpy as np
 
-from .errors import UnsupportedFeatureError
+from ..errors import UnsupportedFeatureError
 
 __all__ = [
     "DTYPES",

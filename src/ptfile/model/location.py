@@ -118,7 +118,7 @@ def pid_location(storage: Storage) -> str:
 
     Examples
     --------
-    >>> from ptfile.dtypes import UINT8
+    >>> from ptfile.model.dtypes import UINT8
     >>> storage = Storage(None, UINT8, location="cuda:0")
     >>> pid_location(storage) == pid_location(storage) == "cuda:0"
     True

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from typing import IO, BinaryIO, Final, Protocol, Union, runtime_checkable
 
-from .errors import FormatError, PtfileError
+from ..errors import FormatError, PtfileError
 
 __all__ = [
     "BytesSource",
@@ -323,7 +323,7 @@ def url_scheme(f: object) -> str | None:
 
 
 def is_url(f: object) -> bool:
-    """True for a URL that fsspec must read (:mod:`ptfile._remote`): any scheme but
+    """True for a URL that fsspec must read (:mod:`ptfile._io.remote`): any scheme but
     ``file``, whose URLs name local paths."""
     scheme = url_scheme(f)
     return scheme is not None and scheme != "file"

@@ -12,7 +12,7 @@ ptfile reads every top-level ``*.safetensors`` header, in name order:
   ``DCP_SHARDING_INFO`` JSON in the header's ``__metadata__`` (zeros without one);
 * a tensor's size is, per dimension, the largest chunk end; its dtype is the entry's;
 * the chunk's storage entry is ``(file, 0, nbytes)``, so it is read as a SAFETENSORS-format
-  chunk (:func:`ptfile.dcp.read_region`), its entry checked again against the chunk.
+  chunk (:func:`ptfile.dcp.load.read_region`), its entry checked again against the chunk.
 
 There is no ``planner_data``: the state dict is flat, keyed by FQN.
 """
@@ -23,10 +23,9 @@ import json
 import math
 from typing import Any, Final
 
-from ._dcp_files import DirectoryFiles
-from .dtypes import by_name
-from .errors import FormatError
-from .formats.dcp_metadata import (
+from .._io.directory import DirectoryFiles
+from ..errors import FormatError
+from ..formats.dcp_metadata import (
     ChunkStorageMetadata,
     ItemKey,
     Metadata,
@@ -34,8 +33,9 @@ from .formats.dcp_metadata import (
     TensorStorageMetadata,
     size,
 )
-from .formats.safetensors import CODES, header_json
-from .limits import DEFAULT_LIMITS, Limits
+from ..formats.safetensors import CODES, header_json
+from ..limits import DEFAULT_LIMITS, Limits
+from ..model.dtypes import by_name
 
 __all__ = ["hf_metadata", "is_hf_directory"]
 

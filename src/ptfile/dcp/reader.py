@@ -6,7 +6,7 @@ nothing else.  :class:`DCPReader` then offers :class:`~ptfile.CheckpointReader`'
 interface (``keys``, ``info``, ``get_tensor``, ``get_slice``, ``metadata``, ``object``,
 a context manager and read-only ``Mapping[str, Tensor]``), keyed by the tensors' FQNs:
 
-* a tensor is assembled from its chunks when read (:func:`ptfile.dcp.read_region`);
+* a tensor is assembled from its chunks when read (:func:`ptfile.dcp.load.read_region`);
 * ``get_slice(fqn)[...]`` takes the selection's bounding box and reads only the chunks
   that meet it: a chunk that does not is never read, and a data file none of whose
   chunks are needed is never opened;
@@ -29,8 +29,21 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
-from ._dcp_files import DirectoryFiles
-from .dcp import (
+from .._io.directory import DirectoryFiles
+from ..errors import PtfileError
+from ..formats import Format
+from ..formats.dcp_metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    StorageInfo,
+    TensorStorageMetadata,
+)
+from ..limits import DEFAULT_LIMITS, Limits
+from ..model.dtypes import DType
+from ..model.selection import expand
+from ..model.tensor import Tensor
+from ..reader import SliceNames, TensorInfo
+from .load import (
     chunk_bound,
     contiguous_stride,
     crc_mismatches,
@@ -43,19 +56,6 @@ from .dcp import (
     storage_infos,
     tensor_item,
 )
-from .dtypes import DType
-from .errors import PtfileError
-from .formats import Format
-from .formats.dcp_metadata import (
-    ChunkStorageMetadata,
-    Metadata,
-    StorageInfo,
-    TensorStorageMetadata,
-)
-from .limits import DEFAULT_LIMITS, Limits
-from .reader import SliceNames, TensorInfo
-from .selection import expand
-from .tensor import Tensor
 
 if TYPE_CHECKING:
     from typing_extensions import Self

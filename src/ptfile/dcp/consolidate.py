@@ -1,0 +1,458 @@
+"""Consolidate a DCP directory into one ``.pt``, one ``.safetensors`` or an HF folder, streaming.
+
+``ptfile convert DIR out.pt | out.safetensors | hf-dir/`` goes tensor by tensor: each
+tensor is assembled whole from its chunks, written, and freed before the next, so the
+memory held is the largest tensor plus a bounded amount (:data:`SLAB_BYTES` of read
+buffer, the writer's buffer, the metadata):
+
+* A chunk stored as a ``torch.save`` ZIP (the TORCH_SAVE format) is located without
+  reading its data: its ``data.pkl`` and central directory give the storage record, its
+  offset in the file, the chunk's strides (any dense order) and byte order; the elements
+  are then read with ``os.preadv`` in pieces of at most :data:`SLAB_BYTES`, straight into
+  the tensor being assembled where the piece is contiguous there (a row block), else
+  through one reused buffer of that size.  Nothing of the data is mapped: mapped pages
+  would count the checkpoint's pages in the process's memory.  A chunk in a SAFETENSORS-format blob is
+  read the same way.  Anything else (zstd items, a URL, chunks of other layouts) is read
+  whole through :func:`ptfile.dcp.load.read_region`.
+* ``.pt``: the object is the state dict :func:`ptfile.load_dcp` returns (bytes items
+  loaded, tensors as storages without data), so ``data.pkl`` is pickled from the metadata
+  first; then each ``data/<key>`` record is assembled and written in turn
+  (:func:`ptfile.formats.zipped.write_zip`'s ``fill``).  The file is byte-identical to
+  ``ptfile.save(ptfile.load_dcp(DIR), out)``, hence to ``torch.save`` of what
+  ``dcp_to_torch_save`` consolidates (where torch can: §12 of the DCP spec), and loads
+  with ``torch.load(weights_only=True)`` when the bytes items hold only what that allows.
+* ``.safetensors``: the header is computed from the metadata (every tensor, named by its
+  FQN; non-tensor values have no place there and are left out, listed in the summary's
+  ``dropped``), in the order and layout the
+  ``safetensors`` package writes (by dtype, widest first, then by name; ``{"format":
+  "pt"}`` metadata; header padded with spaces to 8 bytes), then the tensors follow.
+* a folder: Hugging Face's sharded layout as ``huggingface_hub``'s
+  ``save_torch_state_dict`` writes it: tensors in checkpoint order go to shards of at
+  most ``shard_bytes`` (default 5 GB, decimal; a larger tensor gets a shard of its own),
+  named ``model-00001-of-0000N.safetensors``, plus ``model.safetensors.index.json``
+  (``{"metadata": {"total_size": <tensor bytes>}, "weight_map": {fqn: shard}}``, indent
+  2).  A single shard is ``model.safetensors`` with no index, as there.
+
+Every output file is written atomically (a temporary file renamed on success).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, Final
+
+import numpy as np
+
+from .. import config
+from .._io.directory import DirectoryFiles
+from .._io.local import FileSource, atomic_file
+from ..archive import ZipReader
+from ..errors import FormatError, UnsupportedFeatureError, brief
+from ..formats import ReadOptions, read
+from ..formats.dcp_metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    StorageInfo,
+    TensorStorageMetadata,
+)
+from ..formats.safetensors import CODES
+from ..formats.zipped import archive_prefix, write_zip
+from ..limits import DEFAULT_LIMITS, Limits
+from ..model.tensor import Storage, Tensor
+from .load import (
+    blob_entry,
+    contiguous_stride,
+    load_metadata,
+    object_path,
+    place,
+    read_region,
+    read_value,
+    storage_infos,
+    tensor_item,
+)
+
+__all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp"]
+
+#: The most bytes read from a data file at once, into one reused buffer.
+SLAB_BYTES: Final = 16 << 20
+#: Hugging Face's default largest shard (``max_shard_size="5GB"``, decimal units).
+SHARD_BYTES: Final = 5 * 10**9
+#: safetensors' order of dtypes in a file: widest first (its Rust enum, descending).
+SAFETENSORS_ORDER: Final = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16",
+                            "U16", "I16", "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3",
+                            "F8_E5M2", "I8", "U8", "BOOL")
+_CODE_OF: Final = {name: code for code, name in CODES.items()}
+_ZIP: Final = b"PK\x03\x04"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where a chunk's elements lie: C order of ``shape`` (the chunk's dimensions in the
+    order ``perm``) from byte ``start`` of ``name``, in ``byteorder``."""
+
+    name: str
+    start: int
+    perm: tuple[int, ...]
+    byteorder: str
+
+
+class _Window(io.RawIOBase):
+    """Bytes ``[start, start + length)`` of an open file, as a seekable file of their own."""
+
+    def __init__(self, fd: int, start: int, length: int) -> None:
+        super().__init__()
+        self._fd, self._start, self._length, self._at = fd, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._length}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._length - self._at))
+        got = os.preadv(self._fd, [view[:n]], self._start + self._at) if n else 0
+        self._at += got
+        return got
+
+
+class _Reader:
+    """Assembles tensors from a local directory's files with positioned reads."""
+
+    def __init__(self, meta: Metadata, files: DirectoryFiles, limits: Limits) -> None:
+        self.meta, self.files, self.limits = meta, files, limits
+        self._fds: dict[str, int] = {}
+        self._slab = bytearray()
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _fd(self, name: str) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            self.files.size(name)  # the name is checked to be the directory's own
+            fd = self._fds[name] = os.open(os.path.join(self.files.directory, name), os.O_RDONLY)
+        return fd
+
+    def _zip_layout(self, fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
+                    info: StorageInfo) -> _Layout | None:
+        fd = self._fd(info.relative_path)  # skip_data: the item's data.pkl, no storage bytes
+        value = read(FileSource(io.BufferedReader(_Window(fd, info.offset, info.length))),
+                     ReadOptions(limits=self.limits, skip_data=True))
+        if not isinstance(value, Tensor) or value.dtype != item.dtype \
+                or tuple(value.shape) != chunk.sizes or value.storage is None:
+            raise FormatError(f"chunk {chunk.offsets} of {fqn!r} holds {brief(value, 120)}, not a "
+                              f"{item.dtype} tensor of size {chunk.sizes}")
+        perm = _dense_order(value.shape, value.stride())
+        if perm is None or value.metadata or not value.numel():
+            return None
+        reader = ZipReader(FileSource(io.BufferedReader(_Window(fd, info.offset, info.length))),
+                           limits=self.limits)
+        key = value.storage.key
+        offset = reader.data_offset(f"{reader.prefix}/data/{key}")
+        record = reader.get(f"{reader.prefix}/data/{key}")
+        itemsize = item.dtype.itemsize
+        if record is None or (value.storage_offset() + value.numel()) * itemsize > record.size:
+            return None
+        return _Layout(info.relative_path, info.offset + offset +
+                       value.storage_offset() * itemsize, perm, value.storage.byteorder)
+
+    def _layout(self, fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
+                info: StorageInfo) -> _Layout | None:
+        if info.transforms:
+            return None
+        head = bytes(self.files.read(info.relative_path, info.offset, min(4, info.length),
+                                     f"chunk {chunk.offsets} of {fqn!r}"))
+        if head == _ZIP:
+            return self._zip_layout(fqn, chunk, item, info)
+        begin, _ = blob_entry(fqn, chunk, item, info, self.files)
+        return _Layout(info.relative_path, begin, tuple(range(len(chunk.sizes))), "little")
+
+    def _copy(self, layout: _Layout, target: np.ndarray, dtype_swap: int) -> None:
+        """Fill ``target`` (a view in the order of ``layout.perm``) from the file: pieces that
+        are contiguous in ``target`` are read straight into it, others through the slab."""
+        fd, at, raw = self._fd(layout.name), layout.start, target.dtype
+        swap = layout.byteorder != sys.byteorder and dtype_swap > 1
+        for index in _runs(target.shape, raw.itemsize, SLAB_BYTES):
+            where = (*index, Ellipsis)  # a view, even of a 0-d target
+            piece = target[where]
+            nbytes = piece.size * raw.itemsize
+            direct = piece.flags.c_contiguous
+            if direct:
+                view = piece.reshape(-1).view(np.uint8).data
+            else:
+                if len(self._slab) < nbytes:  # made on first use: most pieces go direct
+                    self._slab = bytearray(max(SLAB_BYTES, nbytes))
+                view = memoryview(self._slab)[:nbytes]
+            got = os.preadv(fd, [view], at)
+            if got != nbytes:
+                raise FormatError(f"{layout.name!r} ended inside a chunk at {at + got}")
+            values = piece.reshape(-1) if direct else np.frombuffer(view, raw, piece.size)
+            if swap:
+                values = values.view(f"u{dtype_swap}").byteswap().view(raw)
+            if swap or not direct:
+                piece[...] = values.reshape(piece.shape)
+            at += nbytes
+
+    def tensor(self, fqn: str) -> np.ndarray:
+        """The whole tensor ``fqn`` as raw ``V<itemsize>`` elements, C-contiguous."""
+        item = tensor_item(self.meta, fqn)
+        if self.files.is_remote:
+            return read_region(self.meta, self.files, fqn, tuple((0, d) for d in item.size),
+                               limits=self.limits)
+        infos = storage_infos(fqn, item, self.meta)
+        full = np.empty(item.size, np.dtype(f"V{item.dtype.itemsize}"))
+        for chunk, info in zip(item.chunks, infos, strict=True):
+            box: tuple[Any, ...] = tuple(slice(o, o + s) for o, s in zip(
+                chunk.offsets, chunk.sizes, strict=True))
+            if not math.prod(chunk.sizes):
+                continue
+            layout = self._layout(fqn, chunk, item, info)
+            if layout is None:  # read whole, the general way
+                full[box] = read_region(self.meta, self.files, fqn, tuple(
+                    (b.start, b.stop) for b in box), limits=self.limits)
+            else:
+                where = (*box, Ellipsis)  # a view, even of a 0-d tensor
+                target = full[where]
+                self._copy(layout, target.transpose(layout.perm), item.dtype.swap)
+        return full
+
+
+def _dense_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The order of dimensions (outermost first) in which ``stride`` lays ``shape`` out
+    densely in C order; None when it does not."""
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    expected = 1
+    for dim in reversed(order):
+        if shape[dim] != 1 and stride[dim] != expected:
+            return None
+        expected *= shape[dim]
+    return tuple(order)
+
+
+def _runs(shape: tuple[int, ...], itemsize: int, most: int
+          ) -> Iterator[tuple[int | slice, ...]]:
+    """Index expressions cutting a C-ordered ``shape`` into consecutive pieces of at most
+    ``most`` bytes (a whole number of rows of the first dimension that fits, else the same
+    one level down)."""
+    if not shape:
+        yield ()
+        return
+    row = math.prod(shape[1:]) * itemsize
+    if row <= most or len(shape) == 1:
+        step = max(1, most // max(row, 1)) if len(shape) > 1 else max(1, most // itemsize)
+        for start in range(0, shape[0], step):
+            yield (slice(start, min(start + step, shape[0])),)
+        return
+    for first in range(shape[0]):
+        for rest in _runs(shape[1:], itemsize, most):
+            yield (first, *rest)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _placeholder(item: TensorStorageMetadata) -> Tensor:
+    nbytes = math.prod(item.size) * item.dtype.itemsize
+    storage = Storage(None, item.dtype, nbytes=nbytes)
+    return Tensor(storage, 0, item.size, contiguous_stride(item.size), dtype=item.dtype)
+
+
+def _write_pt(reader: _Reader, dst: str) -> int:
+    """The consolidated ``.pt``; return the number of tensors."""
+    meta = reader.meta
+    root: dict[str, Any] = {}
+    fqn_of: dict[int, str] = {}
+    for fqn, item in meta.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            value: Any = _placeholder(item)
+            fqn_of[id(value.storage)] = fqn
+        else:
+            value = read_value(meta, reader.files, fqn, limits=reader.limits)
+        place(root, object_path(meta, fqn), value)
+
+    def fill(storage: Storage) -> Iterator[memoryview]:
+        yield reader.tensor(fqn_of[id(storage)]).reshape(-1).view(np.uint8).data
+
+    with atomic_file(dst, fsync=False) as fp:
+        write_zip(root, fp.write, archive_prefix(dst), config.current(),
+                  byteorder=sys.byteorder, fill=fill)
+    return len(fqn_of)
+
+
+def _safetensors_header(meta: Metadata, fqns: list[str]) -> tuple[bytes, list[str]]:
+    """The safetensors header of ``fqns`` and the order their data follows in."""
+    entries = []
+    for fqn in fqns:
+        item = meta.state_dict_metadata[fqn]
+        assert isinstance(item, TensorStorageMetadata)
+        code = _CODE_OF.get(item.dtype.name)
+        if code is None:
+            raise UnsupportedFeatureError(f"tensor {fqn!r}: safetensors cannot hold "
+                                          f"{item.dtype!r}")
+        entries.append((SAFETENSORS_ORDER.index(code), fqn, code, item))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    at = 0
+    for _, fqn, code, item in entries:
+        nbytes = math.prod(item.size) * item.dtype.itemsize
+        header[fqn] = {"dtype": code, "shape": list(item.size), "data_offsets": [at, at + nbytes]}
+        at += nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, [e[1] for e in entries]
+
+
+def _write_safetensors(reader: _Reader, dst: str, fqns: list[str]) -> int:
+    head, order = _safetensors_header(reader.meta, fqns)
+    with atomic_file(dst, fsync=False) as fp:
+        fp.write(head)
+        for fqn in order:
+            _write_all(fp, reader.tensor(fqn))
+    return len(order)
+
+
+def _write_all(fp: IO[bytes], values: np.ndarray) -> None:
+    if values.size:
+        fp.write(values.reshape(-1).view(np.uint8).data)
+
+
+def _tensor_fqns(meta: Metadata) -> list[str]:
+    return [f for f, i in meta.state_dict_metadata.items() if isinstance(i, TensorStorageMetadata)]
+
+
+def _shards(meta: Metadata, fqns: list[str], most: int) -> list[list[str]]:
+    """huggingface_hub's split: in order, a new shard when the next tensor would tip it over
+    ``most`` bytes; a tensor larger than that alone in its own."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for fqn in fqns:
+        item = meta.state_dict_metadata[fqn]
+        assert isinstance(item, TensorStorageMetadata)
+        nbytes = math.prod(item.size) * item.dtype.itemsize
+        if nbytes > most:
+            shards.append([fqn])
+            continue
+        if size + nbytes > most:
+            shards.append(current)
+            current, size = [], 0
+        current.append(fqn)
+        size += nbytes
+    if current or not shards:
+        shards.append(current)
+    return shards
+
+
+def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, int]:
+    """The sharded folder; return the index (or only file), tensors and shards written."""
+    meta = reader.meta
+    fqns = _tensor_fqns(meta)
+    shards = _shards(meta, fqns, shard_bytes)
+    os.makedirs(out, exist_ok=True)
+    if len(shards) == 1:
+        target = os.path.join(out, "model.safetensors")
+        return target, _write_safetensors(reader, target, shards[0]), 1
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        _write_safetensors(reader, os.path.join(out, name), shard)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(math.prod(item.size) * item.dtype.itemsize for item in
+                (meta.state_dict_metadata[f] for f in fqns)
+                if isinstance(item, TensorStorageMetadata))
+    index = os.path.join(out, "model.safetensors.index.json")
+    with atomic_file(index, fsync=False) as fp:
+        fp.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                            indent=2).encode())
+    return index, len(fqns), len(shards)
+
+
+def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+                to: str, shard_bytes: int = SHARD_BYTES,
+                limits: Limits | None = None,
+                storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Consolidate the DCP checkpoint ``src`` into ``dst``, one tensor at a time.
+
+    Parameters
+    ----------
+    src
+        A DCP directory (any layout :func:`ptfile.load_dcp` reads), or its fsspec URL
+        (with ``storage_options``; its tensors are then read chunk by chunk, whole).
+    dst
+        ``*.pt`` (or ``.pth``/``.bin``/``.ckpt``), ``*.safetensors``, or a folder for
+        Hugging Face's sharded safetensors layout.
+    to
+        ``"pt"``, ``"safetensors"`` or ``"hf"`` (:func:`ptfile.export.convert.target_kind`
+        tells which from the names).
+    shard_bytes
+        The largest shard of a folder output.
+
+    Returns
+    -------
+    dict
+        A summary: output, kind, tensors, shards, aliases, dropped (the non-tensor
+        items a ``.safetensors`` output or folder leaves out), changed.
+
+    Raises
+    ------
+    FormatError, UnsafeGlobalError, UnsupportedFeatureError, LimitExceededError
+        As :func:`ptfile.load_dcp`; a dtype safetensors cannot hold.
+
+    Examples
+    --------
+    >>> import numpy as np, os, ptfile, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> folder = tmp.name
+    >>> ptfile.save_dcp({"w": np.ones(3, "float32"), "step": 1}, os.path.join(folder, "ck"))
+    >>> convert_dcp(os.path.join(folder, "ck"), os.path.join(folder, "w.pt"), to="pt")["tensors"]
+    1
+    >>> ptfile.load(os.path.join(folder, "w.pt"))["step"]
+    1
+    >>> tmp.cleanup()
+    """
+    source, target = os.fspath(src), os.fspath(dst)
+    kind = to
+    limits = limits or DEFAULT_LIMITS
+    with DirectoryFiles(source, storage_options=storage_options, limits=limits) as files:
+        meta = load_metadata(files, limits)
+        reader = _Reader(meta, files, limits)
+        try:
+            if kind == "pt":
+                out, count, shards = target, _write_pt(reader, target), 0
+            elif kind == "safetensors":
+                out, shards = target, 0
+                count = _write_safetensors(reader, target, _tensor_fqns(meta))
+            elif kind == "hf":
+                out, count, shards = _write_hf(reader, target, shard_bytes)
+            else:
+                raise UnsupportedFeatureError(f"cannot convert a DCP checkpoint to {kind!r}")
+        finally:
+            reader.close()
+    # Non-tensor items (pickled bytes) have no place among safetensors' tensors.
+    tensor_fqns = set(_tensor_fqns(meta))
+    dropped = [] if kind == "pt" else [
+        {"name": fqn, "type": "DCP bytes item", "reason": "not a tensor: a .safetensors file "
+         "holds tensors only"} for fqn in meta.state_dict_metadata if fqn not in tensor_fqns]
+    return {"output": out, "kind": kind, "tensors": count, "shards": shards, "aliases": {},
+            "dropped": dropped, "changed": []}

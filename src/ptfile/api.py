@@ -208,6 +208,9 @@ def save(
     cache where the platform allows (:mod:`ptfile.archive.sink`), with the
     CRCs of large storages computed in a helper thread meanwhile.
 
+    torch tensors (when torch is already imported) are converted through
+    :mod:`ptfile.model.torch`, sharing kept.
+
     Parameters
     ----------
     obj
@@ -241,9 +244,6 @@ def save(
         before the rename and its folder after it, so that once ``save``
         returns the new file survives a power cut.  Off by default, as in
         ``torch.save`` (which never fsyncs); the rename is atomic either way.
-
-    torch tensors (when torch is already imported) are converted through
-    :mod:`ptfile.model.torch`, sharing kept.
 
     Raises
     ------

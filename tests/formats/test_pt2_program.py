@@ -118,7 +118,7 @@ def _save(ep: torch.export.ExportedProgram) -> bytes:
     return buf.getvalue()
 
 
-#: The README's example (tests/golden/make_tiny_export.py), checked with the exports.
+#: The example of docs/formats.md (tests/golden/make_tiny_export.py), checked with the exports.
 GOLDEN: Final = Path(__file__).resolve().parents[1] / "golden" / "tiny_export.pt2"
 NAMES: Final = [*EXPORTS, "golden"]
 

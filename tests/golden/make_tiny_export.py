@@ -2,7 +2,7 @@
 # requires-python = ">=3.10"
 # dependencies = ["torch==2.13.0"]
 # ///
-"""Writes ``tiny_export.pt2``: the README's ``.pt2`` example, read there without torch.
+"""Writes ``tiny_export.pt2``: the ``.pt2`` example of docs/formats.md, read there without torch.
 
 An exported program with a parameter pair, a buffer, a lifted tensor constant, a dynamic
 batch size (``torch.export.Dim``), a keyword constant and a tuple-with-dict output.  Run

@@ -1,7 +1,7 @@
 """The ``ptfile`` command: inspect, scan, convert, verify and diff PyTorch checkpoints.
 
 Every command exits with a code from one table (:data:`EXIT_CODES`; ``--help``
-prints it, the README repeats it):
+prints it, docs/guide/cli.md repeats it):
 
 ====  ======================================================================
 code  meaning

@@ -212,8 +212,8 @@ def to_sarif(docs: Iterable[Mapping[str, Any]], *, version: str, verbose: bool =
                     if verbose or f.get("verdict") != "allowed"]
     rules = [{"id": rid, "name": name, "shortDescription": {"text": text},
               "fullDescription": {"text": text}, "defaultConfiguration": {"level": level},
-              "help": {"text": f"{text} See `ptfile scan --help` and the README's security "
-                               "section for what each loader runs."}}
+              "help": {"text": f"{text} See `ptfile scan --help` and the documentation's "
+                               "security model (docs/security.md) for what each loader runs."}}
              for rid, (name, level, text) in RULES.items()]
     invocation: dict[str, Any] = {"executionSuccessful": not any(
         r["ruleId"] == "PTF301" for r in results)}

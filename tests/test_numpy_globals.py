@@ -230,6 +230,30 @@ def test_dtypes_match_torch(tmp_path: Path, dtype: str) -> None:
     assert loaded["d"] == np.dtype(dtype) and loaded["d"].str == np.dtype(dtype).str
 
 
+def datetime_dtype(descr: str, order: str, unit: bytes, count: int, absent: Any) -> Reduced:
+    """A datetime dtype as numpy pickles it, its own (absent) metadata written as ``absent``."""
+    return Reduced(np.dtype, (descr, False, True),
+                   (4, order, None, None, None, -1, -1, 0, (absent, (unit, count, 1, 1))))
+
+
+@pytest.mark.parametrize("absent", [None, {}], ids=["numpy-2.4", "numpy-1.x-2.2"])
+def test_datetime_dtypes_of_every_numpy_match_torch(tmp_path: Path, absent: Any) -> None:
+    """numpy 2.4 pickles a datetime dtype without metadata as ``(None, (unit, ...))``, numpy
+    1.x to 2.2 as ``({}, (unit, ...))``: both read the same, whichever numpy runs."""
+    deltas = np.array([1, -2], ">m8[15s]")
+    day = np.datetime64("2024-02-29", "D")
+    value = {"dtype": datetime_dtype("M8", "<", b"ms", 1, absent),
+             "array": array_state((2,), datetime_dtype("m8", ">", b"s", 15, absent),
+                                  deltas.tobytes()),
+             "scalar": Reduced(_scalar, (datetime_dtype("M8", "<", b"D", 1, absent),
+                                         day.tobytes()))}
+    loaded = check_against_torch(save(tmp_path, value))
+    assert loaded["dtype"] == np.dtype("M8[ms]") and loaded["dtype"].metadata is None
+    np.testing.assert_array_equal(loaded["array"], deltas)
+    assert loaded["array"].dtype.str == "<m8[15s]"
+    assert type(loaded["scalar"]) is np.datetime64 and loaded["scalar"] == day
+
+
 def test_shared_array_stays_shared(tmp_path: Path) -> None:
     array = np.arange(4.0)
     path = save(tmp_path, {"a": array, "b": array, "t": (array, [array])})
@@ -383,6 +407,13 @@ HOSTILE = {
     "dtype-bad-unit": (Reduced(np.dtype, ("M8", False, True),
                                (4, "<", None, None, None, -1, -1, 0, (None, (b"zz", 1, 1, 1)))),
                        ptfile.PickleStreamError),
+    "dtype-metadata": (np.dtype("f8", metadata={"k": 1}), ptfile.UnsupportedFeatureError),
+    "datetime-metadata": (np.dtype("M8[ms]", metadata={"k": 1}),
+                          ptfile.UnsupportedFeatureError),
+    "datetime-metadata-list": (Reduced(np.dtype, ("M8", False, True),
+                                       (4, "<", None, None, None, -1, -1, 0,
+                                        ([], (b"ms", 1, 1, 1)))),
+                               ptfile.PickleStreamError),
     "huge-string-dtype": (Reduced(np.dtype, ("U999999999999", False, True)),
                           ptfile.UnsupportedFeatureError),
     "build-on-global": (Reduced(np.dtype, ("f8", False, True)), None),  # control: loads

@@ -13,6 +13,8 @@ value                       pickle
                             ``'b1'``, ``'U3'``, ``'M8'``…), then ``BUILD (3, byteorder,
                             subarray, names, fields, elsize, alignment, flags)``; version 4
                             adds the datetime metadata ``(None, (unit, count, 1, 1))``
+                            (numpy 1.x to 2.2 write ``{}``, an empty metadata dict, for
+                            that ``None``)
 ``np.ndarray``              ``numpy._core.multiarray._reconstruct(numpy.ndarray, (0,),
                             b'b')`` (numpy 1.x: ``numpy.core.multiarray``), then ``BUILD
                             (1, shape, dtype, is_fortran, rawdata)``; ``rawdata`` is the
@@ -106,7 +108,8 @@ _SIZES: Final[Mapping[str, frozenset[int]]] = {
 _UNITS: Final = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "μs", "ns", "ps",
                            "fs", "as", "generic"})
 _BYTEORDERS: Final = frozenset({"<", ">", "|", "="})
-#: numpy's ``NPY_MAX_INT``: no item size (``S<n>``, ``U<n>``) reaches it.
+#: numpy's ``NPY_MAX_INT``: no item size (``S<n>``, ``U<n>``) reaches it.  A fact of
+#: numpy, not a ceiling (what an array may cost is bounded by its pickle's size).
 _MAX_ITEMSIZE: Final = 2**31 - 1
 
 
@@ -150,15 +153,26 @@ def _parse_descr(descr: object) -> tuple[str, int]:
     return kind, count
 
 
+def _check_no_metadata(metadata: object) -> None:
+    """A dtype's own ``metadata`` dict MUST be absent: ``None`` (numpy 2.4) or ``{}`` (numpy
+    1.x to 2.2 pickle a datetime dtype without metadata so)."""
+    if metadata is None or (type(metadata) is dict and not metadata):
+        return
+    if type(metadata) is dict:
+        raise UnsupportedFeatureError(f"numpy dtype metadata {brief(metadata, 80)}: "
+                                      "ptfile.NUMPY_GLOBALS reads plain dtypes only")
+    raise _fail("dtype metadata", metadata)
+
+
 def _unit(kind: str, metadata: object) -> str:
     """A datetime dtype's ``[unit]`` suffix from its version-4 metadata."""
     if kind not in "Mm":
-        if metadata is not None:
-            raise _fail("dtype metadata", metadata)
+        _check_no_metadata(metadata)
         return ""
-    if not (isinstance(metadata, tuple) and len(metadata) == 2 and metadata[0] is None
+    if not (isinstance(metadata, tuple) and len(metadata) == 2
             and isinstance(metadata[1], tuple) and len(metadata[1]) == 4):
         raise _fail("datetime metadata", metadata)
+    _check_no_metadata(metadata[0])
     unit, count, denominator, events = metadata[1]
     unit = unit.decode("utf-8", "replace") if isinstance(unit, bytes) else unit
     if unit not in _UNITS or type(count) is not int or not 0 < count < 2**31 \

@@ -87,6 +87,45 @@ class Limits:
     #: parse); torch's serialized statements have tens of tokens.  Above it, the record is
     #: ``dangerous`` (not parsed).
     max_torchscript_statement_tokens: int = 20_000
+    #: Module visits while a whole pickled ``nn.Module``'s state dict is collected
+    #: (:func:`ptfile.state_dict`, :func:`ptfile.open` of ``torch.save(model)``): a
+    #: submodule reached by two names is walked once per name, as torch lists it, so a
+    #: pickle of shared chains asks for ``2**depth`` visits; real models have fewer than
+    #: 10^5 modules.  Above it: ``LimitExceededError``.
+    max_module_visits: int = 1_000_000
+    #: Nesting of a TorchScript archive's module tree (a submodule's submodule ...): real
+    #: models nest fewer than 20 deep, and the walk recurses once per level, so this keeps
+    #: it far from Python's recursion limit.  Above it: ``LimitExceededError``.
+    max_module_depth: int = 200
+    #: Address space reserved for the thread that unpickles one pickle.  Hashing tuples
+    #: nested in tuples recurses in C (~256 bytes of stack a level), and a pickle of ``n``
+    #: tuple opcodes may nest them ``n`` deep, so a stack sized for that is reserved
+    #: (pages are touched only by a real deep recursion): ~64 MiB of pickle at the
+    #: default.  Above it: ``LimitExceededError``.
+    max_stack_bytes: int = 16 << 30
+    #: Depth of payloads inside payloads that :func:`ptfile.scan` follows (a pickle in a
+    #: byte string in a pickle, a ZIP after a record's ``STOP`` ...); torch files nest
+    #: none.  Deeper: a dangerous ``nested`` finding.
+    max_scan_nesting: int = 4
+    #: Nested payloads (constants, heads after ``STOP``) :func:`ptfile.scan` scans per
+    #: file: each is smaller than what holds it, but a pickle of a million tiny ones
+    #: would take minutes.  Beyond it: an ``unknown`` ``limit`` finding (``nested-scans``),
+    #: the rest not scanned.
+    max_nested_scans: int = 10_000
+    #: Places after a record's ``STOP`` (past the pickles that follow it directly) where
+    #: :func:`ptfile.scan` tries a pickle or a ZIP; torch writes nothing there.  Beyond
+    #: it: an ``unknown`` ``limit`` finding, the rest not searched.
+    max_trailing_probes: int = 64
+    #: Pickles :func:`ptfile.scan` searches for in one tar member (a legacy tar holds
+    #: one per member).  Beyond it: an ``unknown`` ``limit`` finding, the rest not searched.
+    max_tar_pickles: int = 4096
+    #: Local headers :func:`ptfile.scan` reads in the gaps between a ZIP's records
+    #: (``shadow-record`` anomalies; torch leaves no gaps, a hostile file may hold
+    #: millions).  Beyond it: an ``unknown`` ``limit`` anomaly, the rest not read.
+    max_shadow_records: int = 64
+    #: Gap bytes :func:`ptfile.scan` searches for those local headers, over the whole
+    #: archive.  Beyond it: an ``unknown`` ``limit`` anomaly, the rest not searched.
+    max_shadow_search_bytes: int = 1 << 26
 
 DEFAULT_LIMITS: Final = Limits()
 

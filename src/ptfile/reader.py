@@ -106,7 +106,8 @@ class TensorInfo(NamedTuple):
 _make_info: Final = TensorInfo._make
 
 #: A slice of a file read on demand is read as its contiguous runs when it has at most
-#: this many (else as the one span that holds it).
+#: this many (else as the one span that holds it).  Not a ceiling on input: the caller
+#: picks the slice, and either way the same bytes come back (a choice of how to read).
 MAX_SLICE_RUNS: Final = 1024
 
 
@@ -180,14 +181,15 @@ class CheckpointReader(Mapping[str, Tensor]):
     """
 
     def __init__(self, source: Source, obj: Any, *, fmt: Format, meta: dict[str, str],
-                 zip_reader: ZipReader | None = None, zip_info: ZipInfo | None = None) -> None:
+                 zip_reader: ZipReader | None = None, zip_info: ZipInfo | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         self._source = source
         self._zip, self._zip_info = zip_reader, zip_info
         self.format = fmt
         self._meta = meta
         self._object = obj
         # A whole pickled module (opened structurally) is named as its state_dict().
-        self._tensors = state_dict(obj) if is_module(obj) else flatten(obj)
+        self._tensors = state_dict(obj, limits=limits) if is_module(obj) else flatten(obj)
         # The storage loaded from each central directory row (None for the others).
         self._by_row: Callable[[], Sequence[Storage | None]] = tuple
         self._computed_ok: bool | None = None
@@ -497,7 +499,7 @@ def _open_zip(source: Source, reader: ZipReader, limits: Limits,
                           find_class=policies.structural() if structural else policies.fast(),
                           persistent_load=loader, limits=limits)
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
-                              zip_reader=reader, zip_info=info)
+                              zip_reader=reader, zip_info=info, limits=limits)
         ck._by_row = loader.by_row
         return ck
 
@@ -513,7 +515,7 @@ def _open_pt2(source: Source, detected: Detected, limits: Limits,
                                                       skip_data=True))
     meta = {**_zip_meta(info), "format": Format.PT2.value}
     return CheckpointReader(source, obj, fmt=Format.PT2, meta=meta, zip_reader=reader,
-                            zip_info=info)
+                            zip_info=info, limits=limits)
 
 
 def _open_safetensors(source: Source, limits: Limits) -> CheckpointReader:
@@ -537,7 +539,7 @@ def _open_other(source: Source, detected: Detected, limits: Limits,
     policy = policies.structural() if structural else policies.strict()
     obj = read_detected(source, detected, ReadOptions(limits=limits, find_class=policy))
     return CheckpointReader(source, obj, fmt=detected.format,
-                            meta={"format": detected.format.value})
+                            meta={"format": detected.format.value}, limits=limits)
 
 
 def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,

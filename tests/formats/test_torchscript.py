@@ -172,7 +172,7 @@ def test_torchscript_code_is_matched_not_evaluated() -> None:
     assert classes["__torch__.a.D"].parameters == ()
 
 
-def test_torchscript_cyclic_or_deep_module_trees_are_format_errors() -> None:
+def test_torchscript_cyclic_or_deep_module_trees_are_refused() -> None:
     from ptfile.formats.torchscript import ScriptClass, TorchScriptArchive
 
     def module(**attrs: Any) -> ScriptObject:
@@ -184,11 +184,12 @@ def test_torchscript_cyclic_or_deep_module_trees_are_format_errors() -> None:
     root.attributes["self"] = root
     archive = TorchScriptArchive(module=root, constants=(), code={}, extra={},
                                  classes={"__torch__": ScriptClass(is_module=True)})
-    with pytest.raises(ptfile.FormatError, match="cyclic or too deep"):
+    with pytest.raises(ptfile.FormatError, match="cyclic"):
         archive.state_dict()
     deep = module()
     for _ in range(500):
         deep = module(child=deep)
-    with pytest.raises(ptfile.FormatError, match="cyclic or too deep"):
+    with pytest.raises(ptfile.LimitExceededError, match="max_module_depth") as info:
         TorchScriptArchive(module=deep, constants=(), code={}, extra={},
                            classes={}).state_dict()
+    assert (info.value.maximum, info.value.actual) == (200, 201)

@@ -201,7 +201,7 @@ def test_the_encoded_check_is_cheap_and_bounded() -> None:
 
 def test_many_heads_after_stop_stay_bounded() -> None:
     # Every PROTO after STOP is a probe; each reads one tiny pickle and none recurses into
-    # the rest, so a record of 200,000 of them costs MAX_TRAILING_PROBES probes, not more.
+    # the rest, so a record of 200,000 of them costs Limits.max_trailing_probes probes, not more.
     import time
 
     data = checkpoint(pickle.dumps({"w": 1}, 2) + b"\0" + b"\x80\x02N." * 200_000)
@@ -212,9 +212,8 @@ def test_many_heads_after_stop_stay_bounded() -> None:
 
 
 def test_more_nested_pickles_than_the_budget_leave_the_rest_unknown() -> None:
-    from ptfile.scanning.scanner import MAX_NESTED_SCANS
-
-    blobs = [b"\x80\x02K%c." % (i % 256) for i in range(MAX_NESTED_SCANS + 10)]
+    most = ptfile.DEFAULT_LIMITS.max_nested_scans
+    blobs = [b"\x80\x02K%c." % (i % 256) for i in range(most + 10)]
     result = ptfile.scan(pickle.dumps(blobs, 3))
     limits = [f for f in result.findings if f.kind == "limit" and f.name == "nested-scans"]
     assert len(limits) == 1 and result.verdict is Verdict.UNKNOWN

@@ -22,7 +22,7 @@ from ..errors import PickleStreamError, StorageError, UnsupportedFeatureError, b
 from ..model import dtypes
 from ..model.dtypes import DType
 from ..model.tensor import (
-    MAX_NDIM,
+    NUMPY_MAX_DIMS,
     Device,
     Parameter,
     QuantizedTensor,
@@ -97,7 +97,7 @@ def _ints(value: object, what: str) -> tuple[int, ...]:
         raise _fail(what, value)
     if value and set(map(type, value)) != _INT_ONLY:
         raise _fail(what, value)
-    if len(value) > MAX_NDIM:  # lower ranks are checked against max_ndim by check_view
+    if len(value) > NUMPY_MAX_DIMS:  # lower ranks are checked against max_ndim by check_view
         check_rank(len(value), f"rank of {what}")
     return tuple(value)
 
@@ -136,7 +136,7 @@ def rebuild_tensor_v2(storage: object, storage_offset: object, size: object, str
     """``torch._utils._rebuild_tensor_v2``."""
     if (metadata is None and type(storage) is Storage and type(storage_offset) is int
             and type(size) is tuple and type(stride) is tuple
-            and type(backward_hooks) is OrderedDict and len(size) <= MAX_NDIM
+            and type(backward_hooks) is OrderedDict and len(size) <= NUMPY_MAX_DIMS
             and (not size or set(map(type, size + stride)) == _INT_ONLY)):
         # The shape of every tensor torch.save writes: checked here in one go.
         return Tensor._from_checked(storage, storage_offset, size, stride,

@@ -43,6 +43,7 @@ from collections import OrderedDict
 from typing import Any, Final
 
 from ..errors import LimitExceededError, brief
+from ..limits import Limits, active
 from ..model.tensor import Parameter, Tensor
 
 __all__ = [
@@ -155,16 +156,12 @@ def _entries(state: dict[str, Any], key: str) -> list[tuple[Any, Any]]:
     return list(table.items()) if isinstance(table, dict) else []
 
 
-#: Module visits :func:`state_dict` makes at most: a submodule shared by two
-#: names is walked twice, so a pickle of shared chains could ask for 2**depth.
-MAX_MODULE_VISITS: Final = 1_000_000
-
-
 def _module_tensors(module: StandIn, prefix: str, out: OrderedDict[str, Any],
                     seen: set[int], visits: list[int]) -> None:
+    """``visits``: the modules visited so far and ``Limits.max_module_visits``."""
     visits[0] += 1
-    if visits[0] > MAX_MODULE_VISITS:
-        raise LimitExceededError("max_records", MAX_MODULE_VISITS, visits[0],
+    if visits[0] > visits[1]:
+        raise LimitExceededError("max_module_visits", visits[1], visits[0],
                                  "module visits while collecting the state dict")
     state: dict[str, Any] = module.state
     for name, param in _entries(state, "_parameters"):
@@ -179,7 +176,8 @@ def _module_tensors(module: StandIn, prefix: str, out: OrderedDict[str, Any],
             _module_tensors(child, f"{prefix}{name}.", out, seen | {id(child)}, visits)
 
 
-def state_dict(obj: object, prefix: str = "") -> OrderedDict[str, Tensor | Any]:
+def state_dict(obj: object, prefix: str = "", *,
+               limits: Limits | None = None) -> OrderedDict[str, Tensor | Any]:
     """The ``state_dict()`` of a structurally loaded ``nn.Module``, without torch.
 
     Parameters (``.data``, as ``state_dict`` detaches them) and persistent
@@ -193,6 +191,9 @@ def state_dict(obj: object, prefix: str = "") -> OrderedDict[str, Tensor | Any]:
         What ``ptfile.load(f, structural=True)`` returned for ``torch.save(model)``.
     prefix : str
         Prepended to every key.
+    limits : Limits, optional
+        ``max_module_visits`` bounds the walk (default: the active limits,
+        :func:`ptfile.limits.active`).
 
     Returns
     -------
@@ -204,7 +205,8 @@ def state_dict(obj: object, prefix: str = "") -> OrderedDict[str, Tensor | Any]:
     TypeError
         ``obj`` is not a structurally loaded module.
     LimitExceededError
-        Shared submodules would make the walk visit more than a million modules.
+        Shared submodules would make the walk visit more than ``max_module_visits``
+        modules.
 
     Examples
     --------
@@ -217,5 +219,6 @@ def state_dict(obj: object, prefix: str = "") -> OrderedDict[str, Tensor | Any]:
         raise TypeError("expected a structurally loaded nn.Module (ptfile.load(f, "
                         f"structural=True)), got {type(obj).__name__}")
     out: OrderedDict[str, Any] = OrderedDict()
-    _module_tensors(obj, prefix, out, {id(obj)}, [0])  # type: ignore[arg-type]
+    most = (limits or active()).max_module_visits
+    _module_tensors(obj, prefix, out, {id(obj)}, [0, most])  # type: ignore[arg-type]
     return out

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
-from ..errors import FormatError, brief
+from ..errors import FormatError, LimitExceededError, brief
+from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Tensor
 
 __all__ = ["JIT_GLOBALS", "ScriptClass", "ScriptObject", "TorchScriptArchive", "parse_classes"]
@@ -23,9 +24,6 @@ __all__ = ["JIT_GLOBALS", "ScriptClass", "ScriptObject", "TorchScriptArchive", "
 _CLASS_LINE: Final = re.compile(r"^class (\w+)\((\w*)\):\s*$", re.MULTILINE)
 _LIST_LINE: Final = re.compile(r"^  (__parameters__|__buffers__) = \[(.*)\]\s*$", re.MULTILINE)
 _QUOTED: Final = re.compile(r'"(\w+)"')
-#: Module trees nest a few levels (real models < 20); deeper is damage or an attack,
-#: and this bound keeps the recursive walk far from Python's recursion limit.
-MAX_MODULE_DEPTH: Final = 200
 
 
 class ScriptObject:
@@ -98,24 +96,30 @@ class TorchScriptArchive:
     version: int = 0
     byteorder: str = "little"
 
-    def state_dict(self) -> OrderedDict[str, Tensor]:
+    def state_dict(self, limits: Limits | None = None) -> OrderedDict[str, Tensor]:
         """The flat ``name -> tensor`` dict ``torch.jit.load(f).state_dict()`` returns.
 
         Raises
         ------
         FormatError
-            The module tree is cyclic or nested beyond 200 levels.
+            The module tree is cyclic.
+        LimitExceededError
+            The module tree nests deeper than ``limits.max_module_depth``.
         """
         out: OrderedDict[str, Tensor] = OrderedDict()
         metadata: OrderedDict[str, dict[str, int]] = OrderedDict()
-        self._collect(self.module, "", out, metadata, ())
+        most = (limits or DEFAULT_LIMITS).max_module_depth
+        self._collect(self.module, "", out, metadata, (), most)
         out._metadata = metadata  # type: ignore[attr-defined]
         return out
 
     def _collect(self, module: ScriptObject, prefix: str, out: OrderedDict[str, Tensor],
-                 metadata: dict[str, dict[str, int]], path: tuple[int, ...]) -> None:
-        if id(module) in path or len(path) > MAX_MODULE_DEPTH:
-            raise FormatError(f"the module tree is cyclic or too deep at {brief(prefix, 100)}")
+                 metadata: dict[str, dict[str, int]], path: tuple[int, ...], most: int) -> None:
+        if id(module) in path:
+            raise FormatError(f"the module tree is cyclic at {brief(prefix, 100)}")
+        if len(path) > most:
+            raise LimitExceededError("max_module_depth", most, len(path),
+                                     f"module tree nesting at {brief(prefix, 100)}")
         metadata[prefix[:-1]] = {"version": 1}
         attrs = module.attributes
         info = self.classes.get(module.qualified_name)
@@ -129,7 +133,8 @@ class TorchScriptArchive:
                                             metadata=value.metadata)
         for name, value in attrs.items():
             if isinstance(value, ScriptObject) and self._is_module(value):
-                self._collect(value, f"{prefix}{name}.", out, metadata, (*path, id(module)))
+                self._collect(value, f"{prefix}{name}.", out, metadata, (*path, id(module)),
+                              most)
 
     def _is_module(self, obj: ScriptObject) -> bool:
         info = self.classes.get(obj.qualified_name)

@@ -53,7 +53,7 @@ from ..limits import active as active_limits
 from ..model import dtypes
 from ..model.dtypes import UINT8, DType
 from ..model.location import MapLocation, has_packages, restore_location
-from ..model.tensor import MAX_NDIM, Storage, Tensor, view_extent
+from ..model.tensor import NUMPY_MAX_DIMS, Storage, Tensor, view_extent
 from .zipinfo import ZipInfo
 
 __all__ = ["FastStorages", "MappedLocator", "StorageLoader", "fast_tensor_builders",
@@ -342,7 +342,7 @@ _INTS: Final = frozenset({int})
 def _geometry_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
     """Elements a (size, stride) pair of ints spans, or None when it is not valid."""
     ndim = len(size)
-    if ndim != len(stride) or ndim > MAX_NDIM or ndim > active_limits().max_ndim or (
+    if ndim != len(stride) or ndim > NUMPY_MAX_DIMS or ndim > active_limits().max_ndim or (
             ndim and (min(size) < 0 or min(stride) < 0)):
         return None
     return view_extent(size, stride)

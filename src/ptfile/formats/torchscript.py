@@ -119,4 +119,4 @@ def read_torchscript(source: Source, detected: Detected,
 
 def read_script_state_dict(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """What :func:`ptfile.load` returns for a TorchScript archive: its state dict."""
-    return read_torchscript(source, detected, options).state_dict()
+    return read_torchscript(source, detected, options).state_dict(options.limits)

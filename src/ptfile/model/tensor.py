@@ -38,10 +38,11 @@ __all__ = [
     "Tensor",
 ]
 
-#: numpy's ceiling on an array's rank (torch 2.13 loads tensors of more), which no
-#: ``Limits`` can raise: a view numpy cannot make is refused.  Loads also check
-#: :attr:`Limits.max_ndim` (:func:`ptfile.limits.active`), whose default it is.
-MAX_NDIM: Final = 64
+#: The most dimensions a numpy array has (numpy 2's ``NPY_MAXDIMS``; torch 2.13 loads
+#: tensors of more): a fact of numpy, not a ceiling, so no ``Limits`` raises it and a
+#: view numpy cannot make is refused.  The ceiling is :attr:`Limits.max_ndim`
+#: (:func:`ptfile.limits.active`), whose default equals it.
+NUMPY_MAX_DIMS: Final = 64
 
 
 class Size(tuple):  # type: ignore[type-arg]
@@ -197,13 +198,13 @@ def check_rank(ndim: int, what: str = "tensor rank") -> None:
     LimitExceededError
         Over ``max_ndim`` (:func:`ptfile.limits.active`).
     StorageError
-        Within a raised ``max_ndim`` but over :data:`MAX_NDIM`.
+        Within a raised ``max_ndim`` but over :data:`NUMPY_MAX_DIMS`.
     """
     max_ndim = _active_limits().max_ndim
     if ndim > max_ndim:
         raise LimitExceededError("max_ndim", max_ndim, ndim, what)
-    if ndim > MAX_NDIM:
-        raise StorageError(f"{what} {ndim} exceeds the {MAX_NDIM} dimensions numpy arrays "
+    if ndim > NUMPY_MAX_DIMS:
+        raise StorageError(f"{what} {ndim} exceeds the {NUMPY_MAX_DIMS} dimensions numpy arrays "
                            "can have")
 
 
@@ -212,7 +213,7 @@ def check_view(storage: Storage, dtype: DType, offset: int, shape: Sequence[int]
     """Raise StorageError unless the view fits inside ``storage`` (all in ``dtype`` elements)."""
     if len(shape) != len(stride):
         raise StorageError(f"size {tuple(shape)} and stride {tuple(stride)} differ in length")
-    if len(shape) > MAX_NDIM or len(shape) > _active_limits().max_ndim:
+    if len(shape) > NUMPY_MAX_DIMS or len(shape) > _active_limits().max_ndim:
         check_rank(len(shape))
     if offset < 0 or min(shape, default=0) < 0 or min(stride, default=0) < 0:
         raise StorageError(

@@ -24,7 +24,7 @@ opcodes in its stream, and each nesting level of the recursion takes well under
 unpickler inline when the stream's tuple-opcode bytes bound the depth below what
 any thread's stack holds, and otherwise in a thread whose stack is sized for the
 bound (address space only: pages are touched only by a real deep recursion).
-A bound needing more than :data:`MAX_STACK_BYTES` is refused.  The result is
+A bound needing more than ``Limits.max_stack_bytes`` is refused.  The result is
 then checked (:func:`run_unpickler`): a tuple nested more than
 :data:`DEEP_TUPLE_LEVELS` deep inside its containers is refused, because the
 caller's own code would crash hashing it.  Only builtin containers are walked,
@@ -57,8 +57,6 @@ STACK_BYTES_PER_LEVEL: Final = 256
 #: Stacks at most this big are assumed available inline (threads get 8 MiB by default
 #: on Linux; the main thread as much).
 INLINE_STACK_BYTES: Final = 2 << 20
-#: Address space reserved for one unpickling thread's stack, at most.
-MAX_STACK_BYTES: Final = 16 << 30
 _TUPLE_OPCODES: Final = (b"\x85", b"\x86", b"\x87", b"t")
 #: Every byte but the tuple opcodes: what ``bytes.translate`` deletes to count them in one
 #: pass (3 ms on a 10.9 MB pickle, against 12 ms for four ``count`` passes).
@@ -86,14 +84,16 @@ def call_with_stack(function: Callable[[], T], stack_bytes: int) -> T:
     Raises
     ------
     LimitExceededError
-        The stack would exceed :data:`MAX_STACK_BYTES`, or the thread cannot start.
+        The stack would exceed the active ``Limits.max_stack_bytes``
+        (:func:`ptfile.limits.active`), or the thread cannot start.
     """
     if stack_bytes <= INLINE_STACK_BYTES:
         return function()
     size = max(stack_bytes + (8 << 20), 32 << 20)
-    if size > MAX_STACK_BYTES:
-        raise LimitExceededError("max_depth", MAX_STACK_BYTES // STACK_BYTES_PER_LEVEL,
-                                 stack_bytes // STACK_BYTES_PER_LEVEL,
+    most = active().max_stack_bytes
+    if size > most:
+        raise LimitExceededError("max_stack_bytes", most, size,
+                                 f"the C stack for {stack_bytes // STACK_BYTES_PER_LEVEL} "
                                  "tuple-building opcodes (each may nest a tuple one deeper)")
     results: list[T] = []
     errors: list[BaseException] = []

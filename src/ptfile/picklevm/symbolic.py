@@ -66,7 +66,8 @@ _SATURATE: Final = 1 << 62
 #: Bytes CPython's unpickler allocates per byte of pickle, at most, from opcodes alone
 #: (``EMPTY_SET``: one byte, a 216-byte set, its 16-byte GC header and a stack slot; a
 #: memo index costs 16 bytes of table per index, and each needs 2 bytes): the bound the
-#: scanner's fast path relies on (``len(stream) * MAX_BYTES_PER_BYTE``).
+#: scanner's fast path relies on (``len(stream) * MAX_BYTES_PER_BYTE``).  A fact of
+#: CPython's unpickler, not a ceiling (the ceiling is ``Limits.max_unpickled_bytes``).
 MAX_BYTES_PER_BYTE: Final = 256
 
 

@@ -25,7 +25,10 @@ only a scanner asks:
   directory names (a record only a forward-scanning reader sees);
 * ``local-header-mismatch``: a local header whose method, CRC or sizes differ
   from its central directory entry's (what a forward-scanning reader reads);
-* ``outside-prefix``: a record not under the first record's folder.
+* ``outside-prefix``: a record not under the first record's folder;
+* ``scan-limit``: more shadow records, or more gap bytes to search for them, than
+  ``Limits.max_shadow_records`` or ``Limits.max_shadow_search_bytes``: the rest is
+  not searched.
 
 tar (:func:`walk_tar`): :func:`ptfile.archive.tar.read_members`, the loader's
 tar reader, whose docstring lists its anomaly codes.
@@ -59,10 +62,6 @@ __all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "read_member", "walk_ta
 
 #: Local headers a remote source is asked to fetch at once (:meth:`Source.prefetch`).
 PREFETCH_HEADERS: Final = 1024
-#: Local header signatures looked for in gaps, at most (a hostile file may have millions).
-MAX_SHADOWS: Final = 64
-#: Gap bytes searched for shadow records, at most.
-MAX_GAP_BYTES: Final = 1 << 26
 #: Gaps shorter than this hold no shadow record: data descriptors are 16 or 24 bytes.
 _DESCRIPTOR_GAP: Final = 24
 
@@ -112,20 +111,30 @@ def _check_layout(entries: list[ZipEntry], out: list[Anomaly]) -> list[tuple[int
 
 
 def _shadows(source: Source, ranges: list[tuple[int, int]], cd_offset: int,
-             out: list[Anomaly]) -> list[ZipEntry]:
-    """Local headers in the gaps between named records."""
+             out: list[Anomaly], limits: Limits) -> list[ZipEntry]:
+    """Local headers in the gaps between named records (``Limits.max_shadow_records`` of
+    them in ``Limits.max_shadow_search_bytes`` of gaps, at most: then a ``scan-limit``)."""
     found: list[ZipEntry] = []
-    cursor, budget = 0, MAX_GAP_BYTES
+    cursor, budget, cut = 0, limits.max_shadow_search_bytes, ""
     for start, end in [*ranges, (cd_offset, cd_offset)]:
         gap = min(start - cursor, budget)
+        if start - cursor > max(gap, _DESCRIPTOR_GAP) and not cut:
+            cut = (f"gaps between records hold more than {limits.max_shadow_search_bytes:,} "
+                   "bytes (Limits.max_shadow_search_bytes): the rest is not searched for "
+                   "shadow records")
         if gap > _DESCRIPTOR_GAP:
             data = _pread(source, cursor, gap) or b""
             budget -= gap
             at = data.find(LOCAL_FILE_HEADER_SIGNATURE)
-            while at >= 0 and len(found) < MAX_SHADOWS:
+            while at >= 0 and len(found) < limits.max_shadow_records:
                 found.extend(_shadow(source, cursor + at, out))
                 at = data.find(LOCAL_FILE_HEADER_SIGNATURE, at + 4)
+            if at >= 0 and not cut:
+                cut = (f"more than {limits.max_shadow_records} shadow records "
+                       "(Limits.max_shadow_records): the rest are not read")
         cursor = max(cursor, end)
+    if cut:
+        out.append(Anomaly("scan-limit", cut, 0))
     return found
 
 
@@ -204,7 +213,8 @@ def walk_zip(source: Source, limits: Limits = DEFAULT_LIMITS, eocd: int | None =
             _check_local_fields(source, name, offset, (method, crc, csize, size), out)
     _check_names(entries, out)
     ranges = _check_layout(entries, out)
-    return entries + _shadows(source, ranges, directory.offset, out), _deduplicated(out)
+    return (entries + _shadows(source, ranges, directory.offset, out, limits),
+            _deduplicated(out))
 
 
 def _header_ranges(parsed: Entries, start: int, size: int) -> list[tuple[int, int]]:

@@ -42,7 +42,9 @@ from .verdicts import codec_is_standard
 
 __all__ = ["fast_names"]
 
-#: Objects the result walk visits, at most, before giving up (then: symbolic walk).
+#: Objects the result walk visits, at most, before giving up (then: symbolic walk).  Not
+#: a ceiling on input: past it the precise walk (bounded by ``Limits``) decides instead,
+#: with the same findings, so it chooses how to scan, never what is found.
 MAX_OBJECTS: Final = 10_000_000
 #: Streams shorter than this go to the symbolic walk directly (a few milliseconds).
 MIN_BYTES: Final = 1 << 16

@@ -44,11 +44,11 @@ What is scanned
   constant that holds a pickle or a ZIP, raw or as base64 or hex text
   (``torch.storage._load_from_bytes``, ``pickle.loads(base64.b64decode(...))``
   and ``bytes.fromhex`` unpickle such constants) is scanned in turn, up to
-  :data:`MAX_NESTING` levels, and reported (kind ``nested``, its findings under
+  ``Limits.max_scan_nesting`` levels, and reported (kind ``nested``, its findings under
   ``<record> > nested@<offset>(<encoding>)``) when it reads as one.
 * Bytes after a record's STOP: the consecutive pickles a second
   ``pickle.load`` reads, then any pickle or ZIP that starts in the rest
-  (:data:`MAX_TRAILING_PROBES` at most).  A legacy stream's bytes after its
+  (``Limits.max_trailing_probes`` at most).  A legacy stream's bytes after its
   five pickles are raw storages, and are not searched.
 
 Every pickle is walked by :func:`ptfile.picklevm.symbolic.trace`, whose
@@ -104,12 +104,9 @@ from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_o
 
 __all__ = ["scan"]
 
-#: Nested pickles inside nested pickles are scanned this deep.
-MAX_NESTING: Final = 4
-#: Consecutive pickles scanned at the start of a stream (torch's legacy loader reads 5).
+#: Consecutive pickles scanned at the start of a stream: torch's legacy loader reads 5.
+#: A fact of torch, not a ceiling (the scanning budgets are ``Limits`` fields).
 MAX_STREAM_PICKLES: Final = 5
-#: Pickles searched for inside one tar member, at most.
-MAX_TAR_PICKLES: Final = 4096
 
 #: Bytes that are an opcode: a pickle may start with any of them.
 _OPCODE_BYTES: Final = frozenset(bytes([op.code]) for op in OPCODES)
@@ -122,18 +119,18 @@ _FRAME_BYTE: Final = b"\x95"
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
 
 
-#: Nested payloads (constants, heads after STOP) scanned per file, at most: each is
-#: smaller than what holds it, but a pickle of a million tiny ones would take minutes.
-MAX_NESTED_SCANS: Final = 10_000
-
-
 @dataclass(slots=True)
 class _Scan:
     """One scan's state: limits, findings, and the nested scans left (shared by probes)."""
 
     limits: Limits
     findings: list[Finding] = field(default_factory=list)
-    budget: list[int] = field(default_factory=lambda: [MAX_NESTED_SCANS])
+    #: Nested scans left (``Limits.max_nested_scans`` at first), shared by the probes.
+    budget: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.budget:
+            self.budget.append(self.limits.max_nested_scans)
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         self.findings.append(Finding(*args, **kwargs))
@@ -147,7 +144,8 @@ class _Scan:
         self.budget[0] -= 1
         if self.budget[0] == -1:
             self.add("limit", Verdict.UNKNOWN, where, None, "", "nested-scans", message=(
-                f"more than {MAX_NESTED_SCANS} nested payloads: the rest are not scanned"))
+                f"more than {self.limits.max_nested_scans} nested payloads "
+                "(Limits.max_nested_scans): the rest are not scanned"))
         return self.budget[0] >= 0
 
 
@@ -277,9 +275,9 @@ def _scan_blob(s: _Scan, blob: bytes, where: str, depth: int) -> None:
             return
         encoding, blob = found
         where = f"{where}({encoding})"
-    if depth >= MAX_NESTING:
+    if depth >= s.limits.max_scan_nesting:
         s.add("nested", Verdict.DANGEROUS, where, 0,
-              message=f"pickles nested more than {MAX_NESTING} deep")
+              message=f"pickles nested more than {s.limits.max_scan_nesting} deep")
         return
     if not s.spend(where):
         return
@@ -301,10 +299,6 @@ def _scan_blob(s: _Scan, blob: bytes, where: str, depth: int) -> None:
     s.findings.extend(probe.findings)
 
 
-#: Pickles (or ZIPs) looked for in the bytes after a record's STOP, at most.
-MAX_TRAILING_PROBES: Final = 64
-
-
 def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> None:
     """The bytes after STOP: consecutive pickles (``pickle.load`` called again reads them:
     second pickles in a record), then pickles or ZIPs that start anywhere in the rest."""
@@ -317,9 +311,15 @@ def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> N
         pos = end
         if pos >= len(data):
             return
-    at, probes = pos, 0
-    while probes < MAX_TRAILING_PROBES and (at := next_head(data, at)) >= 0 \
-            and s.spend(where):
+    at, probes, most = pos, 0, s.limits.max_trailing_probes
+    while (at := next_head(data, at)) >= 0:
+        if probes == most:
+            s.add("limit", Verdict.UNKNOWN, where, at, "", "trailing-probes", message=(
+                f"more than {most} places after STOP where a pickle or a ZIP may start "
+                "(Limits.max_trailing_probes): the rest are not searched"))
+            break
+        if not s.spend(where):
+            break
         probes += 1
         at = max(at + 1, _scan_head(s, data, at, f"{where} (after STOP@{at:#x})", depth))
 
@@ -329,7 +329,7 @@ def _scan_head(s: _Scan, data: bytes, at: int, label: str, depth: int) -> int:
     place: no copy of the rest); returns where its pickle ends (or -1)."""
     probe, end = s.probe(), -1
     if data.startswith(b"PK\x03\x04", at):
-        if depth < MAX_NESTING:
+        if depth < s.limits.max_scan_nesting:
             _scan_source(probe, Window(_bytes_source(data), at, len(data) - at), label,
                          depth + 1)
         unread = any(f.location == label and f.kind == "format" for f in probe.findings)
@@ -430,7 +430,7 @@ def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None
     entries, anomalies = walked
     for anomaly in anomalies:
         _anomaly(s, anomaly, where)
-        if depth >= MAX_NESTING:
+        if depth >= s.limits.max_scan_nesting:
             continue
         if anomaly.region is not None and 0 < anomaly.region[1] < source.size:
             start, size = anomaly.region
@@ -524,9 +524,9 @@ def _scan_pt2_record(s: _Scan, source: Source, region: Region, label: str,
         _scan_stream(s, data, label, depth)
     elif not data:
         return
-    elif depth >= MAX_NESTING:
+    elif depth >= s.limits.max_scan_nesting:
         s.add("nested", Verdict.DANGEROUS, label, 0,
-              message=f"pickles nested more than {MAX_NESTING} deep")
+              message=f"pickles nested more than {s.limits.max_scan_nesting} deep")
     elif region.how == "file":
         _scan_source(s, _bytes_source(data), label, depth + 1)
     else:  # guess: raw tensor bytes are data, what reads as a pickle or archive is scanned
@@ -634,8 +634,13 @@ def _scan_tar_member(s: _Scan, data: bytes, label: str, pos: int, depth: int) ->
     """Every pickle from ``data[pos:]`` a lenient reader might read: consecutive pickles
     from there, and from every place a pickle may start after bytes that are none
     (:func:`.reads.next_head`: ``PROTO``, a protocol 0/1 ``GLOBAL`` line)."""
-    found = 0
-    while 0 <= pos < len(data) and found < MAX_TAR_PICKLES:
+    found, most = 0, s.limits.max_tar_pickles
+    while 0 <= pos < len(data):
+        if found == most:
+            s.add("limit", Verdict.UNKNOWN, label, pos, "", "tar-pickles", message=(
+                f"more than {most} pickles in one member (Limits.max_tar_pickles): the "
+                "rest is not searched"))
+            break
         end = _scan_pickle(_probe := s.probe(), data, label, pos, depth)
         if end > pos:
             s.findings.extend(_probe.findings)

@@ -63,8 +63,6 @@ LEGACY_PICKLES: Final = 5
 #: ``torch.serialization.MAGIC_NUMBER`` and ``PROTOCOL_VERSION``.
 LEGACY_MAGIC: Final = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL_VERSION: Final = 1001
-#: A second (or later) set of next pickles kept per step, at most (frames may fork them).
-MAX_STARTS: Final = 8
 _FRAME: Final = b"\x95"
 
 
@@ -133,7 +131,9 @@ def _inert(value: object, budget: list[int]) -> bool:
     return True
 
 
-#: Objects :func:`evaluate` looks at in a value, at most (else: :data:`CANNOT_TELL`).
+#: Objects :func:`evaluate` looks at in a value, at most (else: :data:`CANNOT_TELL`).  Not
+#: a ceiling on input: past it the model reads the value as unknown and lists every pickle
+#: torch may read next (the cautious reading), so it costs precision, never a finding.
 MAX_VALUE_OBJECTS: Final = 100_000
 
 
@@ -193,7 +193,9 @@ def _stream(data: bytes, limits: Limits, count: int, loaders: Callable[[int], tu
                 continue  # torch raises here, or the pickle cannot be walked
             following.extend(at for at in next_starts(data, start, end, limits)
                              if at < len(data) and at not in following)
-        starts = following[:MAX_STARTS]
+        # Each pickle has at most two next starts (a frame may fork them: module
+        # docstring), so the last of LEGACY_PICKLES steps has at most 16: all are kept.
+        starts = following
         if not starts:
             break
     return regions

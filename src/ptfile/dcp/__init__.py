@@ -1,8 +1,9 @@
 """``torch.distributed.checkpoint`` directories: every DCP module but two lives here.
 
 =====================  ===================================================================
-:mod:`.load`           :func:`ptfile.load_dcp` and the building blocks: an item's bytes, its
-                       kind, tensors assembled from chunks, values read by the policies
+:mod:`.items`          what an item's bytes are (its kind, decided once) and their readers
+:mod:`.load`           :func:`ptfile.load_dcp` and the building blocks: the metadata, tensors
+                       assembled from chunks, values read by the policies
 :mod:`.hf`             the HuggingFace storage writer's folders (``*.safetensors`` shards,
                        with or without consolidation) as DCP metadata
 :mod:`.reader`         :class:`ptfile.DCPReader`: :func:`ptfile.open` on a DCP directory

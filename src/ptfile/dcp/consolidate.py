@@ -13,7 +13,8 @@ buffer, the writer's buffer, the metadata):
   through one reused buffer of that size.  Nothing of the data is mapped: mapped pages
   would count the checkpoint's pages in the process's memory.  A chunk in a SAFETENSORS-format blob is
   read the same way.  Anything else (zstd items, a URL, chunks of other layouts) is read
-  whole through :func:`ptfile.dcp.load.read_region`.
+  whole through :func:`ptfile.dcp.load.read_region`, as is a chunk whose record is
+  compressed inside its ZIP.  What an item is, is asked of :func:`ptfile.dcp.items.item_kind`.
 * ``.pt``: the object is the state dict :func:`ptfile.load_dcp` returns (bytes items
   loaded, tensors as storages without data), so ``data.pkl`` is pickled from the metadata
   first; then each ``data/<key>`` record is assembled and written in turn
@@ -53,6 +54,7 @@ from .. import config
 from .._io.directory import DirectoryFiles
 from .._io.local import FileSource, atomic_file
 from ..archive import ZipReader
+from ..archive.records import METHOD_STORED
 from ..errors import FormatError, UnsupportedFeatureError, brief
 from ..formats import ReadOptions, read
 from ..formats.dcp_metadata import (
@@ -65,8 +67,8 @@ from ..formats.safetensors import CODES
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Storage, Tensor
+from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
-    blob_entry,
     contiguous_stride,
     load_metadata,
     object_path,
@@ -88,7 +90,6 @@ SAFETENSORS_ORDER: Final = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF
                             "U16", "I16", "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3",
                             "F8_E5M2", "I8", "U8", "BOOL")
 _CODE_OF: Final = {name: code for code, name in CODES.items()}
-_ZIP: Final = b"PK\x03\x04"
 
 
 # --------------------------------------------------------------------------- reading
@@ -172,8 +173,9 @@ class _Reader:
         offset = reader.data_offset(f"{reader.prefix}/data/{key}")
         record = reader.get(f"{reader.prefix}/data/{key}")
         itemsize = item.dtype.itemsize
-        if record is None or (value.storage_offset() + value.numel()) * itemsize > record.size:
-            return None
+        if record is None or record.method != METHOD_STORED \
+                or (value.storage_offset() + value.numel()) * itemsize > record.size:
+            return None  # a compressed record is inflated, the general way
         return _Layout(info.relative_path, info.offset + offset +
                        value.storage_offset() * itemsize, perm, value.storage.byteorder)
 
@@ -181,9 +183,9 @@ class _Reader:
                 info: StorageInfo) -> _Layout | None:
         if info.transforms:
             return None
-        head = bytes(self.files.read(info.relative_path, info.offset, min(4, info.length),
-                                     f"chunk {chunk.offsets} of {fqn!r}"))
-        if head == _ZIP:
+        what = f"chunk {chunk.offsets} of {fqn!r}"
+        head = item_head(self.files, info, what)
+        if item_kind(item, info, chunk, head=head, what=what) is ItemKind.TORCH_SAVE:
             return self._zip_layout(fqn, chunk, item, info)
         begin, _ = blob_entry(fqn, chunk, item, info, self.files)
         return _Layout(info.relative_path, begin, tuple(range(len(chunk.sizes))), "little")

@@ -39,27 +39,25 @@ The format, as torch 2.13's ``FileSystemWriter`` writes it (``../shared/spec/dcp
 The building blocks, for readers and converters built on this one: :func:`load_metadata`
 (the merged :class:`Metadata` of a :class:`~ptfile._io.directory.DirectoryFiles`),
 :func:`read_tensor` (one whole tensor by FQN), :func:`read_region` (a box of one, reading
-only the chunks that meet it) and :func:`read_value` (any item).
+only the chunks that meet it) and :func:`read_value` (any item).  What one item's bytes
+are, and reading them, is :mod:`ptfile.dcp.items`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
 
 from .._io.directory import DirectoryFiles
-from .._io.local import BytesSource, damage_as_format_error
 from ..allowlist.policy import loads_structurally
-from ..archive import ZipReader
-from ..errors import FormatError, PtfileError, UnsupportedFeatureError, brief
-from ..formats import ReadOptions, policies, read
+from ..errors import FormatError, brief
+from ..formats import policies
 from ..formats.dcp_metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -69,14 +67,12 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
     convert,
 )
-from ..formats.safetensors import CODES, header_json
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Storage, Tensor
 from ..picklevm.unpickler import unpickle
+from .items import item_bytes, item_kind, load_item, read_chunk
 
 __all__ = [
-    "TRANSFORMS",
-    "blob_entry",
     "contiguous_stride",
     "load_dcp",
     "load_metadata",
@@ -89,17 +85,10 @@ __all__ = [
     "region_tensor",
     "storage_infos",
     "tensor_item",
+    "value_info",
 ]
 
 _RANK_METADATA: Final = re.compile(r"__(\d+)\.metadata")
-#: How a torch.save item starts; anything else at a tensor's offset is a safetensors blob.
-_ZIP: Final = b"PK\x03\x04"
-#: A ZIP's end of central directory record (without a comment) and its size.
-_EOCD: Final = b"PK\x05\x06"
-_EOCD_BYTES: Final = 22
-#: What a torch.save ZIP of one chunk holds beyond the chunk's bytes, at most (records,
-#: headers, ``data.pkl`` of up to ``max_ndim`` dims): the bound on what an item inflates to.
-_ZIP_OVERHEAD_BYTES: Final = 1 << 20
 #: A box: ``(start, stop)`` per dimension.
 Box = tuple[tuple[int, int], ...]
 
@@ -151,7 +140,8 @@ def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Met
     UnsafeGlobalError
         A ``.metadata`` names a global a DCP checkpoint does not hold.
     """
-    from .hf import hf_metadata, is_hf_directory
+    from ..formats.detection import InputKind, folder_kind
+    from .hf import hf_metadata
 
     if files.has(".metadata"):
         return read_metadata(files.read_whole(".metadata", ".metadata"), limits)
@@ -160,173 +150,11 @@ def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Met
     if ranks:
         return _merge([read_metadata(files.read_whole(name, name), limits)
                        for _, name in ranks])
-    if is_hf_directory(files):
+    if folder_kind(files.names()) is InputKind.SHARDS:  # the one decision of input kinds
         return hf_metadata(files, limits)
     raise FormatError(f"{files.directory!r} has no .metadata (nor __<rank>.metadata, nor "
-                      "*.safetensors): not a torch.distributed.checkpoint directory")
-
-
-def _unzstd(data: bytes | memoryview, most: int, what: str) -> bytes:
-    """One zstd frame (torch writes no content size: streamed), at most ``most`` bytes out."""
-    try:
-        import zstandard
-    except ImportError:
-        raise UnsupportedFeatureError(
-            f"{what} is zstd-compressed (a DCP ZStandard extension): reading it needs the "
-            "zstandard package: pip install zstandard (ptfile's zstd extra)") from None
-    try:
-        with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
-            out = reader.read(most + 1)
-    except zstandard.ZstdError as exc:
-        raise FormatError(f"{what}: damaged zstd data: {exc}") from exc
-    if len(out) > most:
-        raise FormatError(f"{what} inflates to more than the {most} bytes it can hold")
-    end = _zstd_frame_end(data, zstandard.frame_header_size(bytes(data[:18])))
-    if end != len(data):
-        raise FormatError(f"{what}: its zstd frame is {end} bytes, the metadata says "
-                          f"{len(data)}: the length disagrees with the item")
-    return out
-
-
-def _zstd_frame_end(data: bytes | memoryview, header: int) -> int:
-    """Where the zstd frame starting at 0 ends (RFC 8878 §3.1.1: blocks after the frame
-    header, each a 3-byte little-endian header of last flag, type and size; then the
-    content checksum when the descriptor's bit 2 is set)."""
-    at, last = header, False
-    while not last:
-        if at + 3 > len(data):
-            return -1
-        block = int.from_bytes(data[at:at + 3], "little")
-        last, kind, size = bool(block & 1), (block >> 1) & 3, block >> 3
-        at += 3 + (1 if kind == 1 else size)  # an RLE block holds one byte
-    return at + (4 if data[4] & 4 else 0)
-
-
-#: Undo each DCP extension by its descriptor name (``stream.zstd`` of ``stream.zstd/1``).
-TRANSFORMS: Final[Mapping[str, Callable[[bytes | memoryview, int, str], bytes]]] = {
-    "stream.zstd": _unzstd,
-}
-
-
-def _undo(data: bytes | memoryview, transforms: tuple[str, ...], most: int,
-          what: str) -> bytes | memoryview:
-    for descriptor in transforms:  # listed last-applied first
-        name, _, version = descriptor.partition("/")
-        undo = TRANSFORMS.get(name.partition("@")[0])
-        if undo is None or version.partition(".")[0] != "1":
-            raise UnsupportedFeatureError(f"{what} is stored through the DCP extension "
-                                          f"{descriptor!r}, which ptfile does not read")
-        data = undo(data, most, what)
-    return data
-
-
-def item_bytes(files: DirectoryFiles, fqn: str, info: StorageInfo, most: int
-                ) -> bytes | memoryview:
-    """The item's bytes: ``[offset, offset + length)`` of its file, extensions undone."""
-    what = f"item {fqn!r}"
-    data = files.read(info.relative_path, info.offset, info.length, what)
-    return _undo(data, info.transforms, most, what) if info.transforms else data
-
-
-def _blob(files: DirectoryFiles, fqn: str, info: StorageInfo) -> tuple[dict[str, Any], int]:
-    """The header of the safetensors blob at the item's offset, and where its data starts
-    (cached on ``files``).  Entries without ``DCP_SHARDING_INFO`` were saved at zeros."""
-    key = ("safetensors blob", info.relative_path, info.offset)
-    found = files.memo.get(key)
-    if found is None:
-        what = f"the safetensors blob of {fqn!r} at {info.offset}"
-        header, start = header_json(  # the one bounded header reader; the directory's limits
-            lambda at, n: files.read(info.relative_path, info.offset + at, n, what),
-            files.size(info.relative_path) - info.offset, files._limits, what)
-        try:
-            meta = header.get("__metadata__") or {}
-            sharding = json.loads(meta["DCP_SHARDING_INFO"]) if "DCP_SHARDING_INFO" in meta \
-                else {}
-            header = {k: {**v, "saved": sharding[k]["saved_offsets"] if sharding
-                          else [0] * len(v["shape"])}
-                      for k, v in header.items() if k != "__metadata__"}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise FormatError(f"{what} has a bad header: {exc!s:.200}") from exc
-        found = files.memo[key] = (header, info.offset + start)
-    return found
-
-
-def blob_entry(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
-               info: StorageInfo, files: DirectoryFiles) -> tuple[int, int]:
-    """Where a chunk in a safetensors blob lies, ``(offset in its file, nbytes)``: its
-    entry, by FQN, in the blob at the item's offset, checked against the chunk (dtype,
-    shape, offsets, length) and the file."""
-    header, data_start = _blob(files, fqn, info)
-    entry: Any = header.get(fqn)
-    nbytes = math.prod(chunk.sizes) * item.dtype.itemsize
-    try:
-        begin, end = (data_start + int(x) for x in entry["data_offsets"])
-        agrees = (CODES.get(entry["dtype"]) == item.dtype.name
-                  and tuple(entry["shape"]) == chunk.sizes
-                  and tuple(entry["saved"]) == chunk.offsets
-                  and end - begin == nbytes == info.length)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise FormatError(f"the safetensors entry of {fqn!r} is damaged") from exc
-    if not agrees or begin < data_start or end > files.size(info.relative_path):
-        raise FormatError(f"the safetensors entry of {fqn!r} {brief(entry, 160)} disagrees with "
-                          f"its chunk at {chunk.offsets} of sizes {chunk.sizes}")
-    return begin, nbytes
-
-
-def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
-                info: StorageInfo, files: DirectoryFiles) -> np.ndarray:
-    """A chunk in a safetensors blob, read (see :func:`blob_entry`)."""
-    begin, nbytes = blob_entry(fqn, chunk, item, info, files)
-    data = files.read(info.relative_path, begin, nbytes, f"the safetensors entry of {fqn!r}")
-    raw = np.dtype(f"V{item.dtype.itemsize}")
-    return np.frombuffer(data, raw, nbytes // raw.itemsize).reshape(chunk.sizes)
-
-
-def _load_item(data: bytes | memoryview, what: str, limits: Limits, *,
-               structural: bool = False) -> Any:
-    """A torch.save item, which MUST end with its ZIP's end record (torch writes no
-    comment): else the metadata's length disagrees with the item (a ZIP reader would
-    accept trailing bytes, or find a later item's end record).  Read as :func:`ptfile.load`
-    reads a file: torch's weights-only allowlist and the user's safe globals, or
-    ``structural``'s stand-ins."""
-    if bytes(data[:4]) == _ZIP and (len(data) < _EOCD_BYTES
-                                    or bytes(data[-_EOCD_BYTES:-_EOCD_BYTES + 4]) != _EOCD
-                                    or bytes(data[-2:]) != b"\0\0"):
-        raise FormatError(f"{what}: its {len(data)} bytes do not end with the item's ZIP end "
-                          "record: the length in the metadata disagrees with the item")
-    try:
-        with damage_as_format_error():  # the bytes are read in place (a view of the map)
-            find_class = policies.structural() if structural else policies.strict()
-            return read(BytesSource(data), ReadOptions(limits=limits, find_class=find_class))
-    except PtfileError as exc:
-        if type(exc) is FormatError:
-            raise FormatError(f"{what}: {exc}") from exc
-        raise
-
-
-def crc_mismatches(files: DirectoryFiles, fqn: str, info: StorageInfo, most: int, *,
-                   limits: Limits = DEFAULT_LIMITS) -> list[str]:
-    """The records of a ``torch.save`` item whose bytes disagree with their CRC-32 (records
-    saved without one, CRC 0 under ``compute_crc32=False``, are not checked); ``[]`` for an
-    entry of a safetensors blob, which has no checksum.
-
-    Raises
-    ------
-    FormatError, UnsupportedFeatureError
-        The item cannot be read (as :func:`load_dcp`).
-    """
-    if not info.transforms and bytes(files.read(info.relative_path, info.offset,
-                                                min(len(_ZIP), info.length), fqn)) != _ZIP:
-        return []
-    data = item_bytes(files, fqn, info, most)
-    with damage_as_format_error():
-        reader = ZipReader(BytesSource(data), limits=limits)
-        return [r.name for r in reader.records if r.crc32 and not reader.check_crc(r)]
-
-
-def chunk_bound(chunk: ChunkStorageMetadata, item: TensorStorageMetadata) -> int:
-    """The most bytes a chunk's item can inflate to: the chunk and a ZIP's overhead."""
-    return math.prod(chunk.sizes) * item.dtype.itemsize + _ZIP_OVERHEAD_BYTES
+                      "*.safetensors shards alone: its checkpoint files are each one of "
+                      "their own): not a torch.distributed.checkpoint directory")
 
 
 def _check_tiling(fqn: str, size: tuple[int, ...], chunks: tuple[ChunkStorageMetadata, ...]
@@ -349,33 +177,6 @@ def _check_tiling(fqn: str, size: tuple[int, ...], chunks: tuple[ChunkStorageMet
     if total != math.prod(size):
         raise FormatError(f"the chunks of {fqn!r} cover {total} of its "
                           f"{math.prod(size)} elements")
-
-
-def _raw(value: Tensor, raw: np.dtype) -> np.ndarray:
-    """The chunk's values as little-endian raw elements (conj/neg bits applied)."""
-    if value.dtype.numpy is None:
-        return value._raw_view(raw)
-    values = value.numpy()
-    if values.dtype.byteorder == ">":
-        values = values.astype(values.dtype.newbyteorder("<"))
-    return values.view(raw)
-
-
-def _chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetadata,
-           info: StorageInfo, files: DirectoryFiles, limits: Limits) -> np.ndarray:
-    """A chunk's values as raw elements: a torch.save ZIP, or an entry of a safetensors blob."""
-    what = f"chunk {chunk.offsets} of {fqn!r}"
-    if not info.transforms and bytes(files.read(info.relative_path, info.offset,
-                                                min(len(_ZIP), info.length), what)) != _ZIP:
-        return _blob_chunk(fqn, chunk, item, info, files)
-    data = item_bytes(files, fqn, info, chunk_bound(chunk, item))
-    value = _load_item(data, what, limits)
-    if not isinstance(value, Tensor) or value.dtype != item.dtype \
-            or tuple(value.shape) != chunk.sizes:
-        raise FormatError(f"{what} holds {brief(value, 120)}, not a {item.dtype} tensor of "
-                          f"size {chunk.sizes}")
-    raw = np.dtype(f"V{item.dtype.itemsize}")
-    return _raw(value, raw) if value.numel() else np.empty(chunk.sizes, raw)
 
 
 def tensor_item(meta: Metadata, fqn: str) -> TensorStorageMetadata:
@@ -428,7 +229,7 @@ def read_region(meta: Metadata, files: DirectoryFiles, fqn: str, box: Box, *,
                                                        strict=True)]
         if any(lo >= hi for lo, hi in zip(low, high, strict=True)):
             continue
-        values = _chunk(fqn, chunk, item, info, files, limits)
+        values = read_chunk(fqn, chunk, item, info, files, limits)
         source = tuple(slice(lo - o, hi - o) for lo, hi, o in zip(low, high, chunk.offsets,
                                                                   strict=True))
         target = tuple(slice(lo - a, hi - a) for lo, hi, (a, _) in zip(low, high, box,
@@ -486,12 +287,25 @@ def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
     item = meta.state_dict_metadata[fqn]
     if isinstance(item, TensorStorageMetadata):
         return read_tensor(meta, files, fqn, limits=limits)
+    info = value_info(meta, fqn)
+    kind = item_kind(item, info)
+    # A copy: the value is the caller's, and must not pin (or view) the mapped file.
+    return load_item(bytes(item_bytes(files, fqn, info, limits.max_pickle_bytes)),
+                     f"item {fqn!r}", limits, kind=kind, structural=structural)
+
+
+def value_info(meta: Metadata, fqn: str) -> StorageInfo:
+    """The storage entry of the bytes item ``fqn``.
+
+    Raises
+    ------
+    FormatError
+        It has none.
+    """
     info = meta.storage_data.get((fqn, None))
     if info is None:
         raise FormatError(f"the bytes item {fqn!r} has no storage entry")
-    # A copy: the value is the caller's, and must not pin (or view) the mapped file.
-    return _load_item(bytes(item_bytes(files, fqn, info, limits.max_pickle_bytes)),
-                      f"item {fqn!r}", limits, structural=structural)
+    return info
 
 
 def _child(node: Any, step: str | int, fresh: Any, path: tuple[str | int, ...]) -> Any:

@@ -43,10 +43,9 @@ from ..model.dtypes import DType
 from ..model.selection import expand
 from ..model.tensor import Tensor
 from ..reader import SliceNames, TensorInfo
+from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
-    chunk_bound,
     contiguous_stride,
-    crc_mismatches,
     load_metadata,
     object_path,
     place,
@@ -55,6 +54,7 @@ from .load import (
     region_tensor,
     storage_infos,
     tensor_item,
+    value_info,
 )
 
 if TYPE_CHECKING:
@@ -313,8 +313,9 @@ class DCPReader(Mapping[str, Tensor]):
                     yield from self._check_chunks(fqn, item, progress)
                     continue
                 self.value(fqn)
-                info = self.meta.storage_data[(fqn, None)]
-                yield from self._check_crc(fqn, info, self._limits.max_pickle_bytes)
+                info = value_info(self.meta, fqn)
+                yield from self._check_crc(fqn, info, item_kind(item, info),
+                                           self._limits.max_pickle_bytes)
                 if progress is not None:
                     progress(info.length)
             except PtfileError as exc:
@@ -326,13 +327,15 @@ class DCPReader(Mapping[str, Tensor]):
         for chunk, info in zip(item.chunks, infos, strict=True):
             box = tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
             read_region(self.meta, self.files, fqn, box, limits=self._limits)
-            yield from self._check_crc(fqn, info, chunk_bound(chunk, item))
+            yield from self._check_crc(fqn, info, item_kind(item, info, chunk),
+                                       chunk_bound(chunk, item))
             if progress is not None:
                 progress(info.length)
 
-    def _check_crc(self, fqn: str, info: StorageInfo, most: int
+    def _check_crc(self, fqn: str, info: StorageInfo, kind: ItemKind, most: int
                    ) -> Iterator[tuple[str, str, str]]:
-        for record in crc_mismatches(self.files, fqn, info, most, limits=self._limits):
+        for record in crc_mismatches(self.files, fqn, info, most, kind=kind,
+                                     limits=self._limits):
             message = (f"CRC-32 mismatch in {record} of its item at "
                        f"{info.relative_path}@{info.offset}: the bytes were altered")
             yield "error", fqn, message

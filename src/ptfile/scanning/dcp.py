@@ -21,10 +21,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._io.directory import DirectoryFiles
-from ..dcp.load import item_bytes, load_metadata
-from ..errors import PtfileError
+from ..dcp.items import ItemKind, blob_header, item_bytes, stored_items
+from ..dcp.load import load_metadata
+from ..errors import FormatError, PtfileError
 from ..formats import policies
-from ..formats.dcp_metadata import BytesStorageMetadata
+from ..formats.detection import InputKind, folder_kind
 from ..limits import Limits
 from .verdicts import Finding, ScanResult, Verdict
 
@@ -59,21 +60,27 @@ def scan_directory(directory: str | os.PathLike[str], scan_bytes: ScanBytes, *,
     Raises
     ------
     FormatError
-        ``directory`` is not a directory, or cannot be listed.
+        ``directory`` is not a directory, cannot be listed, or is a folder of many files
+        (:func:`~ptfile.formats.detection.folder_kind`), not one checkpoint.
     RemoteError
         A URL cannot be read.
     """
     findings: list[Finding] = []
     with DirectoryFiles(directory, storage_options=storage_options, limits=limits) as files:
+        if folder_kind(files.names()) is InputKind.FOLDER:
+            raise FormatError(f"{os.fspath(directory)!r} is a folder of many files, not one "
+                              "checkpoint: scan them in bulk (ptfile.bulk.scan, or the "
+                              "command line's scan of the folder)")
         for name in files.names():
             if name.endswith(".metadata"):
                 result = scan_bytes(files.read_whole(name, name))
                 findings += _located(result, name, metadata=True)
         try:
             meta = load_metadata(files, limits)
-            for fqn, item in meta.state_dict_metadata.items():
-                info = meta.storage_data.get((fqn, None))
-                if not isinstance(item, BytesStorageMetadata) or info is None:
+            for fqn, kind, info in stored_items(meta):  # values first
+                if kind is ItemKind.SAFETENSORS_ENTRY:  # its blob's header, bounded
+                    blob_header(files, fqn, info)
+                if kind is not ItemKind.VALUE:
                     continue
                 data = item_bytes(files, fqn, info, limits.max_pickle_bytes)
                 where = f"{info.relative_path}@{info.offset}({fqn})"

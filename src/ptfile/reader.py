@@ -39,17 +39,17 @@ from ._io.remote import StorageOptions, local_path, open_any
 from .allowlist.structural import is_module, state_dict
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .archive.records import METHOD_STORED
-from .errors import FormatError, StorageError, UnsupportedFeatureError
+from .errors import StorageError, UnsupportedFeatureError
 from .formats import Detected, Format, ReadOptions, detect_source, policies, read_detected
 from .formats.safetensors import read_header, to_tensors
-from .formats.storages import FastStorages, record_bytes
+from .formats.storages import record_bytes
 from .formats.zipinfo import ZipInfo, read_info
+from .formats.zipped import open_zip
 from .limits import DEFAULT_LIMITS, Limits
 from .model.dtypes import DType
 from .model.selection import runs, select, span
 from .model.tensor import Parameter, Storage, Tensor
 from .model.tree import flatten
-from .picklevm import unpickle
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -487,21 +487,18 @@ def _zip_meta(info: ZipInfo) -> dict[str, str]:
     return meta
 
 
-def _open_zip(source: Source, reader: ZipReader, limits: Limits,
+def _open_zip(source: Source, detected: Detected, limits: Limits,
               structural: bool) -> CheckpointReader:
-    with paused_gc():  # the records' table and the objects: no garbage
-        info = read_info(reader, config.current())
-        data_name = f"{info.prefix}/data.pkl"
-        if reader.get(data_name) is None:
-            raise FormatError("the archive has no data.pkl record", member=data_name)
-        loader = FastStorages(reader, source, info, skip_data=True)
-        obj, _ = unpickle(reader.read(data_name),
-                          find_class=policies.structural() if structural else policies.fast(),
-                          persistent_load=loader, limits=limits)
+    """A ``torch.save`` ZIP: its ``data.pkl`` read by the format's own reader
+    (:func:`~ptfile.formats.zipped.open_zip`), no storage bytes."""
+    policy = policies.structural() if structural else policies.strict()
+    obj, info, loader = open_zip(source, detected, ReadOptions(limits=limits, find_class=policy,
+                                                               skip_data=True))
+    with paused_gc():  # the flattened names of every tensor: no garbage
         ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
-                              zip_reader=reader, zip_info=info, limits=limits)
-        ck._by_row = loader.by_row
-        return ck
+                              zip_reader=detected.zip_reader(), zip_info=info, limits=limits)
+    ck._by_row = loader.by_row
+    return ck
 
 
 def _open_pt2(source: Source, detected: Detected, limits: Limits,
@@ -595,7 +592,7 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
         with damage_as_format_error():
             detected = detect_source(source, limits)
             if detected.format is Format.ZIP:
-                return _open_zip(source, detected.zip_reader(), limits, structural)
+                return _open_zip(source, detected, limits, structural)
             if detected.format is Format.PT2:
                 return _open_pt2(source, detected, limits, structural)
             if detected.format is Format.SAFETENSORS:

@@ -33,8 +33,9 @@ from typing import Any
 
 from .._gc import paused_gc
 from .._io.local import Source, is_path, is_url
+from ..allowlist.policy import FindClass, find_strict_class
 from ..allowlist.reduction import PERSISTENT_TYPES, Reducer, ordered_bytes
-from ..archive import ZipWriter
+from ..archive import ZipReader, ZipWriter
 from ..config import Settings
 from ..errors import FormatError, SaveError
 from ..model.tensor import Storage
@@ -44,9 +45,9 @@ from .detection import Detected
 from .options import ReadOptions
 from .policies import fast
 from .storages import FastStorages, StorageLoader
-from .zipinfo import read_info
+from .zipinfo import ZipInfo, read_info
 
-__all__ = ["Fill", "archive_prefix", "read_zip", "write_zip"]
+__all__ = ["Fill", "archive_prefix", "open_zip", "read_zip", "write_zip"]
 
 #: The bytes of a storage without data, in pieces (:func:`write_zip`'s ``fill``).
 Fill = Callable[[Storage], Iterable[Any]]
@@ -82,9 +83,6 @@ def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
     reader = detected.zip_reader()
     with paused_gc():  # the records' table and the objects: no garbage
         info = read_info(reader, options.settings)
-        data_name = f"{info.prefix}/data.pkl"
-        if reader.get(data_name) is None:
-            raise FormatError("the archive has no data.pkl record", member=data_name)
         calculate = options.settings.calculate_storage_offsets
         loader: Callable[[object], Storage]
         find_class = options.find_class
@@ -95,9 +93,38 @@ def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
         else:
             loader = StorageLoader(reader, source, info, map_location=options.map_location,
                                    skip_data=options.skip_data, calculate_offsets=calculate)
-        obj, _ = unpickle(reader.read(data_name), find_class=find_class, persistent_load=loader,
-                          limits=options.limits, encoding=options.encoding)
-        return obj
+        return _unpickle_data(reader, info, options, find_class, loader)
+
+
+def open_zip(source: Source, detected: Detected, options: ReadOptions
+             ) -> tuple[Any, ZipInfo, FastStorages]:
+    """:func:`read_zip` without any storage's bytes, for :func:`ptfile.open`: the object
+    (storages without data), the archive's metadata records, and the loader (which
+    central directory row each storage came from, for their offsets).  ``options``:
+    the limits, the settings and the policy (torch's weights-only one, or another).
+
+    Raises
+    ------
+    FormatError, StorageError, UnsafeGlobalError
+        As :func:`read_zip`.
+    """
+    reader = detected.zip_reader()
+    with paused_gc():  # the records' table and the objects: no garbage
+        info = read_info(reader, options.settings)
+        loader = FastStorages(reader, source, info, skip_data=True)
+        find_class = fast() if options.find_class is find_strict_class else options.find_class
+        return _unpickle_data(reader, info, options, find_class, loader), info, loader
+
+
+def _unpickle_data(reader: ZipReader, info: ZipInfo, options: ReadOptions,
+                   find_class: FindClass, loader: Callable[[object], Storage]) -> Any:
+    """The object of the archive's ``data.pkl``, its storages made by ``loader``."""
+    data_name = f"{info.prefix}/data.pkl"
+    if reader.get(data_name) is None:
+        raise FormatError("the archive has no data.pkl record", member=data_name)
+    obj, _ = unpickle(reader.read(data_name), find_class=find_class, persistent_load=loader,
+                      limits=options.limits, encoding=options.encoding)
+    return obj
 
 
 # --------------------------------------------------------------------------- writing

@@ -15,13 +15,13 @@ from typing import IO, TYPE_CHECKING, Any, Final
 import numpy as np
 
 from . import config
-from ._io.directory import DirectoryFiles, is_directory
 from ._io.local import FileLike, atomic_file, damage_as_format_error, is_path, is_url
 from ._io.remote import StorageOptions, local_path, open_any, open_target
 from .allowlist.policy import loads_structurally
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
-from .formats import Format, ReadOptions, detect_directory, detect_source, policies, read
+from .formats import Format, ReadOptions, detect_source, policies, read
+from .formats.detection import detect_input
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import archive_prefix, write_zip
@@ -173,12 +173,13 @@ def load(
 
 
 def _refuse_dcp_directory(f: object) -> None:
-    """A local distributed-checkpoint folder given to :func:`load` is named as such (any
-    other folder raises the OS's IsADirectoryError, as a missing file raises its own)."""
+    """A local checkpoint folder (a DCP folder of either writer, a sharded model) given to
+    :func:`load` is named as such (any other folder raises the OS's IsADirectoryError, as a
+    missing file raises its own)."""
     if not isinstance(f, (str, os.PathLike)) or not is_path(f):
         return
     path = os.fsdecode(os.fspath(f))
-    if os.path.isdir(path) and detect_directory(os.listdir(path)) is Format.DCP:
+    if detect_input(path).is_checkpoint_folder:
         raise FormatError(f"{path!r} is a torch.distributed.checkpoint directory: read it "
                           "with ptfile.load_dcp(), or ptfile.open() for its metadata first")
 
@@ -376,9 +377,9 @@ def detect_format(f: FileLike, *, limits: Limits | None = None,
     >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
     <Format.LEGACY: 'legacy'>
     """
-    if is_directory(f, storage_options):
-        names = DirectoryFiles(f, storage_options=storage_options).names()  # type: ignore[arg-type]
-        return detect_directory(names)
+    kind = detect_input(f, storage_options)
+    if kind.is_folder:
+        return Format.DCP if kind.is_checkpoint_folder else Format.UNKNOWN
     position = None if isinstance(f, (str, os.PathLike, bytes, bytearray, memoryview)) \
         else f.tell()
     source = open_any(f, storage_options=storage_options, lazy=True,
@@ -507,7 +508,7 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
     from .reader import open as open_file
 
     structural = loads_structurally(weights_only, structural)
-    if is_directory(f, storage_options):  # a DCP directory, of either writer
+    if detect_input(f, storage_options).is_folder:  # a DCP folder of either writer (or none)
         return open_dcp(os.fspath(f), limits=limits,  # type: ignore[arg-type]
                         storage_options=storage_options, structural=structural)
     return open_file(f, mmap=mmap, limits=limits, storage_options=storage_options,

@@ -11,7 +11,8 @@ reader above one way to list them and read byte ranges of them:
   :class:`~ptfile._io.remote.RemoteSource`, so a read fetches only its range.
 
 Only names of the directory itself are read: a name with a path separator, ``.`` or
-``..`` is refused, so metadata cannot point outside the checkpoint.  ``opened`` and
+``..`` is refused, so metadata cannot point outside the checkpoint.  Whether an input *is* such a directory is
+decided elsewhere, once (:func:`ptfile.formats.detection.detect_input`).  ``opened`` and
 ``bytes_read`` record what was read, which the tests use to show that a lazy read touches
 only the chunks it needs.
 """
@@ -25,32 +26,10 @@ from typing import Any
 
 from ..errors import FormatError, PtfileError, RemoteError
 from ..limits import DEFAULT_LIMITS, Limits
-from .local import is_url, url_scheme
+from .local import is_url
 from .remote import RemoteSource, filesystem, local_path
 
-__all__ = ["DirectoryFiles", "is_directory"]
-
-
-def is_directory(f: object, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """Whether ``f`` (a path or URL) names a directory; False for anything else.
-
-    A URL costs a request, so only one whose last component has no suffix (``ckpt``,
-    ``step-100/``, not ``model.pt``) is asked about, and never an ``http(s)://`` one; a
-    backend that cannot say is a file.
-    """
-    if not isinstance(f, (str, os.PathLike)):
-        return False
-    name = str(local_path(os.fspath(f)))
-    if not is_url(name):
-        return os.path.isdir(name)
-    # HTTP has no directories fsspec can list without fetching the page (a whole checkpoint).
-    if url_scheme(name) in ("http", "https") or "." in name.rstrip("/").rsplit("/", 1)[-1]:
-        return False
-    try:
-        fs, path = filesystem(name, storage_options)
-        return bool(fs.isdir(path))
-    except Exception:  # noqa: BLE001 (fsspec or a backend missing or failing: the file path says so)
-        return False
+__all__ = ["DirectoryFiles"]
 
 
 class DirectoryFiles:

@@ -1,5 +1,10 @@
 """Which files the inputs name (globs, directories, URL prefixes), and where each
-converted file goes."""
+converted file goes.
+
+A walk keeps each checkpoint once: a file with a :data:`CHECKPOINT_SUFFIXES` suffix, or a
+folder that is one checkpoint (a DCP folder of either writer, a sharded model folder:
+:func:`ptfile.formats.detection.folder_kind` decides, as for every front door), which is
+one input and is not walked into."""
 
 from __future__ import annotations
 
@@ -11,21 +16,11 @@ from typing import Any, Final
 from .._io.local import is_url, url_scheme
 from .._io.remote import StorageOptions, filesystem
 from ..errors import RemoteError
-from ..formats.detection import DCP_METADATA_NAME
+from ..formats.detection import CHECKPOINT_SUFFIXES, InputKind, detect_input, folder_kind
 
 __all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expands", "output_for",
            "outputs"]
 
-#: File names a directory walk keeps: what the formats ptfile reads are saved under by
-#: torch.save, torch.jit.save, torch.export.save and pickle (.bin: Hugging Face; .ckpt:
-#: Lightning; .tar: pre-0.4), and .safetensors, which torch.load reads too (scan checks
-#: its header; bulk convert leaves out walked files already of the kind it writes).
-CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
-                                        ".pkl", ".pickle", ".safetensors"})
-#: The files that mark a distributed checkpoint's folder: its metadata pickles.  A
-#: HuggingFace-writer folder holds only safetensors shards, like any model folder: it is
-#: walked, and a user names it to convert it.
-DCP_MARKER: Final = DCP_METADATA_NAME
 #: Schemes whose URLs have no folders to probe (a probe would be a GET of the page).
 _FLAT_SCHEMES: Final = frozenset({"http", "https"})
 #: The output suffix per conversion kind.
@@ -40,22 +35,14 @@ def _suffix(name: str) -> str:
     return os.path.splitext(name.rstrip("/"))[1].lower()
 
 
-def _is_dcp_dir(path: str) -> bool:
-    try:
-        return any(DCP_MARKER.fullmatch(name) for name in os.listdir(path))
-    except OSError:
-        return False
-
-
 def _walk_local(root: str) -> list[str]:
-    if _is_dcp_dir(root):
-        return [root]
     found = []
     for folder, dirs, files in os.walk(root):
+        if folder_kind(files) is not InputKind.FOLDER:  # one checkpoint: not walked into
+            found.append(folder)
+            dirs.clear()
+            continue
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for d in [d for d in dirs if _is_dcp_dir(os.path.join(folder, d))]:
-            found.append(os.path.join(folder, d))
-            dirs.remove(d)
         found += [os.path.join(folder, f) for f in files if _suffix(f) in CHECKPOINT_SUFFIXES]
     return found
 
@@ -64,16 +51,22 @@ def _expand_local(item: str) -> list[str]:
     if _has_magic(item):
         return [p for p in globbing.glob(item, recursive=True) if os.path.isfile(p)]
     if os.path.isdir(item):
-        return _walk_local(item)
+        return _walk_local(os.path.normpath(item))
     return [os.path.normpath(item)]
 
 
 def _walk_remote(fs: Any, path: str) -> list[str]:
     files = [p for p, info in fs.find(path, detail=True).items() if info.get("type") != "directory"]
-    dcp = {p.rpartition("/")[0] for p in files if DCP_MARKER.fullmatch(p.rpartition("/")[2])}
+    by_folder: dict[str, list[str]] = {}
+    for p in files:
+        folder, _, name = p.rpartition("/")
+        by_folder.setdefault(folder, []).append(name)
+    ones = sorted(f for f, names in by_folder.items()  # one checkpoint each: not walked into
+                  if folder_kind(names) is not InputKind.FOLDER and not _hidden(f + "/", path))
+    ones = [f for f in ones if not any(f.startswith(o + "/") for o in ones)]
     kept = [p for p in files if _suffix(p) in CHECKPOINT_SUFFIXES and not _hidden(p, path)
-            and not any(p.startswith(d + "/") for d in dcp)]
-    return kept + sorted(dcp)
+            and not any(p.startswith(o + "/") for o in ones)]
+    return kept + ones
 
 
 def _hidden(path: str, root: str) -> bool:
@@ -143,9 +136,9 @@ def expands(item: str, storage_options: StorageOptions = None, *, probe: bool = 
     if _has_magic(item) or (is_url(item) and item.endswith("/")):
         return True
     if not is_url(item):
-        return os.path.isdir(item) and not _is_dcp_dir(item)
+        return detect_input(item) is InputKind.FOLDER
     return probe and url_scheme(item) not in _FLAT_SCHEMES and \
-        _suffix(item) not in CHECKPOINT_SUFFIXES and expand(item, storage_options) != [item]
+        detect_input(item, storage_options) is InputKind.FOLDER
 
 
 def as_items(inputs: Any) -> list[str]:

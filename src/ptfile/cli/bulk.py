@@ -7,7 +7,10 @@ finishes, then a summary record with ``"summary": true``), when:
   ``--out-prefix``) is given, or
 * an input is a glob, a directory or a URL prefix (ending in ``/``, or a URL
   without a checkpoint suffix that lists as a folder, ``hf://user/repo``):
-  whatever it matches, even one file, so scripts get one shape; or
+  whatever it matches, even one file, so scripts get one shape; a folder that is one
+  checkpoint (a DCP folder of either writer, a sharded model folder:
+  :func:`ptfile.formats.detection.detect_input` decides) is one input, as for
+  ``ptfile.open``; or
 * ``inspect``/``verify`` get more than one input, ``convert`` gets one input
   or more than two (``convert IN OUT`` is one conversion, as before).
 
@@ -101,28 +104,9 @@ def single(args: argparse.Namespace) -> None:
         args.file = args.file[0]
     elif args.command == "convert":
         args.input, args.output = args.input
-        if bulk.expands(args.input) and not _opens_as_one(args.input):
+        if bulk.expands(args.input):  # a glob, or a folder that is no one checkpoint
             raise PtfileError(f"{args.input} names many files: convert them with "
                               f"--out-prefix {args.output}")
-
-
-def _opens_as_one(item: str) -> bool:
-    """Whether a local folder is one checkpoint to ``ptfile.open`` (a DCP folder of either
-    writer: ``.metadata``, or a HuggingFace writer's ``*.safetensors`` and nothing else a
-    walk would take), so ``convert DIR OUT`` consolidates it as ``load_dcp`` reads it.
-    A folder that also holds other checkpoints (``model.pt`` beside an adapter's
-    ``.safetensors``) still names many files."""
-    from .. import bulk
-    from ..formats.detection import Format, detect_directory
-
-    try:
-        names = os.listdir(item) if os.path.isdir(item) else []
-    except OSError:
-        return False
-    others = [n for n in names if os.path.splitext(n)[1].lower() in bulk.CHECKPOINT_SUFFIXES
-              and not n.lower().endswith(".safetensors")]
-    return detect_directory(names) is Format.DCP and \
-        (".metadata" in names or not others)
 
 
 @contextlib.contextmanager

@@ -37,14 +37,9 @@ from ..formats.safetensors import CODES, header_json
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import by_name
 
-__all__ = ["hf_metadata", "is_hf_directory"]
+__all__ = ["hf_metadata"]
 
 SUFFIX: Final = ".safetensors"
-
-
-def is_hf_directory(files: DirectoryFiles) -> bool:
-    """Whether the directory holds ``*.safetensors`` files (and so may be HF-writer output)."""
-    return any(name.endswith(SUFFIX) for name in files.names())
 
 
 def _header(files: DirectoryFiles, name: str, limits: Limits) -> dict[str, Any]:

@@ -36,12 +36,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from .. import api
-from .._io.directory import is_directory
 from .._io.local import is_path, is_url
 from .._io.remote import StorageOptions, open_any, open_target
 from ..allowlist.structural import is_module
 from ..dcp.consolidate import convert_dcp
 from ..errors import FormatError, UnsupportedFeatureError
+from ..formats.detection import InputKind, detect_input
 from ..model.tensor import Tensor
 from ..model.tree import flatten
 from ..reader import open as open_checkpoint
@@ -71,7 +71,7 @@ def target_kind(output: str, source: str) -> str:
     >>> target_kind("out/", "pytorch_model.bin.index.json")
     'safetensors'
     """
-    if is_directory(source):  # a DCP checkpoint: .pt, .safetensors or an HF folder
+    if detect_input(source).is_folder:  # a DCP checkpoint: .pt, .safetensors or an HF folder
         return _dcp_kind(output)
     if source.endswith(".safetensors.index.json"):
         return "pt"
@@ -272,7 +272,11 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
     FormatError, UnsafeGlobalError, UnsupportedFeatureError, SaveError
         From reading or writing.
     """
-    if is_directory(src, storage_options):
+    kind = detect_input(src, storage_options)
+    if kind is InputKind.FOLDER:
+        raise FormatError(f"{src} is a folder of many files, not one checkpoint: convert "
+                          "them in bulk (ptfile.bulk.convert, or --out-prefix)")
+    if kind.is_checkpoint_folder:
         summary = convert_dcp(src, dst, to=to, storage_options=storage_options)
         if on_step is not None:
             on_step(1)

@@ -28,7 +28,7 @@ from typing import Any, Final, NoReturn
 
 from .._io.local import Source
 from ..errors import UnknownFormatError, UnsupportedFeatureError
-from .detection import Detected, Format, detect, detect_directory, detect_source
+from .detection import Detected, Format, InputKind, detect, detect_input, detect_source
 from .legacy_pickle import read_legacy
 from .legacy_tar import read_tar
 from .options import ReadOptions
@@ -37,8 +37,8 @@ from .safetensors import read_safetensors
 from .torchscript import read_script_state_dict
 from .zipped import read_zip
 
-__all__ = ["READERS", "Detected", "Format", "ReadOptions", "detect", "detect_directory",
-           "detect_source", "read",
+__all__ = ["READERS", "Detected", "Format", "InputKind", "ReadOptions", "detect",
+           "detect_input", "detect_source", "read",
            "read_detected", "refuse"]
 
 Reader = Callable[[Source, Detected, ReadOptions], Any]

@@ -26,34 +26,61 @@ in the first :data:`HEAD_BYTES`, not for a plausible length: a header length bey
 the file or over ``Limits.max_safetensors_header_bytes`` is reported as that
 (FormatError, LimitExceededError) by the one header reader, not as an unknown format.
 A file under 9 bytes is no safetensors file (safetensors refuses it too).
+
+What an *input* is comes first, and is decided here once too, by :func:`detect_input`
+(from names and the file system's answers, never by reading a checkpoint): one file
+(:attr:`InputKind.FILE`: a local path, a file object, bytes; :attr:`InputKind.URL`), one
+checkpoint that is a folder, or a folder of many files.  A folder's kind is
+:func:`folder_kind` of its file names:
+
+==================  =============================================================
+kind                the folder's own files (subfolders are not looked at)
+==================  =============================================================
+``DCP``             a metadata pickle: ``.metadata`` or ``__<rank>.metadata``
+                    (torch's FileSystemWriter), whatever else is beside it
+``SHARDS``          ``*.safetensors`` and no other checkpoint file
+                    (:data:`CHECKPOINT_SUFFIXES`): a HuggingFaceStorageWriter
+                    folder (one rank or several, consolidated or not: the
+                    shards of a consolidated one are in ``sharded/``, not read),
+                    or a Hugging Face sharded model (``*.index.json`` + shards)
+``FOLDER``          anything else: many files, each its own checkpoint
+==================  =============================================================
+
+``ptfile.load`` (which names the folder kinds' own readers), ``ptfile.open``,
+``scan``, ``inspect``, ``verify``, ``diff``, ``convert``, the DCP readers and the bulk
+walks all ask it, so they agree on what an input is.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import re
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from .._gc import paused_gc
-from .._io.local import Source
+from .._io.local import Source, is_url, url_scheme
 from ..archive import ZipReader
 from ..archive.tar import is_tar
-from ..errors import FormatError
+from ..errors import FormatError, PtfileError, RemoteError
 from ..limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
+    "CHECKPOINT_SUFFIXES",
     "DCP_METADATA_NAME",
     "HEAD_BYTES",
     "LEGACY_MAGIC_PICKLE",
     "ZIP_MARKERS",
     "Detected",
     "Format",
+    "InputKind",
     "detect",
-    "detect_directory",
+    "detect_input",
     "detect_source",
     "folded_markers",
+    "folder_kind",
     "kind_of_markers",
     "zip_kind",
 ]
@@ -69,7 +96,7 @@ class Format(enum.Enum):
     TAR = "tar"
     #: A safetensors file (:mod:`.safetensors`).
     SAFETENSORS = "safetensors"
-    #: A ``torch.distributed.checkpoint`` directory (:func:`detect_directory`).
+    #: A ``torch.distributed.checkpoint`` directory, of either writer (:func:`detect_input`).
     DCP = "dcp"
     UNKNOWN = "unknown"
 
@@ -103,21 +130,132 @@ ZIP_MARKERS: Final = ("archive_format", "constants.pkl", "data.pkl")
 #: A DCP metadata pickle's file name: the coordinator's ``.metadata``, or a rank's own
 #: ``__<rank>.metadata`` (``use_collectives=False``).
 DCP_METADATA_NAME: Final = re.compile(r"\.metadata|__\d+\.metadata")
-#: The file names that make a directory a DCP checkpoint: a metadata pickle, or the
-#: ``*.safetensors`` of a HuggingFaceStorageWriter (which writes no metadata pickle).
-_DCP_NAMES: Final = re.compile(f"{DCP_METADATA_NAME.pattern}|.+\\.safetensors")
+#: A HuggingFaceStorageWriter's (and a sharded model's) files: what its reader reads.
+_SHARD_SUFFIX: Final = ".safetensors"
+#: File names that hold checkpoints, by suffix (ASCII case ignored): what torch.save,
+#: torch.jit.save, torch.export.save and pickle write under (.bin: Hugging Face; .ckpt:
+#: Lightning; .tar: pre-0.4), and .safetensors.  A folder walk keeps these files.
+CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
+                                        ".pkl", ".pickle", ".safetensors"})
+#: The URL schemes whose folders cannot be listed (a listing would fetch the page).
+_FLAT_SCHEMES: Final = frozenset({"http", "https"})
 
 
-def detect_directory(names: Iterable[str]) -> Format:
-    """The format of a directory holding the files ``names``: :attr:`Format.DCP` or
-    :attr:`Format.UNKNOWN`.
+class InputKind(enum.Enum):
+    """What an input is (:func:`detect_input`): one file, one checkpoint folder, or a
+    folder of many files."""
+
+    #: One file: a local path (a missing one too), a file object or bytes.
+    FILE = "file"
+    #: One file behind a URL.
+    URL = "url"
+    #: A torch FileSystemWriter folder: ``.metadata`` or ``__<rank>.metadata``.
+    DCP = "dcp"
+    #: ``*.safetensors`` shards and no other checkpoint: a HuggingFaceStorageWriter folder
+    #: or a Hugging Face sharded model folder, read as one checkpoint.
+    SHARDS = "shards"
+    #: A folder of many files (or none): each checkpoint in it is one input of its own.
+    FOLDER = "folder"
+
+    @property
+    def is_folder(self) -> bool:
+        """Whether the input is a folder (of whatever kind): the DCP readers read it, and
+        refuse a FOLDER as no one checkpoint."""
+        return self in (InputKind.DCP, InputKind.SHARDS, InputKind.FOLDER)
+
+    @property
+    def is_checkpoint_folder(self) -> bool:
+        """Whether the input is one checkpoint that is a folder (DCP or SHARDS)."""
+        return self in (InputKind.DCP, InputKind.SHARDS)
+
+
+def _suffix(name: str) -> str:
+    return os.path.splitext(name)[1].lower()
+
+
+def folder_kind(names: Iterable[str]) -> InputKind:
+    """What a folder holding the files ``names`` (its own, not its subfolders') is:
+    :attr:`InputKind.DCP`, :attr:`InputKind.SHARDS` or :attr:`InputKind.FOLDER`.
 
     Examples
     --------
-    >>> detect_directory([".metadata", "__0_0.distcp"]), detect_directory(["a.txt"])
-    (<Format.DCP: 'dcp'>, <Format.UNKNOWN: 'unknown'>)
+    >>> folder_kind([".metadata", "__0_0.distcp"]), folder_kind(["a.txt"])
+    (<InputKind.DCP: 'dcp'>, <InputKind.FOLDER: 'folder'>)
+    >>> folder_kind(["model-00001-of-00001.safetensors", "model.safetensors.index.json"])
+    <InputKind.SHARDS: 'shards'>
+    >>> folder_kind(["adapter.safetensors", "model.pt"])  # two checkpoints side by side
+    <InputKind.FOLDER: 'folder'>
     """
-    return Format.DCP if any(_DCP_NAMES.fullmatch(n) for n in names) else Format.UNKNOWN
+    names = list(names)
+    if any(DCP_METADATA_NAME.fullmatch(n) for n in names):
+        return InputKind.DCP
+    shards = [n for n in names if n.endswith(_SHARD_SUFFIX) and len(n) > len(_SHARD_SUFFIX)]
+    others = [n for n in names if _suffix(n) in CHECKPOINT_SUFFIXES and n not in shards]
+    return InputKind.SHARDS if shards and not others else InputKind.FOLDER
+
+
+def detect_input(f: object, storage_options: Mapping[str, Any] | None = None) -> InputKind:
+    """What the input ``f`` is: the one decision every front door asks.
+
+    A path that is no folder (a missing one too) is a FILE, as is anything but a path or
+    URL (file objects, bytes).  A folder is :func:`folder_kind` of its files.  A URL is
+    listed only when it may name a folder: not ``http(s)://`` (no listing without
+    fetching the page), and only when its last component has no suffix (``ckpt``,
+    ``step-100/``, not ``model.pt``); one the backend does not call a folder, or that it
+    cannot ask about, is a URL (reading it says what is wrong).
+
+    Raises
+    ------
+    FormatError
+        A local folder cannot be listed.
+    RemoteError
+        A URL the backend calls a folder cannot be listed.
+
+    Examples
+    --------
+    >>> detect_input(b"PK..."), detect_input("https://host/ckpt"), detect_input("none.pt")
+    (<InputKind.FILE: 'file'>, <InputKind.URL: 'url'>, <InputKind.FILE: 'file'>)
+    """
+    from .._io.remote import local_path
+
+    if not isinstance(f, (str, os.PathLike)):
+        return InputKind.FILE
+    name = os.fsdecode(local_path(os.fspath(f)))  # type: ignore[arg-type]
+    if not is_url(name):
+        return InputKind.FILE if not os.path.isdir(name) else folder_kind(_local_names(name))
+    names = _url_names(name, storage_options)
+    return InputKind.URL if names is None else folder_kind(names)
+
+
+def _local_names(folder: str) -> list[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return [e.name for e in entries if e.is_file()]
+    except OSError as exc:
+        raise FormatError(f"{folder!r} cannot be listed: {exc}") from exc
+
+
+def _url_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
+    """The file names of the folder ``url`` names, or None when it names none (or the
+    backend cannot say)."""
+    from .._io.remote import filesystem
+
+    if url_scheme(url) in _FLAT_SCHEMES or "." in url.rstrip("/").rsplit("/", 1)[-1]:
+        return None
+    try:
+        fs, path = filesystem(url, storage_options)
+        if not fs.isdir(path):
+            return None
+    except Exception:  # noqa: BLE001 (fsspec or a backend missing or failing: the file path says so)
+        return None
+    try:
+        entries = fs.ls(path, detail=True)
+    except PtfileError:
+        raise
+    except Exception as exc:
+        raise RemoteError(f"{url}: cannot list the folder: {exc}", url=url) from exc
+    return [str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
+            if e.get("type") == "file"]
 
 
 def detect(head: bytes) -> Format:

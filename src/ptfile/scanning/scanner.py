@@ -70,7 +70,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._io.directory import is_directory
 from .._io.local import BytesSource, FileLike, Source, is_path
 from .._io.remote import StorageOptions, local_path, open_any
 from ..archive import tar
@@ -83,7 +82,7 @@ from ..errors import (
     UnknownFormatError,
 )
 from ..formats import Format, detect
-from ..formats.detection import ZIP_MARKERS, folded_markers, kind_of_markers
+from ..formats.detection import ZIP_MARKERS, detect_input, folded_markers, kind_of_markers
 from ..formats.safetensors import read_header
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm._walk import frame_violation
@@ -743,7 +742,7 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
     (True, ['posix.system'])
     """
     limits = limits or DEFAULT_LIMITS
-    if is_directory(f, storage_options):  # a DCP checkpoint: its pickles, each as a file
+    if detect_input(f, storage_options).is_folder:  # a DCP checkpoint: its pickles, each a file
         return scan_directory(f, lambda data: scan(data, limits=limits),  # type: ignore[arg-type]
                               limits=limits, storage_options=storage_options)
     source = _bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \

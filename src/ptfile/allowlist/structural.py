@@ -40,11 +40,13 @@ id ``('module', cls, source_file, source)``; the legacy readers resolve it to
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import LimitExceededError, brief
 from ..limits import Limits, active
-from ..model.tensor import Parameter, Tensor
+
+if TYPE_CHECKING:  # the scanner's stand-ins need no tensor model (nor numpy)
+    from ..model.tensor import Tensor
 
 __all__ = [
     "StandIn",
@@ -159,6 +161,8 @@ def _entries(state: dict[str, Any], key: str) -> list[tuple[Any, Any]]:
 def _module_tensors(module: StandIn, prefix: str, out: OrderedDict[str, Any],
                     seen: set[int], visits: list[int]) -> None:
     """``visits``: the modules visited so far and ``Limits.max_module_visits``."""
+    from ..model.tensor import Parameter
+
     visits[0] += 1
     if visits[0] > visits[1]:
         raise LimitExceededError("max_module_visits", visits[1], visits[0],

@@ -3,15 +3,35 @@
 This layer knows nothing about torch objects; it moves named byte records in
 and out of ZIP archives laid out exactly as ``torch.save`` lays them out.  The
 format subset is specified in :mod:`ptfile.archive.records`.
+
+The face is lazy (PEP 562, as :mod:`ptfile`'s): each name below is imported
+from its module the first time it is used, so reading a small archive
+(``ptfile scan``) imports neither the writer nor numpy.  numpy is imported
+by the functions that build arrays: the vectorised central directory pass,
+the bulk local header check, the writer's runs.
 """
 
 from __future__ import annotations
 
-from .anomalies import Anomaly
-from .layout import computed_data_offset, computed_data_offsets, computed_next_header_offset
-from .reader import Record, ZipReader
-from .serialization_id import SERIALIZATION_ID_NAME
-from .writer import MAX_ALIGNMENT, ZipWriter
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from .anomalies import Anomaly
+    from .layout import computed_data_offset, computed_data_offsets, computed_next_header_offset
+    from .reader import Record, ZipReader
+    from .serialization_id import SERIALIZATION_ID_NAME
+    from .writer import MAX_ALIGNMENT, ZipWriter
+
+#: Each public name and the module that holds it.
+_EXPORTS: Final[dict[str, str]] = {
+    "Anomaly": "anomalies",
+    "computed_data_offset": "layout", "computed_data_offsets": "layout",
+    "computed_next_header_offset": "layout",
+    "Record": "reader", "ZipReader": "reader",
+    "SERIALIZATION_ID_NAME": "serialization_id",
+    "MAX_ALIGNMENT": "writer", "ZipWriter": "writer",
+}
 
 __all__ = [
     "MAX_ALIGNMENT",
@@ -24,3 +44,17 @@ __all__ = [
     "computed_data_offsets",
     "computed_next_header_offset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:  # a submodule (`from ptfile.archive import tar`) is found by import
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

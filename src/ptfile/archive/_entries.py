@@ -49,9 +49,8 @@ import itertools
 import operator
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Final, cast
-
-import numpy as np
+from functools import cache
+from typing import TYPE_CHECKING, Final, cast
 
 from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
 from .anomalies import Anomaly, report
@@ -65,6 +64,9 @@ from .records import (
     U16_MAX,
     U32_MAX,
 )
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made: a small directory needs none
+    import numpy as np
 
 __all__ = ["SMALL_ENTRIES", "Entries", "check_case_collisions", "check_overlaps", "parse_entries",
            "parse_sequential", "parse_vectorised"]
@@ -85,12 +87,20 @@ _FIELD_SPEC: Final = (  # name, numpy format, offset in the fixed header (4.3.12
     ("extra_length", "<u2", 30), ("comment_length", "<u2", 32), ("disk", "<u2", 34),
     ("header_offset", "<u4", 42),
 )  # fmt: skip
-_HEADER_DTYPE: Final = np.dtype({
-    "names": [name for name, _, _ in _FIELD_SPEC],
-    "formats": [fmt for _, fmt, _ in _FIELD_SPEC],
-    "offsets": [at for _, _, at in _FIELD_SPEC],
-    "itemsize": _CD_FIXED,
-})  # fmt: skip
+
+
+@cache
+def _header_dtype() -> np.dtype:
+    """The fixed part of a central directory header as a numpy record (made on first use)."""
+    import numpy as np
+
+    return np.dtype({
+        "names": [name for name, _, _ in _FIELD_SPEC],
+        "formats": [fmt for _, fmt, _ in _FIELD_SPEC],
+        "offsets": [at for _, _, at in _FIELD_SPEC],
+        "itemsize": _CD_FIXED,
+    })  # fmt: skip
+
 #: Column order of :attr:`Entries.values`: the numeric fields of a Record, in its order.
 COLUMNS: Final = ("header_offset", "size", "compressed_size", "method", "crc32", "flags")
 
@@ -136,6 +146,8 @@ class Entries:
     @property
     def values(self) -> np.ndarray:
         """The :data:`COLUMNS` as an ``(n, 6)`` read-only int64 array."""
+        import numpy as np
+
         if self._values is None:
             rows = cast("list[tuple[int, ...]]", self._rows)
             self._values = _frozen(np.array(rows, np.int64).reshape(len(rows), len(COLUMNS)))
@@ -144,6 +156,8 @@ class Entries:
     @property
     def name_at(self) -> np.ndarray:
         """The file offset of each central name (read-only int64)."""
+        import numpy as np
+
         if self._name_at is None:
             starts = cast("list[int]", self._name_starts)
             self._name_at = _frozen(np.array(starts, np.int64) + self.directory_offset)
@@ -152,6 +166,8 @@ class Entries:
     @property
     def name_length(self) -> np.ndarray:
         """The byte length of each name (read-only int64)."""
+        import numpy as np
+
         if self._name_length is None:
             self._name_length = _frozen(np.array(self._name_lengths, np.int64))
         return self._name_length
@@ -182,6 +198,8 @@ class Entries:
 
     def starting_with(self, prefix: str) -> np.ndarray:
         """Per row: does the name start with ``prefix``?  (Compared as UTF-8 bytes.)"""
+        import numpy as np
+
         raw = prefix.encode("utf-8")
         width = len(raw)
         match: np.ndarray = self.name_length >= width
@@ -203,6 +221,8 @@ class Entries:
         if self._rows is not None:
             return next((row for row, name in enumerate(self.names)
                          if not name.startswith(folder)), None)
+        import numpy as np
+
         outside = np.flatnonzero(~self.starting_with(folder))
         return int(outside[0]) if outside.size else None
 
@@ -220,6 +240,8 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 def _entries(names: list[str], values: np.ndarray, name_start: np.ndarray,
              name_length: np.ndarray, index: dict[str, int], data: bytes,
              cd_offset: int) -> Entries:
+    import numpy as np
+
     values = np.ascontiguousarray(values, np.int64).reshape(len(names), len(COLUMNS))
     name_at = name_start.astype(np.int64) + cd_offset
     return Entries(tuple(names), index, data, cd_offset, values=_frozen(values),
@@ -459,6 +481,8 @@ def check_overlaps(entries: Entries, anomalies: list[Anomaly] | None = None) -> 
         stops = [row[0] + _LOCAL_FIXED + n + row[2] for row, n in zip(rows, lengths, strict=True)]
         if all(map(operator.ge, begins[1:], stops[:-1])):
             return
+    import numpy as np
+
     starts, ends = entries.values[:, 0], entries.ends()
     if len(starts) < 2 or bool((starts[1:] >= ends[:-1]).all()):
         return  # stored in order, one after the other
@@ -495,13 +519,15 @@ def _report_overlaps(entries: Entries, anomalies: list[Anomaly]) -> None:
 
 def parse_vectorised(data: bytes, entries: int, cd_offset: int, max_name: int) -> Entries | None:
     """The fast pass (module docstring), or None when the sequential pass must decide."""
+    import numpy as np
+
     if entries == 0 or len(data) < _CD_FIXED:
         return None
     starts = _chain(data, entries)
     if starts is None:
         return None
     fields = np.ndarray((len(data) - _CD_FIXED + 1,), f"V{_CD_FIXED}", data, 0, (1,))[starts]
-    head = fields.view(_HEADER_DTYPE)
+    head = fields.view(_header_dtype())
     nlen = head["name_length"].astype(np.int64)
     if int(nlen.max()) > max_name:
         return None
@@ -527,6 +553,8 @@ def parse_vectorised(data: bytes, entries: int, cd_offset: int, max_name: int) -
 
 def _chain(data: bytes, entries: int) -> np.ndarray | None:
     """The start of every entry when the first ``entries`` signatures chain, else None."""
+    import numpy as np
+
     room = len(data) - _CD_FIXED + 1  # starts whose fixed part fits
     found = np.ndarray((room,), "<u4", data, 0, (1,)) == _SIGNATURE_U32
     if not entries <= np.count_nonzero(found) <= 2 * entries + _SPARE_SIGNATURES:
@@ -545,6 +573,8 @@ def _chain(data: bytes, entries: int) -> np.ndarray | None:
 def _resolve_zip64(data: bytes, head: np.ndarray, values: np.ndarray, extra_at: np.ndarray,
                    cd_offset: int) -> bool:
     """Put the ZIP64 extra's values into the rows with sentinel fields; False if any is bad."""
+    import numpy as np
+
     sentinel = (
         (head["size"] == U32_MAX) | (head["compressed_size"] == U32_MAX)
         | (head["header_offset"] == U32_MAX) | (head["disk"] == U16_MAX)

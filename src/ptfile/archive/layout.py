@@ -35,9 +35,7 @@ Writers (byte-identical to torch)
 from __future__ import annotations
 
 import struct
-from typing import Final
-
-import numpy as np
+from typing import TYPE_CHECKING, Final
 
 from .records import (
     DESCRIPTOR64_STRUCT,
@@ -49,6 +47,9 @@ from .records import (
     ZIP64_EXTRA_ID,
     LocalFileHeader,
 )
+
+if TYPE_CHECKING:  # numpy only for the vectorised rule, imported there
+    import numpy as np
 
 __all__ = [
     "computed_data_offset",
@@ -172,6 +173,8 @@ def computed_data_offsets(header_offsets: np.ndarray, name_lengths: np.ndarray,
     the size needs ZIP64, the header offset when it does), the padding extra's
     4-byte header, then padding up to ``alignment``.
     """
+    import numpy as np
+
     values = 2 * (sizes >= U32_MAX) + (header_offsets >= U32_MAX)
     start = header_offsets + (LocalFileHeader.SIZE + 4) + name_lengths \
         + np.where(values > 0, 4 + 8 * values, 0)

@@ -38,15 +38,12 @@ import copy
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Final, cast
-
-import numpy as np
+from typing import TYPE_CHECKING, Final, cast
 
 from .._gc import paused_gc
 from .._io.local import BytesSource, MmapSource, Source
 from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
-from ._bulk import bulk_data_offsets, gathered_data_offsets, sparse
 from ._entries import Entries, parse_entries
 from .anomalies import Anomaly, report
 from .directory import Directory, check_counts, locate_directory
@@ -58,6 +55,9 @@ from .records import (
     METHOD_STORED,
     LocalFileHeader,
 )
+
+if TYPE_CHECKING:  # numpy is imported by the methods that make arrays: a scan needs none
+    import numpy as np
 
 __all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_data_offsets",
            "computed_next_header_offset", "local_header_at", "read_local_header"]
@@ -237,11 +237,15 @@ class ZipReader:
         KeyError
             A name no member has.
         """
+        import numpy as np
+
         return np.fromiter(map(self._index.__getitem__, names), np.int64)
 
     def indices_with_prefix(self, prefix: str) -> np.ndarray:
         """The central directory indices of the names that start with ``prefix`` (int64, in
         directory order)."""
+        import numpy as np
+
         found: np.ndarray = np.flatnonzero(self._entries.starting_with(prefix))
         return found
 
@@ -317,6 +321,8 @@ class ZipReader:
         IndexError
             An index outside ``0 .. len(self) - 1``.
         """
+        import numpy as np
+
         indices = np.asarray(indices, np.int64)
         if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= len(self._made)):
             raise IndexError(f"record indices outside 0..{len(self._made) - 1}")
@@ -351,6 +357,8 @@ class ZipReader:
         if len(self._made) < BULK_MIN_RECORDS or not isinstance(source, (BytesSource,
                                                                            MmapSource)):
             return
+        from ._bulk import bulk_data_offsets, gathered_data_offsets, sparse  # numpy
+
         columns = (entries.column("header_offset"), entries.name_at, entries.name_length,
                    entries.column("compressed_size"), self._cd_offset)
         found = None

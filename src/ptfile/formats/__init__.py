@@ -19,39 +19,65 @@ The readers: :mod:`.zipped` (``torch.save`` ≥ 1.6), :mod:`.torchscript`
 its module holds the one safetensors header reader).
 Their storages come from one loader per container kind
 (:mod:`.storages` for every ZIP kind).
+
+Detection is imported with the package; the readers (and :class:`~.options.ReadOptions`)
+are imported the first time :data:`READERS` or :func:`read` is used (PEP 562), so what
+only detects (``ptfile.scan``) imports neither numpy nor ml_dtypes.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from .._io.local import Source
 from ..errors import UnknownFormatError, UnsupportedFeatureError
 from .detection import Detected, Format, InputKind, detect, detect_input, detect_source
-from .legacy_pickle import read_legacy
-from .legacy_tar import read_tar
-from .options import ReadOptions
-from .pt2 import read_pt2
-from .safetensors import read_safetensors
-from .torchscript import read_script_state_dict
-from .zipped import read_zip
+
+if TYPE_CHECKING:  # imported on first use (PEP 562): detecting a format needs no reader
+    from .options import ReadOptions
+
+    #: One reader per format, each ``(source, detected, options) -> object``.
+    READERS: dict[Format, Reader]
 
 __all__ = ["READERS", "Detected", "Format", "InputKind", "ReadOptions", "detect",
            "detect_input", "detect_source", "read",
            "read_detected", "refuse"]
 
-Reader = Callable[[Source, Detected, ReadOptions], Any]
+Reader = Callable[[Source, "Detected", "ReadOptions"], Any]
 
-#: One reader per format, each ``(source, detected, options) -> object``.
-READERS: Final[dict[Format, Reader]] = {
-    Format.ZIP: read_zip,
-    Format.TORCHSCRIPT: read_script_state_dict,
-    Format.LEGACY: read_legacy,
-    Format.TAR: read_tar,
-    Format.PT2: read_pt2,
-    Format.SAFETENSORS: read_safetensors,
+#: The module and function of each format's reader; :data:`READERS` imports them when
+#: first used, so a scan (which reads no tensors) imports no reader, numpy or ml_dtypes.
+_READER_NAMES: Final = {
+    Format.ZIP: ("zipped", "read_zip"),
+    Format.TORCHSCRIPT: ("torchscript", "read_script_state_dict"),
+    Format.LEGACY: ("legacy_pickle", "read_legacy"),
+    Format.TAR: ("legacy_tar", "read_tar"),
+    Format.PT2: ("pt2", "read_pt2"),
+    Format.SAFETENSORS: ("safetensors", "read_safetensors"),
 }
+
+
+def _readers() -> dict[Format, Reader]:
+    """:data:`READERS`, made (and kept) on first use."""
+    found: dict[Format, Reader] | None = globals().get("READERS")
+    if found is None:
+        found = {fmt: getattr(importlib.import_module(f"{__name__}.{module}"), name)
+                 for fmt, (module, name) in _READER_NAMES.items()}
+        globals()["READERS"] = found
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`READERS` and :class:`~.options.ReadOptions`, imported on first use."""
+    if name == "READERS":
+        return _readers()
+    if name == "ReadOptions":
+        value = importlib.import_module(f"{__name__}.options").ReadOptions
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def refuse(detected: Detected) -> NoReturn:
@@ -75,7 +101,7 @@ def refuse(detected: Detected) -> NoReturn:
 
 def read_detected(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """The object ``source`` holds, read by the reader of its ``detected`` format."""
-    reader = READERS.get(detected.format)
+    reader = _readers().get(detected.format)
     if reader is None:
         refuse(detected)
     return reader(source, detected, options)

@@ -83,13 +83,11 @@ from ..errors import (
 )
 from ..formats import Format, detect
 from ..formats.detection import ZIP_MARKERS, detect_input, folded_markers, kind_of_markers
-from ..formats.safetensors import read_header
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
 from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, TarMember, Window, ZipEntry, read_member, walk_zip
-from .dcp import scan_directory
 from .fast import fast_names
 from .loaders import PICKLE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 from .loaders.stream import legacy_stream
@@ -681,6 +679,8 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
     if fmt is Format.ZIP:
         return _scan_zip(s, source, where, depth)
     if fmt is Format.SAFETENSORS:  # data only: its header is checked, damage raises
+        from ..formats.safetensors import read_header  # (its dtypes import numpy)
+
         read_header(source, s.limits)
         return "safetensors"
     legacy = fmt is Format.LEGACY
@@ -743,6 +743,8 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
     """
     limits = limits or DEFAULT_LIMITS
     if detect_input(f, storage_options).is_folder:  # a DCP checkpoint: its pickles, each a file
+        from .dcp import scan_directory  # (the DCP metadata model imports numpy)
+
         return scan_directory(f, lambda data: scan(data, limits=limits),  # type: ignore[arg-type]
                               limits=limits, storage_options=storage_options)
     source = _bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \

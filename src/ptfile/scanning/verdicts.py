@@ -29,8 +29,6 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from ..allowlist.policy import BLOCKED_MODULES, find_allowed
-
 __all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "DANGEROUS_PREFIXES", "STANDARD_CODECS",
            "TORCHSCRIPT_NAMES", "Finding", "ScanResult", "Verdict", "codec_is_standard",
            "iter_dangerous", "verdict_of"]
@@ -46,7 +44,8 @@ class Verdict(str, Enum):
 
 #: Modules whose every global is dangerous (prefix match on dotted names).
 DANGEROUS_MODULES: Final = frozenset({
-    *BLOCKED_MODULES, "subprocess", "_posixsubprocess", "runpy", "importlib", "imp",
+    "sys", "os", "posix", "nt",  # torch's blocklist (ptfile.allowlist.policy.BLOCKED_MODULES)
+    "subprocess", "_posixsubprocess", "runpy", "importlib", "imp",
     "pty", "shutil", "socket", "ctypes", "_ctypes", "pickle", "_pickle", "cPickle",
     "marshal", "code", "codeop", "commands", "webbrowser", "multiprocessing", "signal",
     "asyncio", "bdb", "pdb", "timeit", "pydoc", "ensurepip", "venv", "distutils",
@@ -291,6 +290,39 @@ def python3_name(module: str, name: str) -> tuple[str, str]:
     return _compat_pickle.IMPORT_MAPPING.get(module, module), name
 
 
+#: The names ``torch.save`` writes into every state dict (tensors, parameters, storages,
+#: the common dtypes, ``OrderedDict``): a subset of torch's weights-only allowlist
+#: (:data:`ptfile.allowlist.rebuild.SAFE_GLOBALS`; the tests check it is one), answered
+#: without importing the allowlist, whose stand-ins import numpy.  :func:`_allowed` asks
+#: the allowlist itself about every other name.
+COMMON_ALLOWED: Final = frozenset({
+    ("collections", "OrderedDict"), ("torch", "Size"), ("torch", "device"),
+    ("torch", "Tensor"), ("torch.nn.parameter", "Parameter"),
+    ("torch._tensor", "_rebuild_from_type_v2"), ("torch.storage", "UntypedStorage"),
+    *(("torch._utils", f"_rebuild_{n}") for n in ("tensor", "tensor_v2", "tensor_v3",
+                                                   "parameter", "parameter_with_state")),
+    *(("torch", f"{n}Storage") for n in ("Float", "Double", "Half", "BFloat16", "Long", "Int",
+                                         "Short", "Char", "Byte", "Bool")),
+    *(("torch", n) for n in ("float32", "float64", "float16", "bfloat16", "int64", "int32",
+                             "int16", "int8", "uint8", "bool")),
+})  # fmt: skip
+
+
+def _allowed(module: str, name: str) -> bool:
+    """``module.name`` is on torch's allowlist or in the registry of
+    :func:`ptfile.add_safe_globals` (:func:`ptfile.allowlist.policy.find_allowed`).
+
+    The registry only adds names to the allowlist, so a name of :data:`COMMON_ALLOWED`
+    is allowed without importing it (a scan of a plain checkpoint starts without numpy);
+    any other name imports the allowlist.
+    """
+    if (module, name) in COMMON_ALLOWED:
+        return True
+    from ..allowlist.policy import find_allowed  # the allowlist's stand-ins: numpy
+
+    return find_allowed(module, name) is not None
+
+
 def verdict_of(module: str, name: str) -> Verdict:
     """The verdict for a global ``module.name`` (tables first, then the allowlist).
 
@@ -309,7 +341,7 @@ def verdict_of(module: str, name: str) -> Verdict:
     names = {(module, name), python3_name(module, name)}
     if any(_dangerous(m, n) for pair in names for m, n in _readings(*pair)):
         return Verdict.DANGEROUS
-    if find_allowed(module, name) is not None or (module, name) in TORCHSCRIPT_NAMES:
+    if _allowed(module, name) or (module, name) in TORCHSCRIPT_NAMES:
         return Verdict.ALLOWED
     return Verdict.UNKNOWN
 

@@ -67,7 +67,6 @@ from ...allowlist.structural import StandInType
 from ...archive.anomalies import Anomaly
 from ...archive.tar import BLOCK, TarMember, read_members, tarfile_accepts
 from ...limits import Limits
-from ...model.dtypes import STORAGE_DTYPES
 from . import TORCH_LOAD_UNSAFE
 from .stream import CANNOT_TELL, evaluate, next_starts
 
@@ -138,6 +137,8 @@ def tarfile_header(head: bytes) -> bool:
 def _storage_size(kind: object) -> int | None:
     """The element size ``storage_type._dtype`` gives, when the model knows it."""
     if isinstance(kind, StandInType) and kind.module.split(".")[0] == "torch":
+        from ...model.dtypes import STORAGE_DTYPES  # (numpy): legacy tar files only
+
         dtype = STORAGE_DTYPES.get(kind.name)
         if dtype is not None:
             return dtype.itemsize

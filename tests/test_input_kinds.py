@@ -260,8 +260,34 @@ def test_a_folder_of_many_checkpoints_is_no_one_checkpoint(
 def test_folder_kind_by_names() -> None:
     assert folder_kind(["__0.metadata", "__0_0.distcp", "model.pt"]) is InputKind.DCP
     assert folder_kind(["shard-00001-model-00001-of-00001.safetensors"]) is InputKind.SHARDS
-    assert folder_kind(["model.safetensors", "config.json"]) is InputKind.SHARDS
+    assert folder_kind(["model.safetensors", "model.safetensors.index.json"]) is InputKind.SHARDS
+    # Unrelated safetensors files are many checkpoints: no index, no shard names.
+    assert folder_kind(["model.safetensors", "config.json"]) is InputKind.FOLDER
+    assert folder_kind(["a.safetensors", "b.safetensors"]) is InputKind.FOLDER
+    assert folder_kind(["diffusion_pytorch_model-00001-of-00002.safetensors",
+                        "diffusion_pytorch_model-00002-of-00002.safetensors"]) is InputKind.SHARDS
     assert folder_kind(["pytorch_model.bin", "model.safetensors"]) is InputKind.FOLDER
     assert folder_kind(["model.SAFETENSORS"]) is InputKind.FOLDER  # its reader reads none
     assert folder_kind([]) is InputKind.FOLDER
     assert detect_input(os.devnull) is InputKind.FILE
+
+
+def test_a_folder_of_unrelated_safetensors_files_is_many_checkpoints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A folder of adapters holds one key twice: read as one checkpoint it was an error
+    # ("the chunk of 'w' is in two files") for inspect, scan and convert alike.
+    from safetensors.numpy import save_file as save_numpy
+
+    folder = tmp_path / "adapters"
+    folder.mkdir()
+    save_numpy({"w": np.ones(3, "float32")}, str(folder / "a.safetensors"))
+    save_numpy({"w": np.zeros(3, "float32")}, str(folder / "b.safetensors"))
+    assert detect_input(folder) is InputKind.FOLDER
+    assert sorted(Path(u).name for u in bulk.expand([str(folder)])) == \
+        ["a.safetensors", "b.safetensors"]
+    for command in ("inspect", "scan", "verify"):
+        code, out = cli(capsys, command, "--json", folder)
+        records = [json.loads(line) for line in out.splitlines()]
+        assert code == 0, out
+        assert sorted(Path(r["path"]).name for r in records if "summary" not in r) == \
+            ["a.safetensors", "b.safetensors"]

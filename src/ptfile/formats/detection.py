@@ -132,6 +132,11 @@ ZIP_MARKERS: Final = ("archive_format", "constants.pkl", "data.pkl")
 DCP_METADATA_NAME: Final = re.compile(r"\.metadata|__\d+\.metadata")
 #: A HuggingFaceStorageWriter's (and a sharded model's) files: what its reader reads.
 _SHARD_SUFFIX: Final = ".safetensors"
+#: A shard's name as the HuggingFace writers give it: ``model-00001-of-00002.safetensors``
+#: (any stem: ``diffusion_pytorch_model-…``), one per rank ``shard-00001-model-…``.
+_SHARD_NAME: Final = re.compile(r"(?:shard-\d+-)?[^/]+-\d+-of-\d+\.safetensors")
+#: The index of a sharded model (``model.safetensors.index.json``).
+_SHARD_INDEX: Final = re.compile(r"[^/]+\.safetensors\.index\.json")
 #: File names that hold checkpoints, by suffix (ASCII case ignored): what torch.save,
 #: torch.jit.save, torch.export.save and pickle write under (.bin: Hugging Face; .ckpt:
 #: Lightning; .tar: pre-0.4), and .safetensors.  A folder walk keeps these files.
@@ -151,8 +156,9 @@ class InputKind(enum.Enum):
     URL = "url"
     #: A torch FileSystemWriter folder: ``.metadata`` or ``__<rank>.metadata``.
     DCP = "dcp"
-    #: ``*.safetensors`` shards and no other checkpoint: a HuggingFaceStorageWriter folder
-    #: or a Hugging Face sharded model folder, read as one checkpoint.
+    #: ``*.safetensors`` shards (named ``…-00001-of-00002.safetensors``, or indexed by a
+    #: ``*.safetensors.index.json``) and no other checkpoint: a HuggingFaceStorageWriter
+    #: folder or a Hugging Face sharded model folder, read as one checkpoint.
     SHARDS = "shards"
     #: A folder of many files (or none): each checkpoint in it is one input of its own.
     FOLDER = "folder"
@@ -185,13 +191,19 @@ def folder_kind(names: Iterable[str]) -> InputKind:
     <InputKind.SHARDS: 'shards'>
     >>> folder_kind(["adapter.safetensors", "model.pt"])  # two checkpoints side by side
     <InputKind.FOLDER: 'folder'>
+    >>> folder_kind(["a.safetensors", "b.safetensors"])  # unrelated files, no shards
+    <InputKind.FOLDER: 'folder'>
     """
     names = list(names)
     if any(DCP_METADATA_NAME.fullmatch(n) for n in names):
         return InputKind.DCP
     shards = [n for n in names if n.endswith(_SHARD_SUFFIX) and len(n) > len(_SHARD_SUFFIX)]
     others = [n for n in names if _suffix(n) in CHECKPOINT_SUFFIXES and n not in shards]
-    return InputKind.SHARDS if shards and not others else InputKind.FOLDER
+    # Shards by their index or by their names: a folder of unrelated ``.safetensors`` files
+    # (adapters, one ``model.safetensors``) holds many checkpoints, not one.
+    sharded = any(_SHARD_INDEX.fullmatch(n) for n in names) \
+        or all(_SHARD_NAME.fullmatch(n) for n in shards)
+    return InputKind.SHARDS if shards and not others and sharded else InputKind.FOLDER
 
 
 def detect_input(f: object, storage_options: Mapping[str, Any] | None = None) -> InputKind:

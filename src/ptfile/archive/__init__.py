@@ -2,7 +2,9 @@
 
 This layer knows nothing about torch objects; it moves named byte records in
 and out of ZIP archives laid out exactly as ``torch.save`` lays them out.  The
-format subset is specified in :mod:`ptfile.archive.records`.
+format subset is specified in :mod:`ptfile.archive.records`.  Every reader of a
+member's bytes, strict (:class:`ZipReader`) or tolerant (the scanner's walk), inflates
+with :mod:`ptfile.archive.inflate`.
 
 The face is lazy (PEP 562, as :mod:`ptfile`'s): each name below is imported
 from its module the first time it is used, so reading a small archive

@@ -35,18 +35,19 @@ from the previous member instead (spec §6).
 from __future__ import annotations
 
 import copy
-import zlib
+import zlib  # CRC-32
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, cast
 
 from .._gc import paused_gc
 from .._io.local import BytesSource, MmapSource, Source
-from ..errors import ArchiveError, LimitExceededError, PtfileError, UnsupportedFeatureError
+from ..errors import ArchiveError, PtfileError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
 from ._entries import Entries, parse_entries
 from .anomalies import Anomaly, report
 from .directory import Directory, check_counts, locate_directory
+from .inflate import inflate, inflate_bound
 from .layout import computed_data_offset, computed_data_offsets, computed_next_header_offset
 from .records import (
     LOCAL_FILE_HEADER_SIGNATURE,
@@ -62,8 +63,6 @@ if TYPE_CHECKING:  # numpy is imported by the methods that make arrays: a scan n
 __all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_data_offsets",
            "computed_next_header_offset", "local_header_at", "read_local_header"]
 
-#: A deflated member may inflate to Limits.max_inflate_ratio times its size plus this.
-INFLATE_ALLOWANCE: Final = 1 << 20
 #: CRC checks read stored members in slices of this size.
 CRC_CHUNK_BYTES: Final = 1 << 24
 
@@ -396,14 +395,10 @@ class ZipReader:
         if record.method == METHOD_STORED:
             return self._source.pread(offset, record.size, f"record {record.name}")
         if record.method == METHOD_DEFLATED:
-            ratio = self._limits.max_inflate_ratio
-            if record.size > ratio * record.compressed_size + INFLATE_ALLOWANCE:
-                raise LimitExceededError(
-                    "max_inflate_ratio", ratio, record.size // max(record.compressed_size, 1),
-                    f"record {record.name!r} inflates {record.compressed_size} bytes to "
-                    f"{record.size}")
+            inflate_bound(record.name, record.size, record.compressed_size,
+                          self._limits.max_inflate_ratio)
             raw = self._source.pread(offset, record.compressed_size, f"record {record.name}")
-            return _inflate(raw, record)
+            return inflate(raw, record.name, record.size)
         raise UnsupportedFeatureError(
             f"record {record.name!r} uses compression method {record.method}; "
             "only stored (0) and deflated (8) are supported"
@@ -440,22 +435,6 @@ class ZipReader:
 
     def __repr__(self) -> str:
         return f"<ZipReader {self._source.name or 'in-memory'}: {len(self.records)} records>"
-
-
-def _inflate(raw: bytes, record: Record) -> bytes:
-    """Raw deflate (4.4.5 method 8) with the output bounded by the declared size."""
-    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(raw, record.size + 1)
-    except zlib.error as exc:
-        raise ArchiveError(f"bad deflate stream: {exc}", member=record.name) from exc
-    if len(out) != record.size or not inflater.eof:
-        raise ArchiveError(
-            f"deflate stream holds {'more' if len(out) > record.size else 'fewer'} than the "
-            f"declared {record.size} bytes",
-            member=record.name,
-        )
-    return out
 
 
 def local_header_at(source: Source, at: int) -> LocalFileHeader:

@@ -37,7 +37,6 @@ tar reader, whose docstring lists its anomaly codes.
 from __future__ import annotations
 
 import itertools
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -46,7 +45,8 @@ from .._io.local import Source
 from ..archive._entries import Entries, parse_entries
 from ..archive.anomalies import Anomaly
 from ..archive.directory import check_counts, locate_directory
-from ..archive.reader import INFLATE_ALLOWANCE, local_header_at, read_local_header
+from ..archive.inflate import inflate_bound, inflate_prefix
+from ..archive.reader import local_header_at, read_local_header
 from ..archive.records import (
     LOCAL_FILE_HEADER_SIGNATURE,
     LOCAL_FILE_HEADER_STRUCT,
@@ -55,7 +55,7 @@ from ..archive.records import (
     CentralDirectoryHeader,
 )
 from ..archive.tar import TarMember, read_members
-from ..errors import LimitExceededError, PtfileError
+from ..errors import ArchiveError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "read_member", "walk_tar", "walk_zip"]
@@ -233,9 +233,9 @@ def read_member(source: Source, entry: ZipEntry, limits: Limits) -> bytes | None
     """A member's bytes (stored or deflated, at most ``Limits.max_pickle_bytes``), or None
     when unreadable.
 
-    A deflated member is inflated as the loader would (:meth:`ZipReader.read
-    <ptfile.archive.ZipReader.read>`): to at most ``Limits.max_inflate_ratio``
-    times its compressed size plus :data:`~ptfile.archive.reader.INFLATE_ALLOWANCE`.
+    A deflated member is inflated by the loader's inflater, to the loader's bound
+    (:mod:`ptfile.archive.inflate`): at most ``Limits.max_inflate_ratio`` times its
+    compressed size plus :data:`~ptfile.archive.inflate.INFLATE_ALLOWANCE`.
 
     Raises
     ------
@@ -248,25 +248,14 @@ def read_member(source: Source, entry: ZipEntry, limits: Limits) -> bytes | None
     if entry.method != METHOD_DEFLATED:
         return None
     ratio = limits.max_inflate_ratio
-    most = ratio * entry.compressed_size + INFLATE_ALLOWANCE
-    if entry.size > most:
-        raise LimitExceededError("max_inflate_ratio", ratio,
-                                 entry.size // max(entry.compressed_size, 1),
-                                 f"record {entry.name!r} declares {entry.compressed_size} "
-                                 f"bytes inflating to {entry.size}")
+    most = inflate_bound(entry.name, entry.size, entry.compressed_size, ratio)
     raw = _pread(source, entry.data_offset, min(entry.compressed_size, source.size))
     if raw is None:
         return None
-    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
     try:
-        data = inflater.decompress(raw, min(limit, most))
-    except zlib.error:
+        return inflate_prefix(raw, entry.name, limit, most, ratio)
+    except ArchiveError:  # a damaged stream: no loader reads a pickle from it
         return None
-    if len(data) >= most and inflater.unconsumed_tail:
-        raise LimitExceededError("max_inflate_ratio", ratio, len(data) // max(len(raw), 1),
-                                 f"record {entry.name!r} inflates {len(raw)} bytes to more "
-                                 f"than {most}")
-    return data
 
 
 class Window:

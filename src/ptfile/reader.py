@@ -20,8 +20,14 @@ every tensor, its records the bytes on demand.  So is a safetensors file
 (:mod:`ptfile.formats.safetensors`): its header gives every tensor and its offset,
 the bytes are read on demand, and :meth:`CheckpointReader.metadata` is the file's
 ``__metadata__``, as ``safe_open`` gives it (``{}`` without one).  Other formats
-(legacy pickle stream, tar, TorchScript) are read whole through :func:`ptfile.load`
-and offered through the same interface; only their metadata is then not "free".
+(legacy pickle stream, tar, TorchScript) are read whole by their reader, as
+:func:`ptfile.load` reads them, and offered through the same interface; only their
+metadata is then not "free".
+
+:func:`open` decides none of this: it asks :mod:`ptfile.formats` once
+(:func:`~ptfile.formats.open_detected`, from the one table of formats that
+:func:`ptfile.load` reads through too) and wraps the :class:`~ptfile.formats.options.Opened`
+that comes back.
 """
 
 from __future__ import annotations
@@ -32,19 +38,17 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 
-from . import config
 from ._gc import paused_gc
-from ._io.local import BytesSource, FileLike, Source, damage_as_format_error, is_path
+from ._io.local import FileLike, Source, damage_as_format_error, is_path
 from ._io.remote import StorageOptions, local_path, open_any
 from .allowlist.structural import is_module, state_dict
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .archive.records import METHOD_STORED
 from .errors import StorageError, UnsupportedFeatureError
-from .formats import Detected, Format, ReadOptions, detect_source, policies, read_detected
-from .formats.safetensors import read_header, to_tensors
+from .formats import Format, ReadOptions, detect_source, open_detected, policies
+from .formats.options import Opened
 from .formats.storages import record_bytes
-from .formats.zipinfo import ZipInfo, read_info
-from .formats.zipped import open_zip
+from .formats.zipinfo import ZipInfo
 from .limits import DEFAULT_LIMITS, Limits
 from .model.dtypes import DType
 from .model.selection import runs, select, span
@@ -476,67 +480,15 @@ class CheckpointReader(Mapping[str, Tensor]):
 # --------------------------------------------------------------------------- open
 
 
-def _zip_meta(info: ZipInfo) -> dict[str, str]:
-    meta = {"format": Format.ZIP.value, "version": str(info.version),
-            "byteorder": info.byteorder, "storage_alignment": str(info.storage_alignment),
-            "prefix": info.prefix}
-    if info.format_version is not None:
-        meta["format_version"] = str(info.format_version)
-    if info.serialization_id is not None:
-        meta["serialization_id"] = info.serialization_id
-    return meta
-
-
-def _open_zip(source: Source, detected: Detected, limits: Limits,
-              structural: bool) -> CheckpointReader:
-    """A ``torch.save`` ZIP: its ``data.pkl`` read by the format's own reader
-    (:func:`~ptfile.formats.zipped.open_zip`), no storage bytes."""
-    policy = policies.structural() if structural else policies.strict()
-    obj, info, loader = open_zip(source, detected, ReadOptions(limits=limits, find_class=policy,
-                                                               skip_data=True))
+def _reader_of(opened: Opened, limits: Limits) -> CheckpointReader:
+    """A :class:`CheckpointReader` over what a format's opener (or reader) gave back."""
     with paused_gc():  # the flattened names of every tensor: no garbage
-        ck = CheckpointReader(source, obj, fmt=Format.ZIP, meta=_zip_meta(info),
-                              zip_reader=detected.zip_reader(), zip_info=info, limits=limits)
-    ck._by_row = loader.by_row
+        ck = CheckpointReader(opened.source, opened.obj, fmt=opened.format, meta=opened.meta,
+                              zip_reader=opened.archive, zip_info=opened.info, limits=limits)
+    ck._by_row = opened.by_row
+    if opened.offsets is not None:
+        ck._offsets = opened.offsets
     return ck
-
-
-def _open_pt2(source: Source, detected: Detected, limits: Limits,
-              structural: bool) -> CheckpointReader:
-    """A ``.pt2``: its payload configs read, no storage bytes; those are read from the
-    archive's records on demand (a storage's key is its record's path under ``data/``)."""
-    reader = detected.zip_reader()
-    info = read_info(reader, config.current())
-    policy = policies.structural() if structural else policies.strict()
-    obj = read_detected(source, detected, ReadOptions(limits=limits, find_class=policy,
-                                                      skip_data=True))
-    meta = {**_zip_meta(info), "format": Format.PT2.value}
-    return CheckpointReader(source, obj, fmt=Format.PT2, meta=meta, zip_reader=reader,
-                            zip_info=info, limits=limits)
-
-
-def _open_safetensors(source: Source, limits: Limits) -> CheckpointReader:
-    """A safetensors file: its header read and checked, no tensor bytes; each tensor's
-    bytes are read from its offset on demand."""
-    header = read_header(source, limits)
-    obj = to_tensors(header, None)
-    ck = CheckpointReader(source, obj, fmt=Format.SAFETENSORS, meta=header.metadata or {})
-    ck._offsets = {t.storage: header.data_start + header.entries[name].begin
-                   for name, t in obj.items() if t.storage is not None}
-    return ck
-
-
-#: Formats read front to back (no index to seek by): a source that reads on demand (a
-#: URL) is read whole, once, in order, before their reader runs.
-_STREAMS: Final = frozenset({Format.LEGACY, Format.TAR})
-
-
-def _open_other(source: Source, detected: Detected, limits: Limits,
-                structural: bool) -> CheckpointReader:
-    policy = policies.structural() if structural else policies.strict()
-    obj = read_detected(source, detected, ReadOptions(limits=limits, find_class=policy))
-    return CheckpointReader(source, obj, fmt=detected.format,
-                            meta={"format": detected.format.value}, limits=limits)
 
 
 def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
@@ -588,20 +540,15 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
     f = local_path(f)  # type: ignore[assignment]
     source = open_any(f, storage_options=storage_options, mmap=mmap and is_path(f), access="r",
                       lazy=True, limits=limits)
+    policy = policies.structural() if structural else policies.strict()
+    opened: Opened | None = None
     try:
         with damage_as_format_error():
-            detected = detect_source(source, limits)
-            if detected.format is Format.ZIP:
-                return _open_zip(source, detected, limits, structural)
-            if detected.format is Format.PT2:
-                return _open_pt2(source, detected, limits, structural)
-            if detected.format is Format.SAFETENSORS:
-                return _open_safetensors(source, limits)
-            if source.reads_on_demand and detected.format in _STREAMS:
-                streamed = source
-                source = BytesSource(streamed.read_all(), name=streamed.name)
-                streamed.close()
-            return _open_other(source, detected, limits, structural)
+            opened = open_detected(source, detect_source(source, limits),
+                                   ReadOptions(limits=limits, find_class=policy))
+            if opened.source is not source:  # a stream, read whole: the copy is read from
+                source.close()
+            return _reader_of(opened, limits)
     except BaseException:
-        source.close()
+        (source if opened is None else opened.source).close()
         raise

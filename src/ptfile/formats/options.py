@@ -1,21 +1,32 @@
-"""What every format reader is asked to do: one typed options object.
+"""What every format reader is asked to do, and what an opener gives back.
 
-Each reader of :mod:`ptfile.formats` takes ``(source, detected, options)``; the
-front doors (:func:`ptfile.load`, :func:`ptfile.open`,
+Each reader and opener of :mod:`ptfile.formats` takes ``(source, detected, options)``;
+the front doors (:func:`ptfile.load`, :func:`ptfile.open`,
 :func:`ptfile.load_torchscript`) build one :class:`ReadOptions` from their
-arguments, so a setting has one name and one default everywhere.
+arguments, so a setting has one name and one default everywhere.  A reader returns
+the object; an opener (the format-level part of :func:`ptfile.open`) returns an
+:class:`Opened`: the object without storage bytes and where those bytes are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..allowlist.policy import FindClass, find_strict_class
 from ..config import Settings, current
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.location import MapLocation, has_packages
 
-__all__ = ["FindClass", "ReadOptions"]
+if TYPE_CHECKING:
+    from .._io.local import Source
+    from ..archive import ZipReader
+    from ..model.tensor import Storage
+    from .detection import Format
+    from .zipinfo import ZipInfo
+
+__all__ = ["FindClass", "Opened", "ReadOptions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +65,40 @@ class ReadOptions:
         ZIP reader's bulk path (:class:`~ptfile.formats.storages.FastStorages`) serves."""
         return (self.map_location is None and not has_packages()
                 and self.find_class is find_strict_class)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """One checkpoint file opened for lazy reading: what :func:`ptfile.formats.open_detected`
+    gives :func:`ptfile.open`, which wraps it in a :class:`~ptfile.CheckpointReader`.
+
+    Attributes
+    ----------
+    source
+        Where the tensors' bytes are read from: the source opened, or, for a stream
+        format read from a source that reads on demand, its bytes read whole.
+    format
+        The format detected.
+    obj
+        The object the file holds; its storages carry no bytes when the format has an
+        opener, else it is the whole object as :func:`ptfile.load` reads it.
+    meta
+        :meth:`~ptfile.CheckpointReader.metadata`: strings only.
+    archive, info
+        The parsed archive and its metadata records (the ZIP kinds with an opener).
+    by_row
+        The storage loaded from each central directory row (None for the other rows),
+        when the loader kept them; their file offsets are then computed in one pass.
+    offsets
+        The file offset of each storage's first byte, when the format knows it without
+        an archive (safetensors).
+    """
+
+    source: Source
+    format: Format
+    obj: Any
+    meta: dict[str, str]
+    archive: ZipReader | None = None
+    info: ZipInfo | None = None
+    by_row: Callable[[], Sequence[Storage | None]] = tuple
+    offsets: dict[Storage, int] | None = None

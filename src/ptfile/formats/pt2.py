@@ -50,8 +50,8 @@ state dict entries (``torch.export.load(f).state_dict``: a
 (``.constants``), by FQN; a name in both is damage.  An archive with several
 models is refused.  Each storage's key is its record's path under ``data/``
 (``weights/weight_0``, ``constants/tensor_0``), as a ``torch.save`` storage's key
-is, so the lazy reader (:func:`ptfile.open`, which reads with ``skip_data``: no
-storage bytes) finds its record and file offset.  The bytes of a mapped source are
+is, so the lazy reader (:func:`ptfile.open`, through :func:`open_pt2`, which reads
+with ``skip_data``: no storage bytes) finds its record and file offset.  The bytes of a mapped source are
 sliced on first use; otherwise each tensor is a view of the source's bytes, read
 when the archive is.  The program itself (``models/<model>.json``) is read only
 by ``inspect`` (:mod:`.pt2_program`).  ``map_location`` and
@@ -74,12 +74,12 @@ from ..model import dtypes
 from ..model.location import has_packages, restore_location
 from ..model.tensor import Parameter, Storage, Tensor
 from .detection import Detected, Format, detect_source
-from .options import ReadOptions
+from .options import Opened, ReadOptions
 from .storages import MappedLocator, record_bytes
 from .zipinfo import ZipInfo, read_info
-from .zipped import read_zip
+from .zipped import read_zip, zip_meta
 
-__all__ = ["SCALAR_TYPES", "device_of", "model_name", "read_pt2"]
+__all__ = ["SCALAR_TYPES", "device_of", "model_name", "open_pt2", "read_pt2"]
 
 #: The export schema's ScalarType numbers (``torch/_export/serde/schema.py``) → torch dtype.
 SCALAR_TYPES: Final[Mapping[int, str]] = {
@@ -346,3 +346,20 @@ def read_pt2(source: Source, detected: Detected, options: ReadOptions) -> dict[s
         _read_config(archive, folder, config.format(model), out)
     return out
 
+
+
+def open_pt2(source: Source, detected: Detected, options: ReadOptions) -> Opened:
+    """:func:`read_pt2` without any storage's bytes: the opener of :func:`ptfile.open`.
+    The bytes are read from the archive's records on demand (a storage's key is its
+    record's path under ``data/``).
+
+    Raises
+    ------
+    FormatError, UnsupportedFeatureError, UnsafeGlobalError
+        As :func:`read_pt2`.
+    """
+    reader = detected.zip_reader()
+    info = read_info(reader, options.settings)
+    obj = read_pt2(source, detected, replace(options, skip_data=True))
+    return Opened(source, Format.PT2, obj, {**zip_meta(info), "format": Format.PT2.value},
+                  archive=reader, info=info)

@@ -59,7 +59,8 @@ the data are numpy views of the source (of the map, when mapped).
 :func:`header_json` is the bounded read of the length and JSON object, for every
 safetensors blob ptfile meets (distributed checkpoints' too); :func:`read_header`
 adds the entries' checks (:func:`check_header`) for a whole file;
-:func:`read_safetensors` is the format's reader in :data:`ptfile.formats.READERS`.
+:func:`read_safetensors` is the format's reader in :data:`ptfile.formats.READERS`,
+:func:`open_safetensors` its opener in :data:`ptfile.formats.OPENERS`.
 """
 
 from __future__ import annotations
@@ -76,13 +77,14 @@ from ..limits import DEFAULT_LIMITS, Limits, applied
 from ..model.dtypes import DType, by_name
 from ..model.location import restore_location
 from ..model.tensor import Storage, Tensor, check_rank
+from .detection import Format
 
 if TYPE_CHECKING:
     from .detection import Detected
-    from .options import ReadOptions
+    from .options import Opened, ReadOptions
 
-__all__ = ["CODES", "PACKED", "Entry", "Header", "check_header", "header_json", "read_header",
-           "read_safetensors", "to_tensors"]
+__all__ = ["CODES", "PACKED", "Entry", "Header", "check_header", "header_json",
+           "open_safetensors", "read_header", "read_safetensors", "to_tensors"]
 
 #: safetensors dtype code → torch dtype name, for codes of one element per itemsize.
 CODES: Final[dict[str, str]] = {
@@ -298,3 +300,22 @@ def read_safetensors(source: Source, detected: Detected, options: ReadOptions
     data = None if options.skip_data else source.view(header.data_start, header.data_size,
                                                       "the safetensors data")
     return to_tensors(header, data, options.map_location)
+
+
+def open_safetensors(source: Source, detected: Detected, options: ReadOptions) -> Opened:
+    """The opener of :func:`ptfile.open`: the header read and checked, no tensor bytes;
+    each tensor's file offset, for its bytes to be read on demand.  The metadata is the
+    file's ``__metadata__`` (``{}`` without one), as ``safe_open`` gives it.
+
+    Raises
+    ------
+    FormatError, LimitExceededError, UnsupportedFeatureError
+        As the module docstring lists.
+    """
+    from .options import Opened  # here: a scan of a safetensors file imports no policy
+
+    header = read_header(source, options.limits)
+    obj = to_tensors(header, None)
+    offsets = {t.storage: header.data_start + header.entries[name].begin
+               for name, t in obj.items() if t.storage is not None}
+    return Opened(source, Format.SAFETENSORS, obj, header.metadata or {}, offsets=offsets)

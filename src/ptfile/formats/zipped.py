@@ -41,13 +41,13 @@ from ..errors import FormatError, SaveError
 from ..model.tensor import Storage
 from ..picklevm import unpickle
 from ..picklevm.pickler import Pickler
-from .detection import Detected
-from .options import ReadOptions
+from .detection import Detected, Format
+from .options import Opened, ReadOptions
 from .policies import fast
 from .storages import FastStorages, StorageLoader
 from .zipinfo import ZipInfo, read_info
 
-__all__ = ["Fill", "archive_prefix", "open_zip", "read_zip", "write_zip"]
+__all__ = ["Fill", "archive_prefix", "open_zip", "read_zip", "write_zip", "zip_meta"]
 
 #: The bytes of a storage without data, in pieces (:func:`write_zip`'s ``fill``).
 Fill = Callable[[Storage], Iterable[Any]]
@@ -96,12 +96,12 @@ def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
         return _unpickle_data(reader, info, options, find_class, loader)
 
 
-def open_zip(source: Source, detected: Detected, options: ReadOptions
-             ) -> tuple[Any, ZipInfo, FastStorages]:
-    """:func:`read_zip` without any storage's bytes, for :func:`ptfile.open`: the object
-    (storages without data), the archive's metadata records, and the loader (which
-    central directory row each storage came from, for their offsets).  ``options``:
-    the limits, the settings and the policy (torch's weights-only one, or another).
+def open_zip(source: Source, detected: Detected, options: ReadOptions) -> Opened:
+    """:func:`read_zip` without any storage's bytes: the opener of :func:`ptfile.open`.
+    The object (storages without data), the archive's metadata records (also as
+    :func:`zip_meta`), and which central directory row each storage came from (for
+    their offsets).  ``options``: the limits, the settings and the policy (torch's
+    weights-only one, or another); no storage is read whatever ``skip_data`` says.
 
     Raises
     ------
@@ -113,7 +113,22 @@ def open_zip(source: Source, detected: Detected, options: ReadOptions
         info = read_info(reader, options.settings)
         loader = FastStorages(reader, source, info, skip_data=True)
         find_class = fast() if options.find_class is find_strict_class else options.find_class
-        return _unpickle_data(reader, info, options, find_class, loader), info, loader
+        obj = _unpickle_data(reader, info, options, find_class, loader)
+    return Opened(source, Format.ZIP, obj, zip_meta(info), archive=reader, info=info,
+                  by_row=loader.by_row)
+
+
+def zip_meta(info: ZipInfo) -> dict[str, str]:
+    """The metadata records of a ZIP kind as :meth:`ptfile.CheckpointReader.metadata`
+    gives them (strings)."""
+    meta = {"format": Format.ZIP.value, "version": str(info.version),
+            "byteorder": info.byteorder, "storage_alignment": str(info.storage_alignment),
+            "prefix": info.prefix}
+    if info.format_version is not None:
+        meta["format_version"] = str(info.format_version)
+    if info.serialization_id is not None:
+        meta["serialization_id"] = info.serialization_id
+    return meta
 
 
 def _unpickle_data(reader: ZipReader, info: ZipInfo, options: ReadOptions,

@@ -261,8 +261,8 @@ def test_folder_kind_by_names() -> None:
     assert folder_kind(["__0.metadata", "__0_0.distcp", "model.pt"]) is InputKind.DCP
     assert folder_kind(["shard-00001-model-00001-of-00001.safetensors"]) is InputKind.SHARDS
     assert folder_kind(["model.safetensors", "model.safetensors.index.json"]) is InputKind.SHARDS
+    assert folder_kind(["model.safetensors", "config.json"]) is InputKind.SHARDS  # one alone
     # Unrelated safetensors files are many checkpoints: no index, no shard names.
-    assert folder_kind(["model.safetensors", "config.json"]) is InputKind.FOLDER
     assert folder_kind(["a.safetensors", "b.safetensors"]) is InputKind.FOLDER
     assert folder_kind(["diffusion_pytorch_model-00001-of-00002.safetensors",
                         "diffusion_pytorch_model-00002-of-00002.safetensors"]) is InputKind.SHARDS

@@ -156,8 +156,8 @@ class InputKind(enum.Enum):
     URL = "url"
     #: A torch FileSystemWriter folder: ``.metadata`` or ``__<rank>.metadata``.
     DCP = "dcp"
-    #: ``*.safetensors`` shards (named ``…-00001-of-00002.safetensors``, or indexed by a
-    #: ``*.safetensors.index.json``) and no other checkpoint: a HuggingFaceStorageWriter
+    #: ``*.safetensors`` shards (named ``…-00001-of-00002.safetensors``, indexed by a
+    #: ``*.safetensors.index.json``, or one file alone) and no other checkpoint: a HuggingFaceStorageWriter
     #: folder or a Hugging Face sharded model folder, read as one checkpoint.
     SHARDS = "shards"
     #: A folder of many files (or none): each checkpoint in it is one input of its own.
@@ -199,9 +199,10 @@ def folder_kind(names: Iterable[str]) -> InputKind:
         return InputKind.DCP
     shards = [n for n in names if n.endswith(_SHARD_SUFFIX) and len(n) > len(_SHARD_SUFFIX)]
     others = [n for n in names if _suffix(n) in CHECKPOINT_SUFFIXES and n not in shards]
-    # Shards by their index or by their names: a folder of unrelated ``.safetensors`` files
-    # (adapters, one ``model.safetensors``) holds many checkpoints, not one.
-    sharded = any(_SHARD_INDEX.fullmatch(n) for n in names) \
+    # Shards by their index, by their names, or one file alone (a model folder's
+    # ``model.safetensors``): a folder of unrelated ``.safetensors`` files (adapters)
+    # holds many checkpoints, not one.
+    sharded = len(shards) == 1 or any(_SHARD_INDEX.fullmatch(n) for n in names) \
         or all(_SHARD_NAME.fullmatch(n) for n in shards)
     return InputKind.SHARDS if shards and not others and sharded else InputKind.FOLDER
 

@@ -3,7 +3,8 @@
 This layer knows nothing about torch objects; it moves named byte records in
 and out of ZIP archives laid out exactly as ``torch.save`` lays them out.  The
 format subset is specified in :mod:`ptfile.archive.records`.  Every reader of a
-member's bytes, strict (:class:`ZipReader`) or tolerant (the scanner's walk), inflates
+ZIP, strict (:class:`ZipReader`) or tolerant (the scanner's), finds its members
+by one walk, :mod:`ptfile.archive.walk` (:func:`walk_zip`), and inflates them
 with :mod:`ptfile.archive.inflate`.
 
 The face is lazy (PEP 562, as :mod:`ptfile`'s): each name below is imported
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers
     from .layout import computed_data_offset, computed_data_offsets, computed_next_header_offset
     from .reader import Record, ZipReader
     from .serialization_id import SERIALIZATION_ID_NAME
+    from .walk import ZipEntry, walk_zip
     from .writer import MAX_ALIGNMENT, ZipWriter
 
 #: Each public name and the module that holds it.
@@ -32,6 +34,7 @@ _EXPORTS: Final[dict[str, str]] = {
     "computed_next_header_offset": "layout",
     "Record": "reader", "ZipReader": "reader",
     "SERIALIZATION_ID_NAME": "serialization_id",
+    "ZipEntry": "walk", "walk_zip": "walk",
     "MAX_ALIGNMENT": "writer", "ZipWriter": "writer",
 }
 
@@ -40,11 +43,13 @@ __all__ = [
     "SERIALIZATION_ID_NAME",
     "Anomaly",
     "Record",
+    "ZipEntry",
     "ZipReader",
     "ZipWriter",
     "computed_data_offset",
     "computed_data_offsets",
     "computed_next_header_offset",
+    "walk_zip",
 ]
 
 

@@ -7,7 +7,11 @@ checks every count, length and offset against the bytes present and the
 :class:`~ptfile.limits.Limits` before anything is allocated for it.  That pass
 (:mod:`ptfile.archive._entries`) is vectorised, with a sequential reference
 it falls back to; it yields columns, and a :class:`Record` is made only when
-asked for (:meth:`ZipReader.get`, :attr:`ZipReader.records`).
+asked for (:meth:`ZipReader.get`, :attr:`ZipReader.records`).  These steps are
+the strict mode of the one ZIP walk (:mod:`ptfile.archive.walk`), whose tolerant
+mode is the scanner's: the reader is built on its
+:func:`~ptfile.archive.walk.read_directory` and checks local headers with its
+:func:`~ptfile.archive.walk.read_local_header`.
 
 Policy choices beyond APPNOTE, all refusals of things torch never writes:
 
@@ -42,26 +46,19 @@ from typing import TYPE_CHECKING, Final, cast
 
 from .._gc import paused_gc
 from .._io.local import BytesSource, MmapSource, Source
-from ..errors import ArchiveError, PtfileError, UnsupportedFeatureError
+from ..errors import ArchiveError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
-from ._entries import Entries, parse_entries
-from .anomalies import Anomaly, report
-from .directory import Directory, check_counts, locate_directory
+from ._entries import Entries
 from .inflate import inflate, inflate_bound
 from .layout import computed_data_offset, computed_data_offsets, computed_next_header_offset
-from .records import (
-    LOCAL_FILE_HEADER_SIGNATURE,
-    LOCAL_FILE_HEADER_STRUCT,
-    METHOD_DEFLATED,
-    METHOD_STORED,
-    LocalFileHeader,
-)
+from .records import METHOD_DEFLATED, METHOD_STORED
+from .walk import read_directory, read_local_header
 
 if TYPE_CHECKING:  # numpy is imported by the methods that make arrays: a scan needs none
     import numpy as np
 
 __all__ = ["Entries", "Record", "ZipReader", "computed_data_offset", "computed_data_offsets",
-           "computed_next_header_offset", "local_header_at", "read_local_header"]
+           "computed_next_header_offset"]
 
 #: CRC checks read stored members in slices of this size.
 CRC_CHUNK_BYTES: Final = 1 << 24
@@ -69,7 +66,6 @@ CRC_CHUNK_BYTES: Final = 1 << 24
 #: Below this many records (or this many single look-ups), checking local headers one
 #: at a time is as fast.
 BULK_MIN_RECORDS: Final = 64
-_LOCAL_FIXED: Final = LOCAL_FILE_HEADER_STRUCT.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +164,11 @@ class ZipReader:
 
     def __init__(self, source: Source, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self._source, self._limits = source, limits
-        directory = check_counts(cast("Directory", locate_directory(source)), limits)
-        data = source.pread(directory.offset, directory.size, "central directory")
-        self._entries = parse_entries(
-            data, directory.entries, directory.offset, limits.max_name_length
-        )
+        central = read_directory(source, limits)  # the walk's steps 1-2, strict
+        self._entries = central.entries
         self._index = self._entries.index
-        self._cd_offset = directory.offset
-        self._made: list[Record | None] = [None] * directory.entries
+        self._cd_offset = central.directory.offset
+        self._made: list[Record | None] = [None] * len(self._entries.names)
         self._all: tuple[Record, ...] | None = None
         # Checked data offsets: those read one at a time, then all (the bulk check).
         self._single: dict[int, int] = {}
@@ -436,62 +429,3 @@ class ZipReader:
     def __repr__(self) -> str:
         return f"<ZipReader {self._source.name or 'in-memory'}: {len(self.records)} records>"
 
-
-def local_header_at(source: Source, at: int) -> LocalFileHeader:
-    """The local file header at ``at``, name and extra field included (two reads).
-
-    Raises
-    ------
-    ArchiveError, FormatError
-        No local header there, or one that runs past the end of the file.
-    """
-    fixed = source.pread(at, _LOCAL_FIXED, "local file header")
-    nlen, elen = LocalFileHeader.variable_lengths(fixed, base=at)
-    rest = source.pread(at + _LOCAL_FIXED, nlen + elen, "local file name and extra field")
-    return LocalFileHeader.from_bytes(fixed + rest, base=at)
-
-
-def read_local_header(source: Source, name: str, header_offset: int, compressed_size: int,
-                      cd_offset: int, anomalies: list[Anomaly] | None = None) -> int | None:
-    """The data offset of a member, from its local header (4.3.7), checked.
-
-    The header must have its signature and the central directory's name, and
-    the data must end at or before the central directory at ``cd_offset``.
-
-    Returns
-    -------
-    int or None
-        ``header_offset + 30 + name length + extra length`` (tolerant mode:
-        None when there is no local header there at all).
-
-    Raises
-    ------
-    ArchiveError
-        Strict mode: any of the checks fails.  Tolerant mode reports
-        ``bad-local-header``, ``name-mismatch`` or ``data-outside-archive``.
-    """
-    raw_name = name.encode("utf-8", "surrogateescape")
-    try:
-        raw = source.view(header_offset, _LOCAL_FIXED + len(raw_name), "local file header")
-    except PtfileError as exc:  # past the end of the file
-        if anomalies is None:
-            raise
-        anomalies.append(Anomaly("bad-local-header", f"no local header where the directory "
-                                 f"says: {exc}", header_offset, name))
-        return None
-    sig, *_, nlen, elen = LOCAL_FILE_HEADER_STRUCT.unpack_from(raw)
-    offset: int = header_offset + _LOCAL_FIXED + nlen + elen
-    if sig != LOCAL_FILE_HEADER_SIGNATURE:
-        report(anomalies, "bad-local-header", ArchiveError(
-            f"bad local file header signature {sig!r}", offset=header_offset, member=name))
-        return None
-    if raw[_LOCAL_FIXED:] != raw_name or nlen != len(raw_name):
-        local = bytes(raw[_LOCAL_FIXED : _LOCAL_FIXED + nlen])
-        report(anomalies, "name-mismatch", ArchiveError(
-            f"local header names {local!r}: readers that trust local headers see another "
-            "record", offset=header_offset, member=name))
-    if offset + compressed_size > cd_offset:
-        report(anomalies, "data-outside-archive", ArchiveError(
-            f"data at {offset:#x}+{compressed_size:#x} runs into the central directory",
-            offset=header_offset, member=name))
-    return offset

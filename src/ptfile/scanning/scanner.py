@@ -90,7 +90,7 @@ from ..picklevm.symbolic import GlobalRef, NameUse, Trace, trace
 from .containers import Anomaly, TarMember, Window, ZipEntry, read_member, walk_zip
 from .fast import fast_names
 from .loaders import PICKLE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
-from .loaders.stream import legacy_stream
+from .loaders.stream import LEGACY_PICKLES, legacy_stream
 from .loaders.tar import TarReading, legacy_tar, tarfile_header
 from .loaders.zipfamily import Region, ZipModel, zip_regions
 from .nested import looks_like_payload, may_hold_payload, nested_payload
@@ -100,10 +100,6 @@ from .torchscript import as_torchscript_type, judge_code
 from .verdicts import Finding, ScanResult, Verdict, codec_is_standard, verdict_of
 
 __all__ = ["scan"]
-
-#: Consecutive pickles scanned at the start of a stream: torch's legacy loader reads 5.
-#: A fact of torch, not a ceiling (the scanning budgets are ``Limits`` fields).
-MAX_STREAM_PICKLES: Final = 5
 
 #: Bytes that are an opcode: a pickle may start with any of them.
 _OPCODE_BYTES: Final = frozenset(bytes([op.code]) for op in OPCODES)
@@ -298,8 +294,10 @@ def _scan_blob(s: _Scan, blob: bytes, where: str, depth: int) -> None:
 
 def _scan_trailing(s: _Scan, data: bytes, pos: int, where: str, depth: int) -> None:
     """The bytes after STOP: consecutive pickles (``pickle.load`` called again reads them:
-    second pickles in a record), then pickles or ZIPs that start anywhere in the rest."""
-    for i in range(MAX_STREAM_PICKLES):
+    second pickles in a record), then pickles or ZIPs that start anywhere in the rest.
+    As many consecutive pickles as torch's legacy loader reads in a row (a fact of
+    torch, not a ceiling: the scanning budgets are ``Limits`` fields)."""
+    for i in range(LEGACY_PICKLES):
         probe = s.probe()
         end = _scan_pickle(probe, data, f"{where} (after STOP #{i + 1})", pos, depth)
         if end <= pos:
@@ -689,7 +687,7 @@ def _scan_source(s: _Scan, source: Source, where: str, depth: int) -> str:
         if not legacy:
             _scan_tar_head(s, source, depth)
             return "tar"
-    data = stream_head(source, s.limits, MAX_STREAM_PICKLES if legacy else 0)
+    data = stream_head(source, s.limits, LEGACY_PICKLES if legacy else 0)
     if holds_zip(source, s.limits, shifted=False):
         s.add("archive", Verdict.DANGEROUS, where or "file", 0, "", "polyglot",
               message="the file holds a ZIP archive but does not start with one: torch.load "

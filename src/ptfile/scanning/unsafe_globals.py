@@ -145,7 +145,8 @@ def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = Non
     ------
     FormatError
         ``f`` is not a checkpoint of ``torch.save`` (a TorchScript archive,
-        or an unknown format): a ValueError, as torch raises.
+        or an unknown format): a ValueError, as torch raises; or a ZIP that torch's
+        loaders read as two kinds (refused as :func:`ptfile.detect_format` refuses it).
 
     Examples
     --------
@@ -155,6 +156,10 @@ def get_unsafe_globals_in_checkpoint(f: FileLike, *, limits: Limits | None = Non
     []
     """
     result = scan(f, limits=limits, storage_options=storage_options)
+    ambiguous = next((x for x in result.findings
+                      if x.name == "ambiguous-kind" and x.location == "archive"), None)
+    if ambiguous is not None:  # refused as detect_format refuses it, with its message
+        raise FormatError(ambiguous.message)
     loaded = _LOADED.get(result.format)
     if loaded is None:
         kind = "a TorchScript archive (torch.jit.save)" if result.format == "torchscript" \

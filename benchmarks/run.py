@@ -155,15 +155,18 @@ def _loads() -> dict[str, Callable[[str], Any]]:
         return sum(len(t.shape) for t in obj.values())
 
     def st_load(path: str) -> int:
+        import ml_dtypes  # noqa: F401  (numpy learns bfloat16, as safetensors' numpy API needs)
         from safetensors.numpy import load_file
         return _first_elements(load_file(twin(path)))
 
     def st_open(path: str) -> int:
+        import ml_dtypes  # noqa: F401
         from safetensors import safe_open
         with safe_open(twin(path), "np") as f:
             return len(f.keys())
 
     def st_open_shape(path: str) -> int:
+        import ml_dtypes  # noqa: F401
         from safetensors import safe_open
         with safe_open(twin(path), "np") as f:
             return sum(len(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
@@ -218,12 +221,26 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _import_ptfile() -> None:
+    """Import ptfile whole, untimed as torch's import is: its public names and its readers
+    are imported on first use (``import ptfile`` alone imports almost nothing), which a
+    timed load would otherwise pay for (and, under ``PYTHONDONTWRITEBYTECODE``, compile)."""
+    import ptfile
+    import ptfile.formats
+
+    for name in ("load", "open", "save", "scan"):
+        getattr(ptfile, name)
+    for table in ("READERS", "OPENERS"):  # the readers (OPENERS: since the one table)
+        getattr(ptfile.formats, table, None)
+
+
 def _child(task: str, path: str) -> None:
     """Run one task, print its seconds, CPU seconds and peak RSS as one JSON line."""
     saves = _saves()
     if task in saves:
         read, write = saves[task]
         obj, out = read(path), path + ".out.pt"
+        _import_ptfile()
         cpu, start = _cpu(), time.perf_counter()
         write(obj, out)
         seconds, cpu = time.perf_counter() - start, _cpu() - cpu
@@ -232,9 +249,10 @@ def _child(task: str, path: str) -> None:
         fn = _loads()[task]
         if task.startswith(("torch", "ptloader")):
             import torch  # noqa: F401  (imported untimed: its import is not the load)
+        import ml_dtypes  # noqa: F401
         import numpy  # noqa: F401
 
-        import ptfile  # noqa: F401
+        _import_ptfile()
         cpu, start = _cpu(), time.perf_counter()
         fn(path)
         seconds, cpu = time.perf_counter() - start, _cpu() - cpu

@@ -227,6 +227,7 @@ def _import_ptfile() -> None:
     timed load would otherwise pay for (and, under ``PYTHONDONTWRITEBYTECODE``, compile)."""
     import ptfile
     import ptfile.formats
+    import ptfile.reader  # open's file reader: api.open imports it on first use
 
     for name in ("load", "open", "save", "scan"):
         getattr(ptfile, name)

@@ -504,12 +504,13 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
     ...     list(ck.keys()), ck.info("w").shape
     (['w'], (2, 3))
     """
-    from .dcp.reader import open_dcp  # the readers only when one is opened
-    from .reader import open as open_file
-
     structural = loads_structurally(weights_only, structural)
     if detect_input(f, storage_options).is_folder:  # a DCP folder of either writer (or none)
+        from .dcp.reader import open_dcp  # each reader imported when it is the one needed
+
         return open_dcp(os.fspath(f), limits=limits,  # type: ignore[arg-type]
                         storage_options=storage_options, structural=structural)
+    from .reader import open as open_file
+
     return open_file(f, mmap=mmap, limits=limits, storage_options=storage_options,
                      structural=structural)

@@ -40,6 +40,7 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.config": BASE,  # torch's serialization settings, as plain data
     "ptfile.outcomes": BASE,  # the exit codes of every command
     "ptfile._gc": BASE,  # pausing the cyclic GC while building many objects
+    "ptfile._lazy": BASE,  # package faces that import their names on first use
     "ptfile._io": BASE,  # local and remote sources, directories, atomic writes, progress
     # 1: mechanism without torch knowledge: ZIP and tar, a restricted pickle VM.
     "ptfile.archive": 1,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _lazy
 from .errors import (
     ArchiveError,
     FormatError,
@@ -197,19 +198,14 @@ def _publish(obj: Any, name: str) -> None:
 
 def __getattr__(name: str) -> Any:
     """A public name, imported on first use; or a subpackage (``ptfile.bulk``)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        if name.startswith("_"):
-            raise AttributeError(f"module 'ptfile' has no attribute {name!r}")
+    if name not in _EXPORTS and not name.startswith("_"):
         try:
             return importlib.import_module(f"ptfile.{name}")
         except ModuleNotFoundError as exc:
             if exc.name != f"ptfile.{name}":
                 raise
-            raise AttributeError(f"module 'ptfile' has no attribute {name!r}") from None
-    obj = getattr(importlib.import_module(f"ptfile.{module}"), name)
+    obj = _lazy.load(__name__, _EXPORTS, name)
     _publish(obj, name)
-    globals()[name] = obj
     return obj
 
 
@@ -217,6 +213,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-for _name in ['ArchiveError', 'FormatError', 'LimitExceededError', 'PickleStreamError', 'PtfileError', 'PtfileWarning', 'RemoteError', 'SaveError', 'StorageError', 'UnknownFormatError', 'UnsafeGlobalError', 'UnsupportedFeatureError']:
+for _name in sorted(set(__all__) & set(globals())):  # the errors, imported above
     _publish(globals()[_name], _name)
 del _name

@@ -7,7 +7,7 @@ ZIP, strict (:class:`ZipReader`) or tolerant (the scanner's), finds its members
 by one walk, :mod:`ptfile.archive.walk` (:func:`walk_zip`), and inflates them
 with :mod:`ptfile.archive.inflate`.
 
-The face is lazy (PEP 562, as :mod:`ptfile`'s): each name below is imported
+The face is lazy (PEP 562, :mod:`ptfile._lazy`, as :mod:`ptfile`'s): each name below is imported
 from its module the first time it is used, so reading a small archive
 (``ptfile scan``) imports neither the writer nor numpy.  numpy is imported
 by the functions that build arrays: the vectorised central directory pass,
@@ -16,8 +16,9 @@ the bulk local header check, the writer's runs.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Final
+
+from .. import _lazy
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers
     from .anomalies import Anomaly
@@ -54,13 +55,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use."""
-    module = _EXPORTS.get(name)
-    if module is None:  # a submodule (`from ptfile.archive import tar`) is found by import
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+    """A public name, imported from its module on first use (a submodule,
+    ``from ptfile.archive import tar``, is found by import)."""
+    return _lazy.load(__name__, _EXPORTS, name)
 
 
 def __dir__() -> list[str]:

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn
 
+from .. import _lazy
 from .._io.local import BytesSource, Source
 from ..errors import UnknownFormatError, UnsupportedFeatureError
 from .detection import Detected, Format, InputKind, detect, detect_input, detect_source
@@ -120,11 +121,7 @@ def __getattr__(name: str) -> Any:
         return _readers()
     if name == "OPENERS":
         return _openers()
-    if name == "ReadOptions":
-        value = importlib.import_module(f"{__name__}.options").ReadOptions
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy.load(__name__, {"ReadOptions": "options"}, name)
 
 
 def refuse(detected: Detected) -> NoReturn:

@@ -29,7 +29,41 @@ from ..limits import DEFAULT_LIMITS, Limits
 from .local import is_url
 from .remote import RemoteSource, filesystem, local_path
 
-__all__ = ["DirectoryFiles"]
+__all__ = ["DirectoryFiles", "local_names", "remote_names"]
+
+
+def local_names(folder: str) -> list[str]:
+    """The file names of the local folder ``folder``, sorted (subfolders left out).
+
+    Raises
+    ------
+    FormatError
+        The folder cannot be listed.
+    """
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(e.name for e in entries if e.is_file())
+    except OSError as exc:
+        raise FormatError(f"{folder!r} cannot be listed: {exc}") from exc
+
+
+def remote_names(fs: Any, path: str, url: str) -> list[str]:
+    """The file names of the folder ``path`` of the fsspec filesystem ``fs`` (the URL
+    ``url``), sorted (subfolders left out).
+
+    Raises
+    ------
+    RemoteError
+        The backend cannot list it.
+    """
+    try:
+        entries = fs.ls(path, detail=True)
+    except PtfileError:
+        raise
+    except Exception as exc:
+        raise RemoteError(f"{url}: cannot list the directory: {exc}", url=url) from exc
+    return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
+                  if e.get("type") == "file")
 
 
 class DirectoryFiles:
@@ -56,23 +90,18 @@ class DirectoryFiles:
             if not os.path.isdir(self.directory):
                 raise FormatError(f"{self.directory!r} is not a directory: "
                                   "a DCP checkpoint is one")
-            try:
-                return sorted(e.name for e in os.scandir(self.directory) if e.is_file())
-            except OSError as exc:
-                raise FormatError(f"{self.directory!r} cannot be listed: {exc}") from exc
+            return local_names(self.directory)
         fs, path = filesystem(self.directory, self._options)
         try:
             if not fs.isdir(path):
                 raise FormatError(f"{self.directory!r} is not a directory: "
                                   "a DCP checkpoint is one")
-            entries = fs.ls(path, detail=True)
         except PtfileError:
             raise
         except Exception as exc:
             raise RemoteError(f"{self.directory}: cannot list the directory: {exc}",
                               url=self.directory) from exc
-        return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
-                      if e.get("type") == "file")
+        return remote_names(fs, path, self.directory)
 
     @property
     def bytes_fetched(self) -> int:

@@ -64,7 +64,7 @@ from .._gc import paused_gc
 from .._io.local import Source, is_url, url_scheme
 from ..archive import ZipReader
 from ..archive.tar import is_tar
-from ..errors import FormatError, PtfileError, RemoteError
+from ..errors import FormatError
 from ..limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
@@ -235,22 +235,19 @@ def detect_input(f: object, storage_options: Mapping[str, Any] | None = None) ->
         return InputKind.FILE
     name = os.fsdecode(local_path(os.fspath(f)))  # type: ignore[arg-type]
     if not is_url(name):
-        return InputKind.FILE if not os.path.isdir(name) else folder_kind(_local_names(name))
+        if not os.path.isdir(name):
+            return InputKind.FILE
+        from .._io.directory import local_names
+
+        return folder_kind(local_names(name))
     names = _url_names(name, storage_options)
     return InputKind.URL if names is None else folder_kind(names)
-
-
-def _local_names(folder: str) -> list[str]:
-    try:
-        with os.scandir(folder) as entries:
-            return [e.name for e in entries if e.is_file()]
-    except OSError as exc:
-        raise FormatError(f"{folder!r} cannot be listed: {exc}") from exc
 
 
 def _url_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
     """The file names of the folder ``url`` names, or None when it names none (or the
     backend cannot say)."""
+    from .._io.directory import remote_names
     from .._io.remote import filesystem
 
     if url_scheme(url) in _FLAT_SCHEMES or "." in url.rstrip("/").rsplit("/", 1)[-1]:
@@ -261,14 +258,7 @@ def _url_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str]
             return None
     except Exception:  # noqa: BLE001 (fsspec or a backend missing or failing: the file path says so)
         return None
-    try:
-        entries = fs.ls(path, detail=True)
-    except PtfileError:
-        raise
-    except Exception as exc:
-        raise RemoteError(f"{url}: cannot list the folder: {exc}", url=url) from exc
-    return [str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
-            if e.get("type") == "file"]
+    return remote_names(fs, path, url)
 
 
 def detect(head: bytes) -> Format:

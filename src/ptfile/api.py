@@ -21,7 +21,7 @@ from .allowlist.policy import loads_structurally
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_source, policies, read
-from .formats.detection import detect_input
+from .formats.inputs import Input, InputKind, resolve_input
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import archive_prefix, write_zip
@@ -31,6 +31,7 @@ from .model.location import MapLocation
 if TYPE_CHECKING:
     from .dcp.reader import DCPReader
     from .reader import CheckpointReader
+    from .sets import SetReader
 
 __all__ = ["detect_format", "load", "load_torchscript", "open", "save"]
 
@@ -155,10 +156,13 @@ def load(
     unknown = set(pickle_load_args) - {"encoding", "errors"}
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    f = local_path(f)  # type: ignore[assignment]
-    _refuse_dcp_directory(f)
-    access = _mapped_access(f, config.current().mmap if mmap is None else mmap)
     limits = limits or DEFAULT_LIMITS
+    record = resolve_input(f, storage_options, limits=limits)
+    if record.is_folder:
+        return _load_folder(record, map_location, mmap, limits, skip_data, structural,
+                            pickle_load_args)
+    f = local_path(record.location)  # type: ignore[assignment]
+    access = _mapped_access(f, config.current().mmap if mmap is None else mmap)
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
     source = open_any(f, storage_options=storage_options, mmap=access is not None,
                       access=access or "private", lazy=skip_data, limits=limits)
@@ -172,16 +176,27 @@ def load(
         source.close()
 
 
-def _refuse_dcp_directory(f: object) -> None:
-    """A local checkpoint folder (a DCP folder of either writer, a sharded model) given to
-    :func:`load` is named as such (any other folder raises the OS's IsADirectoryError, as a
-    missing file raises its own)."""
-    if not isinstance(f, (str, os.PathLike)) or not is_path(f):
-        return
-    path = os.fsdecode(os.fspath(f))
-    if detect_input(path).is_checkpoint_folder:
-        raise FormatError(f"{path!r} is a torch.distributed.checkpoint directory: read it "
-                          "with ptfile.load_dcp(), or ptfile.open() for its metadata first")
+def _load_folder(record: Input, map_location: MapLocation, mmap: bool | str | None,
+                 limits: Limits, skip_data: bool, structural: bool,
+                 pickle_load_args: dict[str, Any]) -> Any:
+    """:func:`load` of a folder: a DCP or safetensors folder as :func:`ptfile.load_dcp`
+    reads it, a checkpoint set part by part (:func:`ptfile.sets.load_set`)."""
+    if record.kind is InputKind.FOLDER:
+        raise FormatError(f"{record.label!r} is a folder of many files, not one checkpoint: "
+                          f"load each file ({', '.join(record.names[:4]) or 'none'}"
+                          f"{', ...' if len(record.names) > 4 else ''})")
+    if record.kind.is_dcp_readable:
+        from .dcp.load import load_dcp
+
+        return load_dcp(record, structural=structural, limits=limits)
+    from .sets import load_set
+
+    def load_file(path: str, part_structural: bool) -> Any:
+        return load(path, map_location, mmap=mmap, limits=limits, skip_data=skip_data,
+                    structural=part_structural, storage_options=record.storage_options,
+                    **pickle_load_args)
+
+    return load_set(record, load_file, limits=limits, structural=structural)
 
 
 def save(
@@ -377,9 +392,10 @@ def detect_format(f: FileLike, *, limits: Limits | None = None,
     >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
     <Format.LEGACY: 'legacy'>
     """
-    kind = detect_input(f, storage_options)
+    kind = resolve_input(f, storage_options).kind
     if kind.is_folder:
-        return Format.DCP if kind.is_checkpoint_folder else Format.UNKNOWN
+        return Format.DCP if kind.is_dcp_readable else \
+            Format.SET if kind.is_checkpoint_folder else Format.UNKNOWN
     position = None if isinstance(f, (str, os.PathLike, bytes, bytearray, memoryview)) \
         else f.tell()
     source = open_any(f, storage_options=storage_options, lazy=True,
@@ -455,7 +471,7 @@ def load_torchscript(
 
 def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
          storage_options: StorageOptions = None, weights_only: bool | None = None,
-         structural: bool = False) -> CheckpointReader | DCPReader:
+         structural: bool = False) -> CheckpointReader | DCPReader | SetReader:
     """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
 
     A file (path, file object or URL) opens as :func:`ptfile.reader.open` describes, as a
@@ -505,12 +521,19 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
     (['w'], (2, 3))
     """
     structural = loads_structurally(weights_only, structural)
-    if detect_input(f, storage_options).is_folder:  # a DCP folder of either writer (or none)
+    record = resolve_input(f, storage_options, limits=limits or DEFAULT_LIMITS)
+    if record.kind is InputKind.FOLDER:
+        raise FormatError(f"{record.label!r} is a folder of many files, not one checkpoint: "
+                          "open each file, or inspect/scan/verify the folder in bulk")
+    if record.kind.is_dcp_readable:  # a DCP folder of either writer
         from .dcp.reader import open_dcp  # each reader imported when it is the one needed
 
-        return open_dcp(os.fspath(f), limits=limits,  # type: ignore[arg-type]
-                        storage_options=storage_options, structural=structural)
+        return open_dcp(record, limits=limits, structural=structural)
+    if record.is_folder:
+        from .sets import open_set
+
+        return open_set(record, mmap=mmap, limits=limits, structural=structural)
     from .reader import open as open_file
 
-    return open_file(f, mmap=mmap, limits=limits, storage_options=storage_options,
-                     structural=structural)
+    return open_file(record.location, mmap=mmap, limits=limits,
+                     storage_options=storage_options, structural=structural)

@@ -26,11 +26,13 @@ from .archive import ZipReader
 from .dcp.reader import DCPReader
 from .errors import PtfileError, RemoteError, UnknownFormatError, UnsafeGlobalError
 from .formats import Format
+from .formats.inputs import InputKind, resolve_input
 from .formats.pt2_program import ProgramSignature, read_program
 from .limits import DEFAULT_LIMITS, Limits
 from .model.tensor import Tensor
 from .model.tree import values as values_of
 from .reader import CheckpointReader, TensorInfo
+from .sets import SetReader
 
 __all__ = ["DiffReport", "Inspection", "Problem", "RecordRow", "VerifyReport", "diff",
            "inspect", "verify"]
@@ -89,6 +91,9 @@ class Inspection:
     program: ProgramSignature | None = None
     #: A DCP checkpoint's chunks by tensor (offsets, sizes, file, offset, length).
     chunks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: A checkpoint set's parts (:mod:`ptfile.sets`): role, files, format, tensors and
+    #: totals of each; the set's ``tensors`` and ``totals`` are over every part.
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -114,7 +119,8 @@ class Inspection:
                 "tensors": [t.to_dict() for t in self.tensors],
                 "shared_storages": self.shared, "tree": self.tree,
                 **({} if self.program is None else {"program": self.program.to_dict()}),
-                **({"chunks": self.chunks} if self.chunks else {})}
+                **({"chunks": self.chunks} if self.chunks else {}),
+                **({"parts": self.parts} if self.parts else {})}
 
 
 def _records(ck: CheckpointReader | DCPReader) -> list[RecordRow]:
@@ -144,10 +150,30 @@ def _inspection(ck: CheckpointReader | DCPReader, path: str | None, size: int,
                       metadata=ck.metadata(), records=_records(ck), tensors=tensors,
                       tree=_describe(ck.object, names),
                       shared={k: v for k, v in by_storage.items() if len(v) > 1},
-                      program=_program(ck, limits), chunks=_chunks(ck))
+                      program=_program(ck, limits), chunks=_chunks(ck), parts=_parts(ck))
 
 
-def _chunks(ck: CheckpointReader | DCPReader) -> dict[str, list[dict[str, Any]]]:
+def _parts(ck: Any) -> list[dict[str, Any]]:
+    """A checkpoint set's parts, each described on its own (none for one checkpoint)."""
+    if not isinstance(ck, SetReader):
+        return []
+    out = []
+    for part in ck.record.parts:
+        reader = ck.parts.get(part.role)
+        row: dict[str, Any] = {"role": part.role, "files": list(part.files),
+                               "form": part.form}
+        if reader is None or not hasattr(reader, "infos"):
+            row["format"] = "json" if part.form == "json" else "unread"
+            row["totals"] = {"tensors": 0}
+        else:
+            infos = list(reader.infos())
+            row["format"] = reader.metadata().get("format", reader.format.value)
+            row["totals"] = Inspection(None, row["format"], 0, {}, [], infos, None).totals
+        out.append(row)
+    return out
+
+
+def _chunks(ck: Any) -> dict[str, list[dict[str, Any]]]:
     """A DCP checkpoint's chunks per tensor (where each is stored); none for a file."""
     if not isinstance(ck, DCPReader):
         return {}
@@ -191,9 +217,10 @@ def inspect(f: FileLike, *, limits: Limits | None = None,
     >>> ptfile.inspect(io.BytesIO(buf.getvalue())).totals["parameters"]
     6
     """
-    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
-    with open_checkpoint(f, limits=limits, storage_options=storage_options,
-                         structural=structural) as ck:
+    record = resolve_input(f, storage_options)
+    path = os.fspath(record.given) if isinstance(record.given, (str, os.PathLike)) \
+        else getattr(record.given, "name", None)
+    with open_checkpoint(record, limits=limits, structural=structural) as ck:
         size = ck.source_size
         return _inspection(ck, path if isinstance(path, str) else None, size,
                            limits or DEFAULT_LIMITS)
@@ -333,16 +360,15 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
     >>> verify(io.BytesIO(buf.getvalue())).ok
     True
     """
-    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+    record = resolve_input(f, storage_options)
+    path = os.fspath(record.given) if isinstance(record.given, (str, os.PathLike)) else None
     report = VerifyReport(path)
     try:
-        with _open_for_verify(f, limits, storage_options, report) as ck:
-            report.format = ck.format.value
-            if isinstance(ck, DCPReader):
-                _check_dcp(ck, report, progress)
-            elif ck.zip_reader is not None:
-                _check_records(ck.zip_reader, report, progress)
-                _check_layout(ck, report)
+        with _open_for_verify(record, limits, report) as ck:
+            report.format = ck.metadata().get("format", ck.format.value) \
+                if isinstance(ck, (SetReader, DCPReader)) else ck.format.value
+            for where, part in _checked_parts(ck):
+                _check_part(part, where, report, progress)
             for name in ck:
                 report.tensors_checked += 1
                 ck.info(name)
@@ -354,23 +380,54 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
     return report
 
 
+def _checked_parts(ck: Any) -> list[tuple[str, Any]]:
+    """The readers whose bytes verify checks: the checkpoint's own, or a set's parts
+    (``.bin`` shards each), named by file."""
+    if not isinstance(ck, SetReader):
+        return [("", ck)]
+    out = []
+    for role, part in ck.parts.items():
+        shards = getattr(part, "readers", None)
+        if isinstance(shards, dict):
+            out += [(name, shard) for name, shard in shards.items()]
+        elif hasattr(part, "info"):
+            out.append((str(getattr(part, "set_file", role)), part))
+    return out
+
+
+def _check_part(ck: Any, where: str, report: VerifyReport, progress: Progress | None) -> None:
+    """A file's records and layout, or a DCP folder's items; problems named by ``where``
+    (a set's file) before their own place."""
+    first = len(report.problems)
+    if isinstance(ck, DCPReader):
+        _check_dcp(ck, report, progress)
+    elif ck.zip_reader is not None:
+        _check_records(ck.zip_reader, report, progress)
+        _check_layout(ck, report)
+    if where:
+        report.problems[first:] = [Problem(p.severity, f"{where}:{p.where}", p.message)
+                                   for p in report.problems[first:]]
+
+
 @contextlib.contextmanager
-def _open_for_verify(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
-                     report: VerifyReport) -> Iterator[CheckpointReader | DCPReader]:
+def _open_for_verify(f: Any, limits: Limits | None,
+                     report: VerifyReport) -> Iterator[Any]:
     """:func:`ptfile.open` for checking: a pickle naming globals outside the weights-only
     allowlist is not damage; it is opened structurally (nothing runs) and reported as a
     warning that says torch's weights-only load refuses it."""
-    position = None if isinstance(f, (str, os.PathLike)) else getattr(f, "tell", lambda: None)()
+    given = f.location
+    position = None if isinstance(given, (str, os.PathLike)) else \
+        getattr(given, "tell", lambda: None)()
     try:
-        ck = open_checkpoint(f, limits=limits, storage_options=storage_options)
+        ck = open_checkpoint(f, limits=limits)
     except UnsafeGlobalError as exc:
         report.problems.append(Problem(
             "warning", "pickle", f"not loadable with weights_only=True (it names "
             f"{exc.module}.{exc.name}, and maybe more: ptfile scan lists them); checked "
             "structurally, nothing was run"))
         if position is not None:
-            f.seek(position)  # type: ignore[union-attr]
-        ck = open_checkpoint(f, limits=limits, storage_options=storage_options, structural=True)
+            given.seek(position)
+        ck = open_checkpoint(f, limits=limits, structural=True)
     with ck:
         yield ck
 
@@ -416,8 +473,17 @@ class DiffReport:
 _VALUE_REPR: Final = 80
 
 
-def _values(ck: CheckpointReader | DCPReader) -> dict[str, object]:
-    """The checkpoint's non-tensor values by dotted name (a DCP item is read now)."""
+def _values(ck: Any) -> dict[str, object]:
+    """The checkpoint's non-tensor values by dotted name (a DCP item is read now; a set's
+    by part, named as its tensors are)."""
+    if isinstance(ck, SetReader):
+        prefixed = ck.record.kind is InputKind.TRAINER
+        out: dict[str, object] = {}
+        for role, part in ck.parts.items():
+            found = _values(part) if hasattr(part, "info") else values_of(part)
+            out.update({(f"{role}.{k}" if k else role) if prefixed else k: v
+                        for k, v in found.items()})
+        return out
     if isinstance(ck, DCPReader):  # an item may hold a list or dict: named leaf by leaf
         return {f"{fqn}.{k}" if k else fqn: v
                 for fqn in ck.meta.state_dict_metadata if fqn not in ck

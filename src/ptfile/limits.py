@@ -126,6 +126,10 @@ class Limits:
     #: Gap bytes :func:`ptfile.scan` searches for those local headers, over the whole
     #: archive.  Beyond it: an ``unknown`` ``limit`` anomaly, the rest not searched.
     max_shadow_search_bytes: int = 1 << 26
+    #: Bytes of a JSON file read as part of a checkpoint folder: a Hugging Face index
+    #: (``*.index.json``: tensor names to shard files, :mod:`ptfile.formats.inputs`; a
+    #: 400B-parameter model's is under 2 MiB), a ``trainer_state.json``.
+    max_json_bytes: int = 1 << 26
 
 DEFAULT_LIMITS: Final = Limits()
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import FormatError, PtfileError, RemoteError
@@ -67,11 +67,12 @@ def remote_names(fs: Any, path: str, url: str) -> list[str]:
 
 
 class DirectoryFiles:
-    """A checkpoint directory's files: listed once, each opened on its first read."""
+    """A checkpoint directory's files: listed once (or given: ``names``, the listing of
+    the input's record, :mod:`ptfile.formats.inputs`), each opened on its first read."""
 
     def __init__(self, directory: str | os.PathLike[str], *,
                  storage_options: Mapping[str, Any] | None = None,
-                 limits: Limits = DEFAULT_LIMITS) -> None:
+                 limits: Limits = DEFAULT_LIMITS, names: Sequence[str] | None = None) -> None:
         name = os.fspath(directory)
         self.is_remote = is_url(local_path(name))
         self.directory = name.rstrip("/") if self.is_remote else str(local_path(name))
@@ -83,7 +84,8 @@ class DirectoryFiles:
         self.bytes_read = 0
         #: What readers above cache per checkpoint (safetensors headers...), by their keys.
         self.memo: dict[Any, Any] = {}
-        self._names = self._list()
+        #: The listing: the one the input's record carries (``names``), else listed now.
+        self._names = sorted(names) if names is not None else self._list()
 
     def _list(self) -> list[str]:
         if not self.is_remote:

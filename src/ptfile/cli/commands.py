@@ -165,8 +165,21 @@ def _render_totals(ins: Inspection, out: TextIO) -> None:
         _table(rows, out, "    ")
 
 
+def _render_parts(ins: Inspection, out: TextIO) -> None:
+    """A checkpoint set's parts: role, files, format, tensors and bytes of each."""
+    rows = [["part", "format", "tensors", "bytes", "files"]]
+    for part in ins.parts:
+        totals = part["totals"]
+        rows.append([part["role"], part["format"], f"{totals.get('tensors', 0):,}",
+                     _size(totals.get("storage_bytes", 0)), ", ".join(part["files"])])
+    out.write(f"\nParts ({len(ins.parts)})\n")
+    _table(rows, out)
+
+
 def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     _render_header(ins, out)
+    if ins.parts:
+        _render_parts(ins, out)
     if ins.program is not None:
         out.write("\n" + "".join(line + "\n" for line in ins.program.lines()))
     shared = set(ins.shared)

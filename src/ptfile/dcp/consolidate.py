@@ -63,6 +63,7 @@ from ..formats.dcp_metadata import (
     StorageInfo,
     TensorStorageMetadata,
 )
+from ..formats.inputs import Input
 from ..formats.safetensors import CODES
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
@@ -70,6 +71,7 @@ from ..model.tensor import Storage, Tensor
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
     contiguous_stride,
+    dcp_files,
     load_metadata,
     object_path,
     place,
@@ -390,7 +392,7 @@ def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, in
     return index, len(fqns), len(shards)
 
 
-def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str], *,
                 to: str, shard_bytes: int = SHARD_BYTES,
                 limits: Limits | None = None,
                 storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -433,10 +435,10 @@ def convert_dcp(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     1
     >>> tmp.cleanup()
     """
-    source, target = os.fspath(src), os.fspath(dst)
+    target = os.fspath(dst)
     kind = to
     limits = limits or DEFAULT_LIMITS
-    with DirectoryFiles(source, storage_options=storage_options, limits=limits) as files:
+    with dcp_files(src, storage_options, limits) as files:
         meta = load_metadata(files, limits)
         reader = _Reader(meta, files, limits)
         try:

@@ -67,6 +67,7 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
     convert,
 )
+from ..formats.inputs import Input, InputKind, folder_kind
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Storage, Tensor
 from ..picklevm.unpickler import unpickle
@@ -129,6 +130,25 @@ def _merge(parts: list[Metadata]) -> Metadata:
     return Metadata(items, planner, storage, parts[0].version if parts else None)
 
 
+def dcp_files(directory: str | os.PathLike[str] | Input | DirectoryFiles,
+              storage_options: Mapping[str, Any] | None = None,
+              limits: Limits = DEFAULT_LIMITS) -> DirectoryFiles:
+    """The files of a DCP folder: ``directory`` itself when it is its
+    :class:`DirectoryFiles`, the listing the input's record carries (nothing is listed
+    again), or listed now from a path or URL."""
+    if isinstance(directory, DirectoryFiles):
+        return directory
+    if isinstance(directory, Input):
+        return DirectoryFiles(directory.location, storage_options=directory.storage_options,
+                              limits=limits, names=directory.names)
+    return DirectoryFiles(directory, storage_options=storage_options, limits=limits)
+
+
+def is_shards(files: DirectoryFiles) -> bool:
+    """Whether the folder is a safetensors one (HuggingFace writer, a model folder)."""
+    return folder_kind(files.names()) is InputKind.SHARDS
+
+
 def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Metadata:
     """The checkpoint's :class:`Metadata`: ``.metadata``, else every ``__<rank>.metadata``
     merged, else that of a HuggingFace-writer directory's ``*.safetensors``.
@@ -140,7 +160,6 @@ def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Met
     UnsafeGlobalError
         A ``.metadata`` names a global a DCP checkpoint does not hold.
     """
-    from ..formats.detection import InputKind, folder_kind
     from .hf import hf_metadata
 
     if files.has(".metadata"):
@@ -150,7 +169,7 @@ def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Met
     if ranks:
         return _merge([read_metadata(files.read_whole(name, name), limits)
                        for _, name in ranks])
-    if folder_kind(files.names()) is InputKind.SHARDS:  # the one decision of input kinds
+    if is_shards(files):  # the one decision of input kinds
         return hf_metadata(files, limits)
     raise FormatError(f"{files.directory!r} has no .metadata (nor __<rank>.metadata, nor "
                       "*.safetensors shards alone: its checkpoint files are each one of "
@@ -336,7 +355,7 @@ def object_path(meta: Metadata, fqn: str) -> tuple[str | int, ...]:
     return (meta.planner_data or {}).get(fqn) or (fqn,)
 
 
-def load_dcp(directory: str | os.PathLike[str], *, weights_only: bool | None = None,
+def load_dcp(directory: str | os.PathLike[str] | Input, *, weights_only: bool | None = None,
              structural: bool = False, limits: Limits | None = None,
              storage_options: Mapping[str, Any] | None = None) -> Any:
     """The full state dict of a ``torch.distributed.checkpoint`` directory, without torch.
@@ -406,7 +425,7 @@ def load_dcp(directory: str | os.PathLike[str], *, weights_only: bool | None = N
     structural = loads_structurally(weights_only, structural)
     limits = DEFAULT_LIMITS if limits is None else limits
     root: dict[str, Any] = {}
-    with DirectoryFiles(directory, storage_options=storage_options, limits=limits) as files:
+    with dcp_files(directory, storage_options, limits) as files:
         meta = load_metadata(files, limits)
         for fqn in meta.state_dict_metadata:
             place(root, object_path(meta, fqn),

@@ -38,6 +38,7 @@ from ..formats.dcp_metadata import (
     StorageInfo,
     TensorStorageMetadata,
 )
+from ..formats.inputs import Input
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DType
 from ..model.selection import expand
@@ -46,6 +47,8 @@ from ..reader import SliceNames, TensorInfo
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
     contiguous_stride,
+    dcp_files,
+    is_shards,
     load_metadata,
     object_path,
     place,
@@ -155,8 +158,11 @@ class DCPReader(Mapping[str, Tensor]):
     format: Format = Format.DCP
 
     def __init__(self, files: DirectoryFiles, meta: Metadata, limits: Limits, *,
-                 structural: bool = False) -> None:
+                 structural: bool = False, label: str = "dcp") -> None:
         self.files, self.meta, self._limits = files, meta, limits
+        #: What the folder is, in words (metadata's ``format``): ``dcp`` for torch's
+        #: FileSystemWriter, ``safetensors shards`` for a safetensors folder.
+        self.label = label
         self._structural = structural  # how non-tensor items are read (read_value)
         items = meta.state_dict_metadata
         self._items = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
@@ -230,7 +236,7 @@ class DCPReader(Mapping[str, Tensor]):
     def metadata(self) -> dict[str, str]:
         """Format, DCP version, item and chunk counts, as strings."""
         items = self.meta.state_dict_metadata
-        out = {"format": self.format.value, "items": str(len(items)), "tensors": str(len(self)),
+        out = {"format": self.label, "items": str(len(items)), "tensors": str(len(self)),
                "chunks": str(sum(len(i.chunks) for i in self._items.values())),
                "files": str(len({i.relative_path for i in self.meta.storage_data.values()}))}
         if self.meta.version is not None:
@@ -361,11 +367,13 @@ def _chunk_info(chunk: ChunkStorageMetadata, file: str, offset: int, length: int
     return ChunkInfo(chunk.offsets, chunk.sizes, file, offset, length, transforms)
 
 
-def open_dcp(directory: str, *, limits: Limits | None = None,
+def open_dcp(directory: str | Input | DirectoryFiles, *, limits: Limits | None = None,
              storage_options: Mapping[str, Any] | None = None,
-             structural: bool = False) -> DCPReader:
-    """A :class:`DCPReader` on a DCP directory (path or URL); reads its metadata only.
-    ``structural``: non-tensor items are read with :func:`ptfile.load`'s structural policy.
+             structural: bool = False, label: str | None = None) -> DCPReader:
+    """A :class:`DCPReader` on a DCP directory (path or URL, the input's record, or its
+    files); reads its metadata only.  ``structural``: non-tensor items are read with
+    :func:`ptfile.load`'s structural policy.  ``label`` names what the folder is
+    (default: from the record's kind).
 
     Raises
     ------
@@ -373,9 +381,12 @@ def open_dcp(directory: str, *, limits: Limits | None = None,
         As :func:`ptfile.load_dcp`.
     """
     limits = limits or DEFAULT_LIMITS
-    files = DirectoryFiles(directory, storage_options=storage_options, limits=limits)
+    files = dcp_files(directory, storage_options, limits)
+    if label is None:
+        label = "safetensors shards" if is_shards(files) else "dcp"
     try:
-        return DCPReader(files, load_metadata(files, limits), limits, structural=structural)
+        return DCPReader(files, load_metadata(files, limits), limits, structural=structural,
+                         label=label)
     except BaseException:
         files.close()
         raise

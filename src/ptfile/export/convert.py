@@ -41,7 +41,7 @@ from .._io.remote import StorageOptions, open_any, open_target
 from ..allowlist.structural import is_module
 from ..dcp.consolidate import convert_dcp
 from ..errors import FormatError, UnsupportedFeatureError
-from ..formats.detection import InputKind, detect_input
+from ..formats.inputs import Input, InputKind, resolve_input
 from ..model.tensor import Tensor
 from ..model.tree import flatten
 from ..reader import open as open_checkpoint
@@ -56,8 +56,14 @@ SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".pt": "pt", ".pth": "
             ".bin": "pt", ".ckpt": "pt"}
 
 
-def target_kind(output: str, source: str) -> str:
+def target_kind(output: str, source: str | Input,
+                storage_options: StorageOptions = None) -> str:
     """The kind to write, from the output's suffix (or the index being converted).
+
+    ``source`` is the input's record (:func:`~ptfile.formats.inputs.resolve_input`; a
+    path or URL is resolved now, with ``storage_options``).  A checkpoint folder
+    converts to ``pt``, ``safetensors`` or ``hf`` (a folder of safetensors shards with
+    an index); an index file to the other form's shards, as before.
 
     Raises
     ------
@@ -71,12 +77,11 @@ def target_kind(output: str, source: str) -> str:
     >>> target_kind("out/", "pytorch_model.bin.index.json")
     'safetensors'
     """
-    if detect_input(source).is_folder:  # a DCP checkpoint: .pt, .safetensors or an HF folder
+    record = resolve_input(source, storage_options)
+    if record.from_index and _dcp_kind(output) == "hf":  # shards to shards, the other form
+        return "pt" if record.kind is InputKind.SHARDS else "safetensors"
+    if record.is_folder:  # a checkpoint folder: .pt, .safetensors or an HF folder
         return _dcp_kind(output)
-    if source.endswith(".safetensors.index.json"):
-        return "pt"
-    if source.endswith(".index.json"):
-        return "safetensors"
     kind = SUFFIXES.get(os.path.splitext(output)[1].lower())
     if kind is None:
         raise UnsupportedFeatureError(f"cannot tell what to write from {output!r}; "
@@ -252,7 +257,7 @@ def _staged(dst: str, storage_options: StorageOptions) -> Iterator[str]:
 _UPLOAD_CHUNK_BYTES = 8 << 20
 
 
-def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
+def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
             on_step: Callable[[int], None] | None = None,
             storage_options: StorageOptions = None, structural: bool = False,
             npz_upcast: bool = False) -> dict[str, Any]:
@@ -272,32 +277,16 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
     FormatError, UnsafeGlobalError, UnsupportedFeatureError, SaveError
         From reading or writing.
     """
-    kind = detect_input(src, storage_options)
-    if kind is InputKind.FOLDER:
-        raise FormatError(f"{src} is a folder of many files, not one checkpoint: convert "
-                          "them in bulk (ptfile.bulk.convert, or --out-prefix)")
-    if kind.is_checkpoint_folder:
-        summary = convert_dcp(src, dst, to=to, storage_options=storage_options)
+    record = resolve_input(src, storage_options)
+    if record.kind is InputKind.FOLDER:
+        raise FormatError(f"{record.label} is a folder of many files, not one checkpoint: "
+                          "convert them in bulk (ptfile.bulk.convert, or --out-prefix)")
+    if record.is_folder:
+        summary = _convert_folder(record, dst, to, shared, npz_upcast, on_step)
         if on_step is not None:
             on_step(1)
         return summary
-    if src.endswith(".index.json"):
-        if is_url(src) or is_url(dst):
-            raise UnsupportedFeatureError("sharded checkpoints convert between local folders; "
-                                          "convert each shard's URL on its own")
-        changes = Changes()
-
-        def shard(a: str, b: str, kind: str) -> dict[str, str]:
-            done = convert_file(a, b, kind, shared, npz_upcast=npz_upcast)
-            changes.merge(done)
-            return done.aliases
-
-        index = convert_sharded(src, dst, shared=shared, convert_shard=shard,
-                                on_shard=lambda _: on_step(1) if on_step else None)
-        with open(index, encoding="utf-8") as fp:
-            weight_map = json.load(fp)["weight_map"]
-        return {"output": index, "kind": f"sharded {to}", "tensors": len(weight_map),
-                "shards": len(set(weight_map.values())), **changes.to_dict(), "aliases": {}}
+    src = record.location
     counted: list[int] = []
     changes = convert_file(src, dst, to, shared, counted, storage_options, structural,
                            npz_upcast)
@@ -305,6 +294,92 @@ def convert(src: str, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
         on_step(1)
     return {"output": dst, "kind": to, "tensors": sum(counted), "shards": 0,
             **changes.to_dict()}
+
+
+def _convert_folder(record: Input, dst: str, to: str, shared: SharedPolicy,
+                    npz_upcast: bool, on_step: Callable[[int], None] | None) -> dict[str, Any]:
+    """Convert a checkpoint folder's model: a DCP or safetensors folder tensor by tensor,
+    ``.bin`` shards shard by shard (to a folder) or merged (to one file), a trainer
+    folder's model part alone (its other parts listed as dropped)."""
+    dropped: list[dict[str, str]] = []
+    if record.kind is InputKind.TRAINER:
+        model = record.part("model")
+        if model is None:
+            raise FormatError(f"{record.label}: a trainer folder without model weights has "
+                              "nothing to convert")
+        dropped = [{"name": p.role, "type": ", ".join(p.files),
+                    "reason": "not the model: convert writes a trainer folder's model"}
+                   for p in record.parts if p is not model]
+        record = record.alone(model)
+    summary = _convert_model(record, dst, to, shared, npz_upcast, on_step)
+    summary["dropped"] = [*dropped, *summary.get("dropped", [])]
+    return summary
+
+
+def _convert_model(record: Input, dst: str, to: str, shared: SharedPolicy,
+                   npz_upcast: bool, on_step: Callable[[int], None] | None) -> dict[str, Any]:
+    """Convert a model folder (``shards`` or ``model``) to ``to``."""
+    part = record.parts[0] if record.parts else None
+    to_folder = _dcp_kind(dst) == "hf"
+    if part is not None and part.index is not None and to_folder and (
+            record.kind is InputKind.MODEL or to == "pt"):
+        if is_url(record.location) or is_url(dst):
+            raise UnsupportedFeatureError("sharded checkpoints convert between local folders; "
+                                          "convert each shard's URL on its own")
+        return _convert_index(record.path(part.index), dst, to, shared, npz_upcast, on_step)
+    if record.kind.is_dcp_readable:
+        return convert_dcp(record, dst, to=to, storage_options=record.storage_options)
+    if part is None:
+        raise FormatError(f"{record.label}: no model weights to convert")
+    if to_folder:  # one model file into a folder, as Hugging Face names it
+        os.makedirs(dst, exist_ok=True)
+        to = "safetensors" if to == "hf" else to
+        dst = os.path.join(dst, "model.safetensors" if to == "safetensors" else
+                           "pytorch_model.bin")
+    if part.form == "file":
+        counted: list[int] = []
+        changes = convert_file(record.path(part.files[0]), dst, to, shared, counted,
+                               record.storage_options, npz_upcast=npz_upcast)
+        return {"output": dst, "kind": to, "tensors": sum(counted), "shards": 0,
+                **changes.to_dict()}
+    return _convert_merged(record, dst, to, shared)
+
+
+def _convert_merged(record: Input, dst: str, to: str, shared: SharedPolicy) -> dict[str, Any]:
+    """``.bin`` shards merged into one file (the names in the index's order)."""
+    from ..sets import open_set
+
+    changes = Changes()
+    with open_set(record) as ck:
+        tensors = ck.load_tensors()
+        if to == "pt":
+            api.save(tensors, dst)
+        elif to == "safetensors":
+            with _staged(dst, record.storage_options) as path:
+                changes.aliases = dump(tensors, path, shared=shared) or {}
+        else:
+            raise UnsupportedFeatureError(f"a sharded model converts to .pt, .safetensors or "
+                                          f"a folder, not {to!r}")
+    return {"output": dst, "kind": to, "tensors": len(tensors), "shards": 0,
+            **changes.to_dict()}
+
+
+def _convert_index(index: str, dst: str, to: str, shared: SharedPolicy, npz_upcast: bool,
+                   on_step: Callable[[int], None] | None) -> dict[str, Any]:
+    """Shards to shards of the other form, one shard at a time (bounded memory)."""
+    changes = Changes()
+
+    def shard(a: str, b: str, kind: str) -> dict[str, str]:
+        done = convert_file(a, b, kind, shared, npz_upcast=npz_upcast)
+        changes.merge(done)
+        return done.aliases
+
+    out = convert_sharded(index, dst, shared=shared, convert_shard=shard,
+                          on_shard=lambda _: on_step(1) if on_step else None)
+    with open(out, encoding="utf-8") as fp:
+        weight_map = json.load(fp)["weight_map"]
+    return {"output": out, "kind": f"sharded {to}", "tensors": len(weight_map),
+            "shards": len(set(weight_map.values())), **changes.to_dict(), "aliases": {}}
 
 
 #: How many names a line of :func:`describe` shows before "and N more".

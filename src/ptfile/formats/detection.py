@@ -27,45 +27,26 @@ the file or over ``Limits.max_safetensors_header_bytes`` is reported as that
 (FormatError, LimitExceededError) by the one header reader, not as an unknown format.
 A file under 9 bytes is no safetensors file (safetensors refuses it too).
 
-What an *input* is comes first, and is decided here once too, by :func:`detect_input`
-(from names and the file system's answers, never by reading a checkpoint): one file
-(:attr:`InputKind.FILE`: a local path, a file object, bytes; :attr:`InputKind.URL`), one
-checkpoint that is a folder, or a folder of many files.  A folder's kind is
-:func:`folder_kind` of its file names:
-
-==================  =============================================================
-kind                the folder's own files (subfolders are not looked at)
-==================  =============================================================
-``DCP``             a metadata pickle: ``.metadata`` or ``__<rank>.metadata``
-                    (torch's FileSystemWriter), whatever else is beside it
-``SHARDS``          ``*.safetensors`` and no other checkpoint file
-                    (:data:`CHECKPOINT_SUFFIXES`): a HuggingFaceStorageWriter
-                    folder (one rank or several, consolidated or not: the
-                    shards of a consolidated one are in ``sharded/``, not read),
-                    or a Hugging Face sharded model (``*.index.json`` + shards)
-``FOLDER``          anything else: many files, each its own checkpoint
-==================  =============================================================
-
-``ptfile.load`` (which names the folder kinds' own readers), ``ptfile.open``,
-``scan``, ``inspect``, ``verify``, ``diff``, ``convert``, the DCP readers and the bulk
-walks all ask it, so they agree on what an input is.
+What an *input* is (a file, a URL, a checkpoint folder of some kind, a folder of many
+files) is decided before, once, by :func:`ptfile.formats.inputs.resolve_input`, whose
+record every front door carries; its names stay importable from here.
 """
 
 from __future__ import annotations
 
 import enum
-import os
-import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from .._gc import paused_gc
-from .._io.local import Source, is_url, url_scheme
+from .._io.local import Source
 from ..archive import ZipReader
 from ..archive.tar import is_tar
 from ..errors import FormatError
 from ..limits import DEFAULT_LIMITS, Limits
+from .inputs import (CHECKPOINT_SUFFIXES, DCP_METADATA_NAME, Input, InputKind, detect_input,
+                     folder_kind, resolve_input)
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",
@@ -75,6 +56,7 @@ __all__ = [
     "ZIP_MARKERS",
     "Detected",
     "Format",
+    "Input",
     "InputKind",
     "detect",
     "detect_input",
@@ -82,6 +64,7 @@ __all__ = [
     "folded_markers",
     "folder_kind",
     "kind_of_markers",
+    "resolve_input",
     "zip_kind",
 ]
 
@@ -98,6 +81,9 @@ class Format(enum.Enum):
     SAFETENSORS = "safetensors"
     #: A ``torch.distributed.checkpoint`` directory, of either writer (:func:`detect_input`).
     DCP = "dcp"
+    #: A checkpoint set: a Hugging Face ``.bin`` model folder or a trainer folder
+    #: (:mod:`ptfile.formats.inputs`, read by :mod:`ptfile.sets`).
+    SET = "set"
     UNKNOWN = "unknown"
 
 
@@ -125,140 +111,6 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
 _ZIP_KINDS: Final = (("archive_format", Format.PT2), ("constants.pkl", Format.TORCHSCRIPT))
 #: The records (under the archive folder) that tell what torch's loaders read a ZIP as.
 ZIP_MARKERS: Final = ("archive_format", "constants.pkl", "data.pkl")
-
-
-#: A DCP metadata pickle's file name: the coordinator's ``.metadata``, or a rank's own
-#: ``__<rank>.metadata`` (``use_collectives=False``).
-DCP_METADATA_NAME: Final = re.compile(r"\.metadata|__\d+\.metadata")
-#: A HuggingFaceStorageWriter's (and a sharded model's) files: what its reader reads.
-_SHARD_SUFFIX: Final = ".safetensors"
-#: A shard's name as the HuggingFace writers give it: ``model-00001-of-00002.safetensors``
-#: (any stem: ``diffusion_pytorch_model-…``), one per rank ``shard-00001-model-…``.
-_SHARD_NAME: Final = re.compile(r"(?:shard-\d+-)?[^/]+-\d+-of-\d+\.safetensors")
-#: The index of a sharded model (``model.safetensors.index.json``).
-_SHARD_INDEX: Final = re.compile(r"[^/]+\.safetensors\.index\.json")
-#: File names that hold checkpoints, by suffix (ASCII case ignored): what torch.save,
-#: torch.jit.save, torch.export.save and pickle write under (.bin: Hugging Face; .ckpt:
-#: Lightning; .tar: pre-0.4), and .safetensors.  A folder walk keeps these files.
-CHECKPOINT_SUFFIXES: Final = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pt2", ".tar",
-                                        ".pkl", ".pickle", ".safetensors"})
-#: The URL schemes whose folders cannot be listed (a listing would fetch the page).
-_FLAT_SCHEMES: Final = frozenset({"http", "https"})
-
-
-class InputKind(enum.Enum):
-    """What an input is (:func:`detect_input`): one file, one checkpoint folder, or a
-    folder of many files."""
-
-    #: One file: a local path (a missing one too), a file object or bytes.
-    FILE = "file"
-    #: One file behind a URL.
-    URL = "url"
-    #: A torch FileSystemWriter folder: ``.metadata`` or ``__<rank>.metadata``.
-    DCP = "dcp"
-    #: ``*.safetensors`` shards (named ``…-00001-of-00002.safetensors``, indexed by a
-    #: ``*.safetensors.index.json``, or one file alone) and no other checkpoint: a HuggingFaceStorageWriter
-    #: folder or a Hugging Face sharded model folder, read as one checkpoint.
-    SHARDS = "shards"
-    #: A folder of many files (or none): each checkpoint in it is one input of its own.
-    FOLDER = "folder"
-
-    @property
-    def is_folder(self) -> bool:
-        """Whether the input is a folder (of whatever kind): the DCP readers read it, and
-        refuse a FOLDER as no one checkpoint."""
-        return self in (InputKind.DCP, InputKind.SHARDS, InputKind.FOLDER)
-
-    @property
-    def is_checkpoint_folder(self) -> bool:
-        """Whether the input is one checkpoint that is a folder (DCP or SHARDS)."""
-        return self in (InputKind.DCP, InputKind.SHARDS)
-
-
-def _suffix(name: str) -> str:
-    return os.path.splitext(name)[1].lower()
-
-
-def folder_kind(names: Iterable[str]) -> InputKind:
-    """What a folder holding the files ``names`` (its own, not its subfolders') is:
-    :attr:`InputKind.DCP`, :attr:`InputKind.SHARDS` or :attr:`InputKind.FOLDER`.
-
-    Examples
-    --------
-    >>> folder_kind([".metadata", "__0_0.distcp"]), folder_kind(["a.txt"])
-    (<InputKind.DCP: 'dcp'>, <InputKind.FOLDER: 'folder'>)
-    >>> folder_kind(["model-00001-of-00001.safetensors", "model.safetensors.index.json"])
-    <InputKind.SHARDS: 'shards'>
-    >>> folder_kind(["adapter.safetensors", "model.pt"])  # two checkpoints side by side
-    <InputKind.FOLDER: 'folder'>
-    >>> folder_kind(["a.safetensors", "b.safetensors"])  # unrelated files, no shards
-    <InputKind.FOLDER: 'folder'>
-    """
-    names = list(names)
-    if any(DCP_METADATA_NAME.fullmatch(n) for n in names):
-        return InputKind.DCP
-    shards = [n for n in names if n.endswith(_SHARD_SUFFIX) and len(n) > len(_SHARD_SUFFIX)]
-    others = [n for n in names if _suffix(n) in CHECKPOINT_SUFFIXES and n not in shards]
-    # Shards by their index, by their names, or one file alone (a model folder's
-    # ``model.safetensors``): a folder of unrelated ``.safetensors`` files (adapters)
-    # holds many checkpoints, not one.
-    sharded = len(shards) == 1 or any(_SHARD_INDEX.fullmatch(n) for n in names) \
-        or all(_SHARD_NAME.fullmatch(n) for n in shards)
-    return InputKind.SHARDS if shards and not others and sharded else InputKind.FOLDER
-
-
-def detect_input(f: object, storage_options: Mapping[str, Any] | None = None) -> InputKind:
-    """What the input ``f`` is: the one decision every front door asks.
-
-    A path that is no folder (a missing one too) is a FILE, as is anything but a path or
-    URL (file objects, bytes).  A folder is :func:`folder_kind` of its files.  A URL is
-    listed only when it may name a folder: not ``http(s)://`` (no listing without
-    fetching the page), and only when its last component has no suffix (``ckpt``,
-    ``step-100/``, not ``model.pt``); one the backend does not call a folder, or that it
-    cannot ask about, is a URL (reading it says what is wrong).
-
-    Raises
-    ------
-    FormatError
-        A local folder cannot be listed.
-    RemoteError
-        A URL the backend calls a folder cannot be listed.
-
-    Examples
-    --------
-    >>> detect_input(b"PK..."), detect_input("https://host/ckpt"), detect_input("none.pt")
-    (<InputKind.FILE: 'file'>, <InputKind.URL: 'url'>, <InputKind.FILE: 'file'>)
-    """
-    from .._io.remote import local_path
-
-    if not isinstance(f, (str, os.PathLike)):
-        return InputKind.FILE
-    name = os.fsdecode(local_path(os.fspath(f)))  # type: ignore[arg-type]
-    if not is_url(name):
-        if not os.path.isdir(name):
-            return InputKind.FILE
-        from .._io.directory import local_names
-
-        return folder_kind(local_names(name))
-    names = _url_names(name, storage_options)
-    return InputKind.URL if names is None else folder_kind(names)
-
-
-def _url_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
-    """The file names of the folder ``url`` names, or None when it names none (or the
-    backend cannot say)."""
-    from .._io.directory import remote_names
-    from .._io.remote import filesystem
-
-    if url_scheme(url) in _FLAT_SCHEMES or "." in url.rstrip("/").rsplit("/", 1)[-1]:
-        return None
-    try:
-        fs, path = filesystem(url, storage_options)
-        if not fs.isdir(path):
-            return None
-    except Exception:  # noqa: BLE001 (fsspec or a backend missing or failing: the file path says so)
-        return None
-    return remote_names(fs, path, url)
 
 
 def detect(head: bytes) -> Format:

@@ -1,0 +1,346 @@
+"""Readers of checkpoint sets: a Hugging Face ``.bin`` model folder and a trainer folder.
+
+A set is one checkpoint made of parts (:class:`~ptfile.formats.inputs.Part`), each read
+by the reader of its form:
+
+=============  ==========================================================================
+form           reader
+=============  ==========================================================================
+``file``       :func:`ptfile.reader.open` (a ``CheckpointReader``)
+``shards``     the DCP readers' safetensors view (:func:`ptfile.dcp.reader.open_dcp`
+               over the part's files only)
+``bin-shards`` :class:`ShardedReader`: one ``CheckpointReader`` per ``.bin`` shard, the
+               names in the index's order
+``json``       the JSON document itself, a value of the set (``trainer_state.json``)
+=============  ==========================================================================
+
+Names.  A set of one part (``model``, ``shards``) is named as its part: the state
+dict's names.  A trainer folder's names start with the part's role: ``model.<name>``,
+``optimizer.state.0.exp_avg``, ``trainer_state.global_step``; its :attr:`SetReader.object`
+is ``{role: part object}``, which :func:`ptfile.model.tree.flatten` names the same way.
+
+Policies.  Each part is read under the caller's policy, except two roles whose content is
+known: ``rng_state`` parts (numpy's RNG state beside torch's) are read with
+:data:`ptfile.NUMPY_GLOBALS` added, as data; ``training_args`` (a pickled
+``TrainingArguments``, a class outside any allowlist) is read structurally: inert
+stand-ins, nothing imported or called.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from .._io.directory import DirectoryFiles
+from ..errors import FormatError, LimitExceededError, PtfileError
+from ..formats import Format
+from ..formats.inputs import Input, InputKind, Part
+from ..limits import DEFAULT_LIMITS, Limits
+from ..model.tensor import Tensor
+from ..reader import CheckpointReader, TensorInfo
+from ..reader import open as open_file
+
+if TYPE_CHECKING:
+    from ..dcp.reader import DCPReader
+
+    PartReader = CheckpointReader | DCPReader | "ShardedReader"
+
+__all__ = ["SetReader", "ShardedReader", "open_part", "open_set", "read_json", "role_of",
+           "role_policy"]
+
+#: Roles read structurally whatever the caller's policy (module docstring).
+STRUCTURAL_ROLES: Final = frozenset({"training_args"})
+#: Roles read with :data:`ptfile.NUMPY_GLOBALS` added.
+NUMPY_ROLES: Final = frozenset({"rng_state"})
+
+
+def role_of(part: Part) -> str:
+    """A part's role without its rank (``rng_state_1`` → ``rng_state``)."""
+    base, _, rank = part.role.rpartition("_")
+    return base if rank.isdigit() and base else part.role
+
+
+class _Merged(Mapping[str, Tensor]):
+    """Tensors of several readers under one set of names: ``routes`` maps each name to
+    the reader holding it and the name there."""
+
+    def __init__(self, routes: dict[str, tuple[Any, str]]) -> None:
+        self._routes = routes
+
+    def __getitem__(self, name: str) -> Tensor:
+        ck, inner = self._routes[name]
+        return ck[inner]  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._routes)
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._routes
+
+    def _route(self, name: str) -> tuple[Any, str]:
+        found = self._routes.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def get_tensor(self, name: str) -> np.ndarray[Any, Any]:
+        """The tensor ``name`` as a numpy array (its part's reader reads it)."""
+        ck, inner = self._route(name)
+        return ck.get_tensor(inner)  # type: ignore[no-any-return]
+
+    def get_slice(self, name: str) -> Any:
+        """A lazy slice of the tensor ``name``."""
+        ck, inner = self._route(name)
+        return ck.get_slice(inner)
+
+    def info(self, name: str) -> TensorInfo:
+        """The tensor's metadata, named as in the set, its storage keyed by its file."""
+        ck, inner = self._route(name)
+        return _renamed(ck.info(inner), name, _file_of(ck))
+
+    def infos(self) -> Iterator[TensorInfo]:
+        """Every tensor's metadata, in name order."""
+        by_reader: dict[int, dict[str, TensorInfo]] = {}
+        for name, (ck, inner) in self._routes.items():
+            infos = by_reader.get(id(ck))
+            if infos is None:
+                infos = by_reader[id(ck)] = {t.name: t for t in ck.infos()}
+            yield _renamed(infos[inner], name, _file_of(ck))
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor without data, by set name."""
+        cache: dict[int, dict[str, Tensor]] = {}
+        out = {}
+        for name, (ck, inner) in self._routes.items():
+            table = cache.get(id(ck))
+            if table is None:
+                table = cache[id(ck)] = ck.tensors()
+            out[name] = table[inner]
+        return out
+
+    def load_tensors(self) -> dict[str, Tensor]:
+        """Every tensor with its data (ties inside one part kept)."""
+        cache: dict[int, dict[str, Tensor]] = {}
+        out = {}
+        for name, (ck, inner) in self._routes.items():
+            table = cache.get(id(ck))
+            if table is None:
+                table = cache[id(ck)] = _load_tensors(ck)
+            out[name] = table[inner]
+        return out
+
+
+def _load_tensors(ck: Any) -> dict[str, Tensor]:
+    if isinstance(ck, CheckpointReader) or hasattr(ck, "load_tensors"):
+        return ck.load_tensors()  # type: ignore[no-any-return]
+    return {name: ck[name] for name in ck}  # a DCP reader: each tensor assembled now
+
+
+def _file_of(ck: Any) -> str:
+    return str(getattr(ck, "set_file", "") or "")
+
+
+def _renamed(info: TensorInfo, name: str, file: str) -> TensorInfo:
+    key = info.storage_key
+    return info._replace(name=name, storage_key=None if key is None else
+                         (f"{file}:{key}" if file else key))
+
+
+class ShardedReader(_Merged):
+    """A model in ``.bin`` shards: one :class:`CheckpointReader` per shard, the names in
+    the index's order (a name the index lists that its shard lacks is damage)."""
+
+    def __init__(self, record: Input, part: Part, *, mmap: bool, limits: Limits,
+                 structural: bool) -> None:
+        self.readers: dict[str, CheckpointReader] = {}
+        try:
+            for shard in part.files:
+                ck = open_file(record.path(shard), mmap=mmap, limits=limits,
+                               storage_options=record.storage_options, structural=structural)
+                ck.set_file = shard  # type: ignore[attr-defined]
+                self.readers[shard] = ck
+            routes: dict[str, tuple[Any, str]] = {}
+            for name, shard in record.weight_map.items():
+                if name not in self.readers[shard]:
+                    raise FormatError(f"{record.path(part.index or '')}: the index puts "
+                                      f"{name!r} in {shard}, which does not hold it")
+                routes[name] = (self.readers[shard], name)
+            for ck in self.readers.values():  # names a shard holds beyond the index
+                for name in ck:
+                    routes.setdefault(name, (ck, name))
+        except BaseException:
+            self.close()
+            raise
+        super().__init__(routes)
+
+    @property
+    def object(self) -> dict[str, Tensor]:
+        """The merged state dict (tensors without data)."""
+        return self.tensors()
+
+    def close(self) -> None:
+        """Close every shard."""
+        for ck in self.readers.values():
+            ck.close()
+
+
+def open_part(record: Input, part: Part, *, mmap: bool = True, limits: Limits | None = None,
+              structural: bool = False) -> Any:
+    """The reader of one part (module docstring's table); a ``json`` part's value.
+
+    Raises
+    ------
+    FormatError, UnsafeGlobalError, LimitExceededError, UnsupportedFeatureError
+        As :func:`ptfile.open` for the part's files.
+    """
+    limits = limits or DEFAULT_LIMITS
+    role = role_of(part)
+    structural = structural or role in STRUCTURAL_ROLES
+    if part.form == "json":
+        return read_json(record, part.files[0], limits)
+    if part.form == "shards":
+        from ..dcp.reader import open_dcp
+
+        names = (*part.files, *([part.index] if part.index else ()))
+        files = DirectoryFiles(record.location, storage_options=record.storage_options,
+                               limits=limits, names=names)
+        return open_dcp(files, limits=limits, structural=structural, label="safetensors shards")
+    if part.form == "bin-shards":
+        return ShardedReader(record, part, mmap=mmap, limits=limits, structural=structural)
+    with role_policy(role):
+        ck = open_file(record.path(part.files[0]), mmap=mmap, limits=limits,
+                       storage_options=record.storage_options, structural=structural)
+    ck.set_file = part.files[0]  # type: ignore[attr-defined]
+    return ck
+
+
+@contextlib.contextmanager
+def role_policy(role: str) -> Iterator[None]:
+    if role not in NUMPY_ROLES:
+        yield
+        return
+    from ..allowlist.policy import NUMPY_GLOBALS, safe_globals
+
+    with safe_globals(NUMPY_GLOBALS):
+        yield
+
+
+def read_json(record: Input, name: str, limits: Limits) -> Any:
+    from .._io.remote import open_any
+
+    source = open_any(record.path(name), storage_options=record.storage_options,
+                      limits=limits, lazy=True)
+    try:
+        if source.size > limits.max_json_bytes:
+            raise LimitExceededError("max_json_bytes", limits.max_json_bytes, source.size,
+                                     record.path(name))
+        text = bytes(source.pread(0, source.size, name))
+    finally:
+        source.close()
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{record.path(name)}: not JSON: {exc}") from exc
+
+
+class SetReader(_Merged):
+    """A checkpoint set opened part by part (module docstring): a read-only
+    ``Mapping[str, Tensor]`` over every part's tensors, with the reader API
+    (``info``, ``get_tensor``, ``get_slice``, ``metadata``, ``object``)."""
+
+    format: Format = Format.SET
+
+    def __init__(self, record: Input, parts: dict[str, Any]) -> None:
+        self.record = record
+        self.parts = parts
+        prefixed = record.kind is InputKind.TRAINER
+        routes: dict[str, tuple[Any, str]] = {}
+        for role, ck in parts.items():
+            if isinstance(ck, Mapping) and hasattr(ck, "info"):
+                for name in ck:
+                    routes[f"{role}.{name}" if prefixed else name] = (ck, name)
+        super().__init__(routes)
+
+    @property
+    def object(self) -> Any:
+        """A one-part set's object; a trainer folder's ``{role: part object}``."""
+        objects = {role: getattr(ck, "object", ck) for role, ck in self.parts.items()}
+        if self.record.kind is not InputKind.TRAINER and len(objects) == 1:
+            return next(iter(objects.values()))
+        return objects
+
+    def metadata(self) -> dict[str, str]:
+        """The set's kind, its parts (role: files) and file count, as strings."""
+        meta = {"format": self.record.kind.value, "parts": str(len(self.record.parts)),
+                "files": str(len(self.record.files()))}
+        for part in self.record.parts:
+            meta[f"part.{part.role}"] = ", ".join(part.files)
+        return meta
+
+    @property
+    def zip_reader(self) -> None:
+        """None: a set is not one archive."""
+        return None
+
+    @property
+    def source_size(self) -> int:
+        """Bytes of the parts' files read so far (each part's own measure)."""
+        return sum(int(getattr(ck, "source_size", 0) or 0) for ck in self.parts.values()
+                   if not isinstance(ck, (dict, list, str, int, float)) or hasattr(ck, "info"))
+
+    def close(self) -> None:
+        """Close every part."""
+        for ck in self.parts.values():
+            close = getattr(ck, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> SetReader:  # noqa: PYI034 (typing.Self is 3.11+)
+        return self
+
+    def __exit__(self, *exc: builtins.object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SetReader {self.record.label!r} {self.record.kind.value} {len(self)} tensors>"
+
+
+def open_set(record: Input, *, mmap: bool = True, limits: Limits | None = None,
+             structural: bool = False, roles: Callable[[Part], bool] | None = None) -> SetReader:
+    """Open every part of the set ``record`` (those ``roles`` keeps, when given).
+
+    Raises
+    ------
+    FormatError
+        ``record`` is no checkpoint set; or as :func:`open_part`, the message naming the
+        part's file.
+    """
+    if not record.is_checkpoint_folder or record.kind is InputKind.DCP:
+        raise FormatError(f"{record.label!r} is not a checkpoint set ({record.kind.value})")
+    parts: dict[str, Any] = {}
+    try:
+        for part in record.parts:
+            if roles is not None and not roles(part):
+                continue
+            try:
+                parts[part.role] = open_part(record, part, mmap=mmap, limits=limits,
+                                             structural=structural)
+            except PtfileError as exc:
+                exc.add_note(f"in the {part.role} part of {record.label} "
+                             f"({', '.join(part.files)})")
+                raise
+    except BaseException:
+        for ck in parts.values():
+            close = getattr(ck, "close", None)
+            if callable(close):
+                close()
+        raise
+    return SetReader(record, parts)

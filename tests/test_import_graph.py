@@ -55,6 +55,9 @@ LAYERS: Final[dict[str, int]] = {
     "ptfile.reader": 5,
     # 6: distributed checkpoints, built on the formats and the file reader.
     "ptfile.dcp": 6,
+    # 6: checkpoint sets (a .bin model folder, a trainer folder), read part by part with
+    # the file reader and, for a safetensors model part, the DCP readers.
+    "ptfile.sets": 6,
     # 7..10: the front doors, in the order they build on each other.
     "ptfile.api": 7,  # load, save, open, detect_format
     "ptfile.scanning": 8,  # scan

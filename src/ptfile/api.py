@@ -60,7 +60,7 @@ def _mmap_access(mmap: bool | str | None) -> str | None:
 
 
 def load(
-    f: FileLike,
+    f: FileLike | Input,
     map_location: MapLocation = None,
     pickle_module: None = None,
     *,
@@ -162,10 +162,11 @@ def load(
         return _load_folder(record, map_location, mmap, limits, skip_data, structural,
                             pickle_load_args)
     f = local_path(record.location)  # type: ignore[assignment]
-    access = _mapped_access(f, config.current().mmap if mmap is None else mmap)
+    access = _mapped_access(f, config.current().mmap if mmap is None else mmap)  # type: ignore[arg-type]
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
-    source = open_any(f, storage_options=storage_options, mmap=access is not None,
-                      access=access or "private", lazy=skip_data, limits=limits)
+    source = open_any(f, storage_options=storage_options,  # type: ignore[arg-type]
+                      mmap=access is not None, access=access or "private", lazy=skip_data,
+                      limits=limits)
     try:
         with damage_as_format_error():
             return read(source, ReadOptions(
@@ -358,7 +359,7 @@ def _fields(settings: config.Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in settings.__slots__}
 
 
-def detect_format(f: FileLike, *, limits: Limits | None = None,
+def detect_format(f: FileLike | Input, *, limits: Limits | None = None,
                   storage_options: StorageOptions = None) -> Format:
     """The checkpoint format of ``f``, from its bytes (never from its name).
 
@@ -392,13 +393,15 @@ def detect_format(f: FileLike, *, limits: Limits | None = None,
     >>> ptfile.detect_format(io.BytesIO(buf.getvalue()))
     <Format.LEGACY: 'legacy'>
     """
-    kind = resolve_input(f, storage_options).kind
+    record = resolve_input(f, storage_options)
+    kind = record.kind
     if kind.is_folder:
         return Format.DCP if kind.is_dcp_readable else \
             Format.SET if kind.is_checkpoint_folder else Format.UNKNOWN
-    position = None if isinstance(f, (str, os.PathLike, bytes, bytearray, memoryview)) \
-        else f.tell()
-    source = open_any(f, storage_options=storage_options, lazy=True,
+    target: Any = record.location
+    position = None if isinstance(target, (str, os.PathLike, bytes, bytearray, memoryview)) \
+        else target.tell()
+    source = open_any(target, storage_options=storage_options, lazy=True,
                       limits=limits or DEFAULT_LIMITS)
     try:
         with damage_as_format_error():
@@ -406,7 +409,7 @@ def detect_format(f: FileLike, *, limits: Limits | None = None,
     finally:
         source.close()
         if position is not None:
-            f.seek(position)  # type: ignore[union-attr]
+            target.seek(position)
 
 
 def load_torchscript(
@@ -469,7 +472,7 @@ def load_torchscript(
         source.close()
 
 
-def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
+def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None,
          storage_options: StorageOptions = None, weights_only: bool | None = None,
          structural: bool = False) -> CheckpointReader | DCPReader | SetReader:
     """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).

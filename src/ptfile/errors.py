@@ -137,6 +137,18 @@ _BRIEF.maxset = _BRIEF.maxfrozenset = _BRIEF.maxdeque = 4
 _BRIEF.maxstring = _BRIEF.maxother = _BRIEF.maxlong = 80
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """Add context to an error on its way out (``add_note`` is new in Python 3.11; on 3.10
+    the note goes to ``__notes__`` as PEP 678 defines it, where callers read it)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    try:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined,unused-ignore]
+    except (AttributeError, TypeError):  # an exception type that refuses new attributes
+        pass
+
+
 def brief(value: object, limit: int = 80) -> str:
     """A bounded repr of an untrusted value for a message: at most ``limit`` characters,
     built in bounded time and memory (:mod:`reprlib`: a few items per container, three

@@ -26,7 +26,7 @@ from .archive import ZipReader
 from .dcp.reader import DCPReader
 from .errors import PtfileError, RemoteError, UnknownFormatError, UnsafeGlobalError
 from .formats import Format
-from .formats.inputs import InputKind, resolve_input
+from .formats.inputs import Input, InputKind, resolve_input
 from .formats.pt2_program import ProgramSignature, read_program
 from .limits import DEFAULT_LIMITS, Limits
 from .model.tensor import Tensor
@@ -123,7 +123,7 @@ class Inspection:
                 **({"parts": self.parts} if self.parts else {})}
 
 
-def _records(ck: CheckpointReader | DCPReader) -> list[RecordRow]:
+def _records(ck: Any) -> list[RecordRow]:
     reader = ck.zip_reader
     if reader is None or isinstance(ck, DCPReader):
         return []
@@ -131,14 +131,14 @@ def _records(ck: CheckpointReader | DCPReader) -> list[RecordRow]:
             for r in reader.records]
 
 
-def _program(ck: CheckpointReader | DCPReader, limits: Limits) -> ProgramSignature | None:
+def _program(ck: Any, limits: Limits) -> ProgramSignature | None:
     """The signature of a ``.pt2``'s program (read from its JSON; nothing runs)."""
     if ck.format is not Format.PT2 or ck.zip_reader is None:
         return None
     return read_program(ck.zip_reader, ck.metadata()["prefix"], limits)
 
 
-def _inspection(ck: CheckpointReader | DCPReader, path: str | None, size: int,
+def _inspection(ck: CheckpointReader | DCPReader | SetReader, path: str | None, size: int,
                 limits: Limits = DEFAULT_LIMITS) -> Inspection:
     tensors = list(ck.infos())
     by_storage: dict[str, list[str]] = {}
@@ -180,7 +180,7 @@ def _chunks(ck: Any) -> dict[str, list[dict[str, Any]]]:
     return {name: [c.to_dict() for c in ck.chunks(name)] for name in ck}
 
 
-def inspect(f: FileLike, *, limits: Limits | None = None,
+def inspect(f: FileLike | Input, *, limits: Limits | None = None,
             storage_options: StorageOptions = None, structural: bool = False) -> Inspection:
     """Describe a checkpoint without reading any tensor data.
 
@@ -319,7 +319,7 @@ def _check_layout(ck: CheckpointReader, report: VerifyReport) -> None:
                 "calculate_storage_offsets would read the wrong bytes"))
 
 
-def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | None = None,
+def verify(f: FileLike | Input, *, limits: Limits | None = None, progress: Progress | None = None,
            storage_options: StorageOptions = None) -> VerifyReport:
     """Check a checkpoint: structure, every record's CRC-32, the pickle, every tensor's bounds.
 
@@ -365,8 +365,7 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
     report = VerifyReport(path)
     try:
         with _open_for_verify(record, limits, report) as ck:
-            report.format = ck.metadata().get("format", ck.format.value) \
-                if isinstance(ck, (SetReader, DCPReader)) else ck.format.value
+            report.format = ck.format.value
             for where, part in _checked_parts(ck):
                 _check_part(part, where, report, progress)
             for name in ck:
@@ -376,7 +375,9 @@ def verify(f: FileLike, *, limits: Limits | None = None, progress: Progress | No
         raise  # not a checkpoint, or not reachable: nothing to verify (exit 2, not damaged)
     except PtfileError as exc:
         where = getattr(exc, "member", None) or "checkpoint"
-        report.problems.append(Problem("error", str(where), f"{type(exc).__name__}: {exc}"))
+        notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", ()))
+        report.problems.append(Problem("error", str(where),
+                                       f"{type(exc).__name__}: {exc}{notes}"))
     return report
 
 
@@ -541,7 +542,7 @@ def _max_abs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
     return worst
 
 
-def _compare(a: CheckpointReader | DCPReader, b: CheckpointReader | DCPReader, name: str,
+def _compare(a: Any, b: Any, name: str,
              report: DiffReport) -> None:
     x, y = a.info(name), b.info(name)
     if x.dtype != y.dtype or x.shape != y.shape:
@@ -621,7 +622,7 @@ def _named(f: FileLike) -> str | None:
 
 @contextlib.contextmanager
 def _opened(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
-            structural: bool) -> Iterator[CheckpointReader | DCPReader]:
+            structural: bool) -> Iterator[CheckpointReader | DCPReader | SetReader]:
     """:func:`ptfile.open`, with the input's name added to the error it raises: a diff
     reads two inputs, and the user must know which one failed."""
     try:

@@ -286,7 +286,7 @@ def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedu
         if on_step is not None:
             on_step(1)
         return summary
-    src = record.location
+    src = str(record.location)
     counted: list[int] = []
     changes = convert_file(src, dst, to, shared, counted, storage_options, structural,
                            npz_upcast)

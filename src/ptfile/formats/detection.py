@@ -45,8 +45,15 @@ from ..archive import ZipReader
 from ..archive.tar import is_tar
 from ..errors import FormatError
 from ..limits import DEFAULT_LIMITS, Limits
-from .inputs import (CHECKPOINT_SUFFIXES, DCP_METADATA_NAME, Input, InputKind, detect_input,
-                     folder_kind, resolve_input)
+from .inputs import (
+    CHECKPOINT_SUFFIXES,
+    DCP_METADATA_NAME,
+    Input,
+    InputKind,
+    detect_input,
+    folder_kind,
+    resolve_input,
+)
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",

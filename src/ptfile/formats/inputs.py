@@ -59,6 +59,7 @@ __all__ = [
     "Part",
     "detect_input",
     "folder_kind",
+    "is_checkpoint_name",
     "read_index",
     "resolve_input",
 ]
@@ -209,8 +210,19 @@ def _suffix(name: str) -> str:
     return os.path.splitext(name)[1].lower()
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """Whether a file name is one a checkpoint is saved under (:data:`CHECKPOINT_SUFFIXES`).
+
+    Examples
+    --------
+    >>> is_checkpoint_name("optimizer.pt"), is_checkpoint_name("config.json")
+    (True, False)
+    """
+    return _suffix(name) in CHECKPOINT_SUFFIXES
+
+
 def _is_checkpoint(name: str) -> bool:
-    return _suffix(name) in CHECKPOINT_SUFFIXES or name.endswith(".index.json")
+    return is_checkpoint_name(name) or name.endswith(".index.json")
 
 
 def _model_part(names: Sequence[str]) -> Part | None:
@@ -269,12 +281,13 @@ def _classify(names: list[str]) -> tuple[InputKind, tuple[Part, ...]]:
         elif _is_checkpoint(name):
             rest.append(name)
     model = _model_part(rest)
-    if not roles:
-        if model is None:
+    used: set[str | None] = {*model.files, model.index} if model is not None else set()
+    left = [n for n in rest if n not in used]
+    if not roles:  # a model alone, or many checkpoints side by side
+        if model is None or left:
             return InputKind.FOLDER, ()
         return (InputKind.SHARDS if model.form == "shards" else InputKind.MODEL), (model,)
-    used = set(model.files) | {model.index} if model is not None else set()
-    others = tuple(Part(os.path.splitext(n)[0], (n,)) for n in rest if n not in used)
+    others = tuple(Part(os.path.splitext(n)[0], (n,)) for n in left)
     return InputKind.TRAINER, (*((model,) if model else ()), *roles, *others)
 
 

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from gc import get_referents
 from typing import Any, Final
 
-from ..errors import PtfileError, SaveError, brief
+from ..errors import PtfileError, SaveError, add_note, brief
 from ._codes import (
     BININT1_CODES,
     BINPERSID,
@@ -132,16 +132,6 @@ def _utf8(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
 
-def add_note(exc: BaseException, note: str) -> None:
-    """Add context to an error on its way out (``add_note`` is new in Python 3.11; on 3.10
-    the note goes to ``__notes__`` as PEP 678 defines it, where callers read it)."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-        return
-    try:
-        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined,unused-ignore]
-    except (AttributeError, TypeError):  # an exception type that refuses new attributes
-        pass
 
 
 class PairWriter(ViewWriter):

@@ -20,16 +20,16 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._io.directory import DirectoryFiles
 from ..dcp.items import ItemKind, blob_header, item_bytes, stored_items
-from ..dcp.load import load_metadata
+from ..dcp.load import dcp_files, load_metadata
 from ..errors import FormatError, PtfileError
 from ..formats import policies
 from ..formats.detection import InputKind, folder_kind
+from ..formats.inputs import Input, is_checkpoint_name
 from ..limits import Limits
 from .verdicts import Finding, ScanResult, Verdict
 
-__all__ = ["scan_directory"]
+__all__ = ["scan_directory", "scan_set"]
 
 ScanBytes = Callable[[bytes], ScanResult]
 
@@ -52,7 +52,27 @@ def _located(result: ScanResult, where: str, metadata: bool) -> list[Finding]:
     return out
 
 
-def scan_directory(directory: str | os.PathLike[str], scan_bytes: ScanBytes, *,
+def scan_set(record: Input, scan_file: Callable[[str], ScanResult]) -> ScanResult:
+    """The findings of every checkpoint file of a checkpoint set (a ``.bin`` model folder,
+    a trainer folder): each file is scanned whole, as the loaders read it by path, its
+    findings located as ``<file>:…``.  A file that cannot be scanned (damaged) is a
+    ``format`` finding of its own, so one bad file does not hide the others'."""
+    findings: list[Finding] = []
+    for name in record.names:
+        if not is_checkpoint_name(name):
+            continue
+        try:
+            result = scan_file(record.path(name))
+        except FormatError as exc:
+            findings.append(Finding("format", Verdict.UNKNOWN, name, getattr(exc, "offset", None),
+                                    message=f"cannot scan: {exc!s:.300}"))
+            continue
+        findings += [dataclasses.replace(f, location=f"{name}:{f.location}")
+                     for f in result.findings]
+    return ScanResult(record.label, record.kind.value, tuple(findings))
+
+
+def scan_directory(directory: str | os.PathLike[str] | Input, scan_bytes: ScanBytes, *,
                    limits: Limits, storage_options: Mapping[str, Any] | None = None
                    ) -> ScanResult:
     """The findings of every metadata pickle and bytes item of a DCP directory.
@@ -66,9 +86,9 @@ def scan_directory(directory: str | os.PathLike[str], scan_bytes: ScanBytes, *,
         A URL cannot be read.
     """
     findings: list[Finding] = []
-    with DirectoryFiles(directory, storage_options=storage_options, limits=limits) as files:
+    with dcp_files(directory, storage_options, limits) as files:
         if folder_kind(files.names()) is InputKind.FOLDER:
-            raise FormatError(f"{os.fspath(directory)!r} is a folder of many files, not one "
+            raise FormatError(f"{files.directory!r} is a folder of many files, not one "
                               "checkpoint: scan them in bulk (ptfile.bulk.scan, or the "
                               "command line's scan of the folder)")
         for name in files.names():
@@ -89,4 +109,5 @@ def scan_directory(directory: str | os.PathLike[str], scan_bytes: ScanBytes, *,
             findings.append(Finding("format", Verdict.UNKNOWN, "directory", None,
                                     message=f"the DCP checkpoint cannot be read whole: "
                                     f"{type(exc).__name__}: {exc!s:.300}"))
-    return ScanResult(os.fspath(directory), "dcp", tuple(findings))
+    label = directory.label if isinstance(directory, Input) else str(os.fspath(directory))
+    return ScanResult(label, "dcp", tuple(findings))

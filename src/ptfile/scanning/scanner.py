@@ -82,7 +82,8 @@ from ..errors import (
     UnknownFormatError,
 )
 from ..formats import Format, detect
-from ..formats.detection import ZIP_MARKERS, detect_input, folded_markers, kind_of_markers
+from ..formats.detection import ZIP_MARKERS, folded_markers, kind_of_markers
+from ..formats.inputs import InputKind, resolve_input
 from ..limits import DEFAULT_LIMITS, Limits
 from ..picklevm._walk import frame_violation
 from ..picklevm.opcodes import OPCODES
@@ -740,11 +741,22 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
     (True, ['posix.system'])
     """
     limits = limits or DEFAULT_LIMITS
-    if detect_input(f, storage_options).is_folder:  # a DCP checkpoint: its pickles, each a file
+    record = resolve_input(f, storage_options, limits=limits)
+    if record.kind is InputKind.FOLDER:
+        raise FormatError(f"{record.label!r} is a folder of many files, not one checkpoint: "
+                          "scan them in bulk (ptfile.bulk.scan, or the command line's scan "
+                          "of the folder)")
+    if record.kind.is_dcp_readable:  # a DCP checkpoint: its pickles, each a file
         from .dcp import scan_directory  # (the DCP metadata model imports numpy)
 
-        return scan_directory(f, lambda data: scan(data, limits=limits),  # type: ignore[arg-type]
-                              limits=limits, storage_options=storage_options)
+        return scan_directory(record, lambda data: scan(data, limits=limits),
+                              limits=limits)
+    if record.is_folder:  # a checkpoint set: every checkpoint file in it
+        from .dcp import scan_set
+
+        return scan_set(record, lambda path: scan(path, limits=limits,
+                                                  storage_options=storage_options))
+    f = record.location
     source = _bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \
         else open_any(f, storage_options=storage_options, mmap=is_path(local_path(f)),
                       access="r", lazy=True, limits=limits)

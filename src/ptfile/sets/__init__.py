@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import FormatError, PtfileError
+from ..errors import FormatError, PtfileError, add_note
 from ..formats.inputs import Input, InputKind, Part
 from ..limits import DEFAULT_LIMITS, Limits
 from .reader import (
@@ -57,7 +57,7 @@ def load_set(record: Input, load_file: Callable[[str, bool], Any], *,
         try:
             out[part.role] = _load_part(record, part, load_file, limits, structural)
         except PtfileError as exc:
-            exc.add_note(f"in the {part.role} part of {record.label} ({', '.join(part.files)})")
+            add_note(exc, f"in the {part.role} part of {record.label} ({', '.join(part.files)})")
             raise
     if record.kind is not InputKind.TRAINER and len(out) == 1:
         return next(iter(out.values()))

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from .._io.directory import DirectoryFiles
-from ..errors import FormatError, LimitExceededError, PtfileError
+from ..errors import FormatError, LimitExceededError, PtfileError, add_note
 from ..formats import Format
 from ..formats.inputs import Input, InputKind, Part
 from ..limits import DEFAULT_LIMITS, Limits
@@ -181,10 +181,27 @@ class ShardedReader(_Merged):
             raise
         super().__init__(routes)
 
+    format: Format = Format.SET
+
     @property
     def object(self) -> dict[str, Tensor]:
         """The merged state dict (tensors without data)."""
         return self.tensors()
+
+    def metadata(self) -> dict[str, str]:
+        """The shards, as strings."""
+        return {"format": "bin shards", "shards": str(len(self.readers)),
+                "files": ", ".join(self.readers)}
+
+    @property
+    def zip_reader(self) -> None:
+        """None: the shards are several archives."""
+        return None
+
+    @property
+    def source_size(self) -> int:
+        """Bytes of every shard."""
+        return sum(ck.source_size for ck in self.readers.values())
 
     def close(self) -> None:
         """Close every shard."""
@@ -334,8 +351,8 @@ def open_set(record: Input, *, mmap: bool = True, limits: Limits | None = None,
                 parts[part.role] = open_part(record, part, mmap=mmap, limits=limits,
                                              structural=structural)
             except PtfileError as exc:
-                exc.add_note(f"in the {part.role} part of {record.label} "
-                             f"({', '.join(part.files)})")
+                add_note(exc, f"in the {part.role} part of {record.label} "
+                         f"({', '.join(part.files)})")
                 raise
     except BaseException:
         for ck in parts.values():

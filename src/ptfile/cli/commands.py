@@ -318,9 +318,12 @@ def _tally(findings: list[dict[str, Any]]) -> str:
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from ..export import convert  # the safetensors package only when converting
 
-    to = args.to or convert.target_kind(args.output, args.input)
+    from ..formats.inputs import resolve_input
+
+    record = resolve_input(args.input, _options(args))  # decided once, for both steps
+    to = args.to or convert.target_kind(args.output, record)
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
-        summary = convert.convert(args.input, args.output, to=to, shared=args.shared,
+        summary = convert.convert(record, args.output, to=to, shared=args.shared,
                                   on_step=step, storage_options=_options(args),
                                   structural=args.structural, npz_upcast=args.npz_upcast)
     if args.json:

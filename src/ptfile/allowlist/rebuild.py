@@ -13,6 +13,8 @@ types, ranks, and that each view fits its storage.
 from __future__ import annotations
 
 import codecs
+import functools
+import types
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,7 +172,7 @@ def rebuild_parameter_with_state(data: object, requires_grad: object, backward_h
                                  state: object) -> Parameter:
     """``torch._utils._rebuild_parameter_with_state``: a parameter with Python attributes."""
     param = rebuild_parameter(data, requires_grad, backward_hooks)
-    param.state = state  # type: ignore[assignment]
+    param.state = check_state(state)
     return param
 
 
@@ -304,13 +306,47 @@ def rebuild_unsupported(*args: object) -> Any:
     )
 
 
+def _rebuild_function(func: object) -> Callable[..., Any] | None:
+    """The allowlisted tensor rebuilder ``func`` is, or None: the allowlist's functions come
+    wrapped against ``BUILD`` (a :class:`functools.partial`), a load's fast constructors
+    name their reference function as ``__wrapped__`` (:func:`functools.wraps`' attribute)."""
+    inner = func.func if isinstance(func, functools.partial) else func
+    if isinstance(inner, types.FunctionType):
+        inner = getattr(inner, "__wrapped__", inner)
+    return next((fn for fn in _REBUILD_FUNCTIONS if fn is inner), None)
+
+
+def check_state(state: object) -> dict[str, Any] | tuple[Any, Any] | None:
+    """A tensor's Python state as ``torch._utils._set_obj_state`` takes it: ``None``, the
+    ``__dict__`` (str keys), or ``(__dict__ or None, slot values or None)``.
+
+    Raises
+    ------
+    PickleStreamError
+        Anything else (torch: ``Invalid serialized state``, or a failing ``setattr``).
+    """
+    parts = state if type(state) is tuple else (state,)
+    if len(parts) not in (1, 2) or (type(state) is tuple and len(parts) != 2) or any(
+            part is not None and (not isinstance(part, dict)
+                                  or any(type(key) is not str for key in part))
+            for part in parts):
+        raise _fail("tensor Python state", state)
+    return state  # type: ignore[return-value]
+
+
 def rebuild_from_type_v2(func: object, new_type: object, args: object, state: object) -> Any:
-    """``torch._tensor._rebuild_from_type_v2``: a tensor with Python attributes or a subclass."""
-    if not callable(func) or func not in _REBUILD_FUNCTIONS or not isinstance(args, tuple):
+    """``torch._tensor._rebuild_from_type_v2``: a tensor with Python attributes or a subclass.
+
+    The attributes are kept as :attr:`Tensor.python_state`, as the pickle holds them
+    (:attr:`Tensor.attributes` reads them); they are recorded, never set on anything.
+    """
+    function = _rebuild_function(func)
+    if function is None or not isinstance(args, tuple):
         raise _fail("_rebuild_from_type_v2 function", func)
-    result = func(*args)
     if not isinstance(new_type, (TensorType, type)):
         raise _fail("_rebuild_from_type_v2 type", new_type)
+    state = check_state(state)
+    result = func(*args)  # type: ignore[operator]
     if isinstance(result, Tensor):
         result.type_name = f"{new_type.module}.{new_type.name}" \
             if isinstance(new_type, TensorType) else "torch.nn.parameter.Parameter"

@@ -17,7 +17,7 @@ import numpy as np
 from . import config
 from ._io.local import FileLike, atomic_file, damage_as_format_error, is_path, is_url
 from ._io.remote import StorageOptions, local_path, open_any, open_target
-from .allowlist.policy import loads_structurally
+from .allowlist.policy import loads_structurally, reads_numpy_values
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
 from .formats import Format, ReadOptions, detect_source, policies, read
@@ -504,12 +504,14 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
     ...     list(ck.keys()), ck.info("w").shape
     (['w'], (2, 3))
     """
+    numpy_values = reads_numpy_values(weights_only)  # a DCP folder's values, as torch's
     structural = loads_structurally(weights_only, structural)
     if detect_input(f, storage_options).is_folder:  # a DCP folder of either writer (or none)
         from .dcp.reader import open_dcp  # each reader imported when it is the one needed
 
         return open_dcp(os.fspath(f), limits=limits,  # type: ignore[arg-type]
-                        storage_options=storage_options, structural=structural)
+                        storage_options=storage_options, structural=structural,
+                        numpy_values=numpy_values)
     from .reader import open as open_file
 
     return open_file(f, mmap=mmap, limits=limits, storage_options=storage_options,

@@ -155,9 +155,10 @@ class DCPReader(Mapping[str, Tensor]):
     format: Format = Format.DCP
 
     def __init__(self, files: DirectoryFiles, meta: Metadata, limits: Limits, *,
-                 structural: bool = False) -> None:
+                 structural: bool = False, numpy_values: bool = False) -> None:
         self.files, self.meta, self._limits = files, meta, limits
-        self._structural = structural  # how non-tensor items are read (read_value)
+        # how non-tensor items are read (read_value)
+        self._structural, self._numpy_values = structural, numpy_values
         items = meta.state_dict_metadata
         self._items = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
         self._closed = False
@@ -219,13 +220,14 @@ class DCPReader(Mapping[str, Tensor]):
             No item has that FQN.
         UnsafeGlobalError
             A non-tensor item names a global outside the policy the reader was opened
-            with (:func:`ptfile.open`'s ``weights_only``/``structural``, and
+            with (:func:`ptfile.open`'s ``weights_only``/``structural``, numpy values
+            as :func:`ptfile.load_dcp` reads them, and
             :func:`ptfile.safe_globals` in force when this is called).
         """
         if self._closed:
             raise ValueError("I/O operation on a closed DCPReader")
         return read_value(self.meta, self.files, fqn, limits=self._limits,
-                          structural=self._structural)
+                          structural=self._structural, numpy_values=self._numpy_values)
 
     def metadata(self) -> dict[str, str]:
         """Format, DCP version, item and chunk counts, as strings."""
@@ -363,9 +365,10 @@ def _chunk_info(chunk: ChunkStorageMetadata, file: str, offset: int, length: int
 
 def open_dcp(directory: str, *, limits: Limits | None = None,
              storage_options: Mapping[str, Any] | None = None,
-             structural: bool = False) -> DCPReader:
+             structural: bool = False, numpy_values: bool = False) -> DCPReader:
     """A :class:`DCPReader` on a DCP directory (path or URL); reads its metadata only.
-    ``structural``: non-tensor items are read with :func:`ptfile.load`'s structural policy.
+    ``structural``: non-tensor items are read with :func:`ptfile.load`'s structural policy;
+    ``numpy_values``: with numpy values as data (:func:`ptfile.load_dcp`).
 
     Raises
     ------
@@ -375,7 +378,8 @@ def open_dcp(directory: str, *, limits: Limits | None = None,
     limits = limits or DEFAULT_LIMITS
     files = DirectoryFiles(directory, storage_options=storage_options, limits=limits)
     try:
-        return DCPReader(files, load_metadata(files, limits), limits, structural=structural)
+        return DCPReader(files, load_metadata(files, limits), limits, structural=structural,
+                         numpy_values=numpy_values)
     except BaseException:
         files.close()
         raise

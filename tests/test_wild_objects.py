@@ -6,7 +6,9 @@ byte as ``torch.save`` writes them, tensors with Python attributes (DeepSpeed Ze
 from __future__ import annotations
 
 import io
+import json
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +264,64 @@ def test_dcp_numpy_items_refused_when_weights_only(numpy_dcp: tuple[Path, dict[s
         _load_state_dict_from_keys(checkpoint_id=str(directory))
     with pytest.raises(ptfile.UnsafeGlobalError):
         ptfile.load_dcp(directory)
+
+
+# -- TorchScript's model.json layout (torch 1.0/1.1) ----------------------------------------
+MODEL_JSON = {
+    "protoVersion": "2", "producerName": "pytorch", "producerVersion": "1.0",
+    "mainModule": {"name": "archive", "optimize": True,
+                   "torchscriptArena": {"key": "code/archive.py"},
+                   "parameters": [{"isBuffer": False, "tensorId": "0", "name": "weight"}]},
+    "tensors": [{"dims": ["2", "3"], "offset": "0", "strides": ["3", "1"],
+                 "requiresGrad": True, "dataType": "FLOAT", "data": {"key": "tensors/0"},
+                 "device": "cpu"}],
+}
+
+
+def model_json_archive(path: Path, base: bytes | None = None) -> Path:
+    """torch.jit.save's first layout: version 1, model.json, tensors/<n>, code/; with
+    ``base``, that archive's records (under ``archive/``) plus a model.json."""
+    with zipfile.ZipFile(path, "w") as archive:
+        if base is None:
+            archive.writestr("archive/version", "1\n")
+            archive.writestr("archive/code/archive.py",
+                             "op_version_set = 0\ndef forward(self, x):\n  return x\n")
+            archive.writestr("archive/tensors/0", bytes(24))
+        else:
+            with zipfile.ZipFile(io.BytesIO(base)) as original:
+                for info in original.infolist():
+                    archive.writestr(info.filename, original.read(info))
+        archive.writestr("archive/model.json", json.dumps(MODEL_JSON))
+    return path
+
+
+def test_torchscript_model_json_refused_by_name_everywhere(tmp_path: Path) -> None:
+    path = model_json_archive(tmp_path / "archive.pt")
+    with pytest.raises(RuntimeError, match="data.pkl"):
+        torch.load(path)
+    with pytest.raises(RuntimeError, match="Legacy model format is not supported"):
+        torch.jit.load(path)
+    message = r"TorchScript model.json layout \(torch 1.0/1.1\) is not supported"
+    for front_door in (ptfile.load, ptfile.open, ptfile.inspect, ptfile.verify,
+                       ptfile.load_torchscript):
+        with pytest.raises(ptfile.UnsupportedFeatureError, match=message):
+            front_door(path)
+    assert ptfile.detect_format(path) is ptfile.Format.TORCHSCRIPT_JSON
+    assert ptfile.scan(path).format == "torchscript-json"
+    assert cli_main(["verify", str(path)]) == 2  # could not read, not damaged
+    assert cli_main(["inspect", str(path)]) == 2
+
+
+def test_model_json_beside_data_pkl_or_constants_pkl(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(3.0)}, buffer, _use_new_zipfile_serialization=True)
+    beside_data = model_json_archive(tmp_path / "data.pt", buffer.getvalue())
+    expected = torch.load(beside_data)["w"]  # torch.load reads data.pkl, whatever else is there
+    np.testing.assert_array_equal(ptfile.load(beside_data)["w"].numpy(), expected.numpy())
+    script = io.BytesIO()
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), script)
+    beside_constants = model_json_archive(tmp_path / "script.pt", script.getvalue())
+    with pytest.raises(RuntimeError, match="Legacy model format"):
+        torch.jit.load(beside_constants)  # model.json is looked for first
+    with pytest.raises(ptfile.UnsupportedFeatureError, match="model.json layout"):
+        ptfile.load(beside_constants)

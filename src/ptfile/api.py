@@ -20,7 +20,7 @@ from ._io.remote import StorageOptions, local_path, open_any, open_target
 from .allowlist.policy import loads_structurally, reads_numpy_values
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
-from .formats import Format, ReadOptions, detect_source, policies, read
+from .formats import REFUSALS, Format, ReadOptions, detect_source, policies, read, refuse
 from .formats.detection import detect_input
 from .formats.legacy_pickle import write_legacy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
@@ -444,6 +444,8 @@ def load_torchscript(
     try:
         with damage_as_format_error():
             detected = detect_source(source, limits)
+            if detected.format in REFUSALS:
+                refuse(detected)
             if detected.format is not Format.TORCHSCRIPT:
                 raise FormatError(f"not a TorchScript archive: ptfile found the "
                                   f"{detected.format.value} format (use ptfile.load)")

@@ -297,7 +297,7 @@ def model_json_archive(path: Path, base: bytes | None = None) -> Path:
 
 def test_torchscript_model_json_refused_by_name_everywhere(tmp_path: Path) -> None:
     path = model_json_archive(tmp_path / "archive.pt")
-    with pytest.raises(RuntimeError, match="data.pkl"):
+    with pytest.raises(RuntimeError, match=r"data\.pkl"):
         torch.load(path)
     with pytest.raises(RuntimeError, match="Legacy model format is not supported"):
         torch.jit.load(path)
@@ -323,5 +323,144 @@ def test_model_json_beside_data_pkl_or_constants_pkl(tmp_path: Path) -> None:
     beside_constants = model_json_archive(tmp_path / "script.pt", script.getvalue())
     with pytest.raises(RuntimeError, match="Legacy model format"):
         torch.jit.load(beside_constants)  # model.json is looked for first
-    with pytest.raises(ptfile.UnsupportedFeatureError, match="model.json layout"):
+    with pytest.raises(ptfile.UnsupportedFeatureError, match=r"model\.json layout"):
         ptfile.load(beside_constants)
+
+
+# -- older files, crafted from the format (no old torch to write them) ------------------------
+class _Pid:
+    """Stands for a persistent id in a crafted pickle."""
+
+    def __init__(self, *pid: object) -> None:
+        self.pid = pid
+
+
+class _Call:
+    """Pickles as ``fn(*args)``."""
+
+    def __init__(self, fn: Any, *args: object) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Any, tuple[object, ...]]:
+        return self.fn, self.args
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: object) -> object:
+        return obj.pid if isinstance(obj, _Pid) else None
+
+
+def _pickled(obj: object) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=2).dump(obj)
+    return buffer.getvalue()
+
+
+def crafted_zip(obj: object, records: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("archive/data.pkl", _pickled(obj))
+        for key, data in records.items():
+            archive.writestr(f"archive/data/{key}", data)
+        archive.writestr("archive/version", "3\n")
+    return out.getvalue()
+
+
+def crafted_legacy(obj: object, storages: dict[str, tuple[int, bytes]]) -> bytes:
+    """torch's legacy stream: magic, protocol, sys_info, the object, the keys, the data."""
+    sys_info = {"protocol_version": 1001, "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 4}}
+    parts = [pickle.dumps(v, protocol=2) for v in (0x1950A86A20F9469CFC6C, 1001, sys_info)]
+    parts += [_pickled(obj), pickle.dumps(sorted(storages), protocol=2)]
+    for key in sorted(storages):
+        count, data = storages[key]
+        parts += [count.to_bytes(8, "little"), data]
+    return b"".join(parts)
+
+
+def both_load(data: bytes) -> tuple[Any, Any]:
+    """What torch.load and ptfile.load make of ``data``: the object, or the exception."""
+    results: list[Any] = []
+    for load in (torch.load, ptfile.load):
+        try:
+            results.append(load(io.BytesIO(data)))
+        except Exception as exc:  # noqa: BLE001 (the outcome is compared)
+            results.append(exc)
+    return results[0], results[1]
+
+
+FLOATS = np.arange(4, dtype=np.float32).tobytes()
+HOOKS: Any = __import__("collections").OrderedDict()
+
+
+def _v2(pid: _Pid, offset: int = 0, size: tuple[int, ...] = (4,)) -> _Call:
+    return _Call(torch._utils._rebuild_tensor_v2, pid, offset, size, (1,), False, HOOKS)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(("container", "pid", "accepted"), [
+    ("legacy", ("storage", torch.FloatStorage, "0", "cpu", 4, None), True),  # torch 1.3's
+    ("legacy", ("storage", torch.FloatStorage, "0", "cpu", 4), False),
+    ("zip", ("storage", torch.FloatStorage, "0", "cpu", 4), True),
+    ("zip", ("storage", torch.FloatStorage, "0", "cpu", 4, None), False),
+], ids=["legacy-6", "legacy-5", "zip-5", "zip-6"])
+def test_storage_ids_accepted_where_torch_accepts_them(container: str, pid: tuple[Any, ...],
+                                                       accepted: bool) -> None:
+    obj = {"w": _v2(_Pid(*pid))}
+    data = crafted_legacy(obj, {"0": (4, FLOATS)}) if container == "legacy" \
+        else crafted_zip(obj, {"0": FLOATS})
+    by_torch, by_ptfile = both_load(data)
+    assert isinstance(by_torch, dict) is accepted
+    if accepted:
+        np.testing.assert_array_equal(by_ptfile["w"].numpy(), by_torch["w"].numpy())
+    else:
+        assert isinstance(by_ptfile, ptfile.FormatError)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_legacy_storage_views_of_old_torch() -> None:
+    """Old torch pickled a view of a storage as ``(view_key, offset, size)``."""
+    root = ("storage", torch.FloatStorage, "0", "cpu", 4)
+    obj = {"a": _v2(_Pid(*root, ("1", 1, 2)), 0, (2,)), "b": _v2(_Pid(*root, None))}
+    by_torch, by_ptfile = both_load(crafted_legacy(obj, {"0": (4, FLOATS)}))
+    for key in ("a", "b"):
+        np.testing.assert_array_equal(by_ptfile[key].numpy(), by_torch[key].numpy())
+    outside = {"a": _v2(_Pid(*root, ("1", 3, 2)), 0, (2,))}  # past the root's 4 elements
+    by_torch, by_ptfile = both_load(crafted_legacy(outside, {"0": (4, FLOATS)}))
+    assert isinstance(by_ptfile, ptfile.StorageError)
+
+
+def _qtensor(params: tuple[Any, ...], *rest: object) -> dict[str, _Call]:
+    pid = _Pid("storage", torch.QUInt8Storage, "0", "cpu", 4)
+    return {"q": _Call(torch._utils._rebuild_qtensor, pid, 0, (2, 2), (2, 1), *params,
+                       False, HOOKS, *rest)}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("scheme", [torch.per_channel_affine,
+                                    torch.per_channel_affine_float_qparams])
+def test_per_channel_quantizer_lists_read_as_torch_reads_them(scheme: Any) -> None:
+    zeros = [1, 2] if scheme is torch.per_channel_affine else [1.0, 2.0]
+    by_torch, by_ptfile = both_load(crafted_zip(
+        _qtensor(((scheme, [0.5, 0.25], zeros, 1),)), {"0": bytes([1, 2, 3, 4])}))
+    q, t = by_ptfile["q"], by_torch["q"]
+    np.testing.assert_array_equal(q.dequantize(), t.dequantize().numpy())
+    np.testing.assert_array_equal(q.scales.numpy(), t.q_per_channel_scales().numpy())
+    np.testing.assert_array_equal(q.zero_points.numpy(), t.q_per_channel_zero_points().numpy())
+    assert q.scales.numpy().dtype == t.q_per_channel_scales().numpy().dtype
+    wrong = _qtensor(((scheme, [0.5, 0.25, 1.0], zeros, 1),))  # three scales, two channels
+    by_torch, by_ptfile = both_load(crafted_zip(wrong, {"0": bytes([1, 2, 3, 4])}))
+    assert isinstance(by_torch, Exception) and isinstance(by_ptfile, ptfile.StorageError)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_pre_1_3_qtensor_arguments_refused_as_torch_refuses_them() -> None:
+    old = {"q": _Call(torch._utils._rebuild_qtensor,
+                      _Pid("storage", torch.QUInt8Storage, "0", "cpu", 4), 0, (4,), (1,),
+                      0.5, 3, False, HOOKS)}  # torch 1.1/1.2: scale, zero_point
+    by_torch, by_ptfile = both_load(crafted_zip(old, {"0": bytes([1, 2, 3, 4])}))
+    assert isinstance(by_torch, TypeError)
+    assert isinstance(by_ptfile, ptfile.PickleStreamError)
+    new = _qtensor(((torch.per_tensor_affine, 0.5, 3),))
+    by_torch, by_ptfile = both_load(crafted_zip(new, {"0": bytes([1, 2, 3, 4])}))
+    np.testing.assert_array_equal(by_ptfile["q"].dequantize(), by_torch["q"].dequantize())

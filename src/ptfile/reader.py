@@ -212,7 +212,10 @@ class CheckpointReader(Mapping[str, Tensor]):
                           byteorder=s.byteorder)
         out = Tensor(storage, t._offset, t._shape, t._stride, dtype=t.dtype,
                      requires_grad=t.requires_grad, metadata=t.metadata)
-        return Parameter(out, t.requires_grad) if isinstance(t, Parameter) else out
+        if isinstance(t, Parameter):
+            out = Parameter(out, t.requires_grad, state=t.state)
+        out.python_state, out.type_name = t.python_state, t.type_name  # its Python attributes
+        return out
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)

@@ -70,6 +70,12 @@ checkpoints hold (RNG states, numpy hyperparameters): inert rebuilders that
 check every argument and never run numpy's pickle code (:mod:`ptfile.allowlist.numpy_globals`).
 ``with safe_globals(NUMPY_GLOBALS): load(f)`` returns what ``torch.load`` returns
 once numpy's names are allowlisted; a refusal of one of these names says so.
+
+A DCP checkpoint's non-tensor items are read with them by default
+(:func:`reads_numpy_values`): torch's DCP loader unpickles those items with
+``torch.load(weights_only=False)``, so ``np.random.get_state()`` saved with
+``torch.distributed.checkpoint.save`` loads back, as numpy values, inertly.  Tensor items
+are read strictly (torch: ``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ __all__ = [
     "find_strict_class",
     "get_safe_globals",
     "loads_structurally",
+    "reads_numpy_values",
     "safe_globals",
     "unsafe_global_message",
 ]
@@ -406,3 +413,17 @@ def loads_structurally(weights_only: bool | None, structural: bool) -> bool:
                       "stand-ins; ptfile never executes a pickle)", PtfileWarning, stacklevel=3)
         return True
     return structural or not weights_only
+
+
+def reads_numpy_values(weights_only: bool | None) -> bool:
+    """Whether a DCP checkpoint's non-tensor items read numpy values as data
+    (:data:`NUMPY_GLOBALS`): yes, as torch's DCP loader reads them (``torch.load(...,
+    weights_only=False)``), unless ``weights_only=True`` is passed or
+    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` is set (which turns torch's load weights-only too).
+
+    Examples
+    --------
+    >>> reads_numpy_values(None), reads_numpy_values(False), reads_numpy_values(True)
+    (True, True, False)
+    """
+    return weights_only is not True and not _env_set(FORCE_WEIGHTS_ONLY)

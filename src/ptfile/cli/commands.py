@@ -317,7 +317,6 @@ def _tally(findings: list[dict[str, Any]]) -> str:
 
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from ..export import convert  # the safetensors package only when converting
-
     from ..formats.inputs import resolve_input
 
     record = resolve_input(args.input, _options(args))  # decided once, for both steps

@@ -53,6 +53,7 @@ import numpy as np
 from .. import config
 from .._io.directory import DirectoryFiles
 from .._io.local import FileSource, atomic_file
+from ..allowlist.policy import reads_numpy_values
 from ..archive import ZipReader
 from ..archive.records import METHOD_STORED
 from ..errors import FormatError, UnsupportedFeatureError, brief
@@ -292,7 +293,8 @@ def _write_pt(reader: _Reader, dst: str) -> int:
             value: Any = _placeholder(item)
             fqn_of[id(value.storage)] = fqn
         else:
-            value = read_value(meta, reader.files, fqn, limits=reader.limits)
+            value = read_value(meta, reader.files, fqn, limits=reader.limits,
+                               numpy_values=reads_numpy_values(None))
         place(root, object_path(meta, fqn), value)
 
     def fill(storage: Storage) -> Iterator[memoryview]:

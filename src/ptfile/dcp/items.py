@@ -265,13 +265,15 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
 
 
 def load_item(data: bytes | memoryview, what: str, limits: Limits, *,
-              kind: ItemKind = ItemKind.VALUE, structural: bool = False) -> Any:
+              kind: ItemKind = ItemKind.VALUE, structural: bool = False,
+              numpy_values: bool = False) -> Any:
     """A torch.save item's object, from its bytes (transforms undone).  A
     :attr:`~ItemKind.TORCH_SAVE` chunk MUST be a ZIP; a ZIP MUST end with its end record
     (torch writes no comment): else the metadata's length disagrees with the item (a ZIP
     reader would accept trailing bytes, or find a later item's end record).  Read as
     :func:`ptfile.load` reads a file: torch's weights-only allowlist and the user's safe
-    globals, or ``structural``'s stand-ins.
+    globals, or ``structural``'s stand-ins; with ``numpy_values``, numpy values as data
+    (:func:`ptfile.formats.policies.numpy_values`) too.
 
     Raises
     ------
@@ -291,6 +293,8 @@ def load_item(data: bytes | memoryview, what: str, limits: Limits, *,
     try:
         with damage_as_format_error():  # the bytes are read in place (a view of the map)
             find_class = policies.structural() if structural else policies.strict()
+            if numpy_values:
+                find_class = policies.numpy_values(find_class)
             return read(BytesSource(data), ReadOptions(limits=limits, find_class=find_class))
     except PtfileError as exc:
         if type(exc) is FormatError:

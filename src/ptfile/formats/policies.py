@@ -20,6 +20,8 @@ policy              resolves                                                    
 :func:`structural`  the allowlist and registry, else an inert per-load          ``load(structural=True)``
                     stand-in class (:mod:`ptfile.allowlist.structural`)
 :func:`plain`       nothing: any global is damage                               legacy header pickles
+:func:`numpy_values` :data:`ptfile.NUMPY_GLOBALS` (numpy values as data), then a   a DCP checkpoint's
+                    base policy                                                 non-tensor items
 :func:`dcp`         exactly the names a DCP ``.metadata`` holds                 ``ptfile.load_dcp``
                     (:mod:`.dcp_metadata`: torch's dataclasses as per-load
                     records, ``torch.Size``, dtypes, the layout,
@@ -36,9 +38,9 @@ outlives the load.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
-from ..allowlist.policy import CallOnly, find_allowed, find_strict_class
+from ..allowlist.policy import NUMPY_GLOBALS, CallOnly, find_allowed, find_strict_class
 from ..allowlist.rebuild import StorageType
 from ..allowlist.structural import StandInType, make_stand_in
 from ..errors import FormatError, PickleStreamError, UnsafeGlobalError, UnsupportedFeatureError
@@ -48,8 +50,8 @@ from .options import FindClass
 from .script_model import JIT_GLOBALS, ScriptObject
 from .storages import fast_tensor_builders
 
-__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "plain", "script",
-           "strict", "structural"]
+__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "numpy_values", "plain",
+           "script", "strict", "structural"]
 
 #: A handler for the names of one module root: an object, or None to defer to the base.
 RootHandler = Callable[[str, str], Any]
@@ -203,6 +205,24 @@ class StructuralFindClass:
 def structural() -> FindClass:
     """The structural policy, fresh for one load."""
     return StructuralFindClass()
+
+
+#: :data:`ptfile.NUMPY_GLOBALS` by ``(module, name)``, as :class:`Overlay` looks names up.
+_NUMPY_NAMES: Final = {(qualified.rpartition(".")[0], qualified.rpartition(".")[2]): value
+                       for qualified, value in NUMPY_GLOBALS.items()}
+
+
+def numpy_values(base: FindClass) -> FindClass:
+    """``base``'s policy with numpy values read as data (:data:`ptfile.NUMPY_GLOBALS`'s inert
+    rebuilders, never numpy's pickle code): how a DCP checkpoint's non-tensor items are
+    read, which torch's DCP loader unpickles with ``weights_only=False``.
+
+    Examples
+    --------
+    >>> numpy_values(strict())("numpy", "dtype") is NUMPY_GLOBALS["numpy.dtype"]
+    True
+    """
+    return Overlay(base, names=_NUMPY_NAMES)
 
 
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 from .._io.progress import progress_bar as _progress
 from ..errors import PtfileError, PtfileWarning, UnsafeGlobalError
 from ..outcomes import (
+    ERROR,
     EXIT_CODES,
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -55,8 +56,9 @@ from ..outcomes import (
     EXIT_OK,
     EXIT_UNKNOWN,
     EXIT_UNSAFE,
-    SCAN_CODES,
     WORST_FIRST,
+    exit_code,
+    worst,
 )
 from . import bulk as _cli_bulk
 
@@ -69,8 +71,8 @@ __all__ = ["EXIT_CODES", "EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_O
 
 
 _EPILOG: Final = "exit codes (every command):\n" + "".join(
-    f"  {code}  {meaning}\n" for code, meaning in EXIT_CODES.items()) + """\
-  over several files the worst wins: 1, then 2, then 3
+    f"  {code}  {meaning}\n" for code, meaning in EXIT_CODES.items()) + \
+    f"  over several files the worst wins: {', then '.join(map(str, WORST_FIRST))}\n" + """\
 
 examples:
   ptfile inspect model.pt                  what is inside (reads no tensor data)
@@ -217,7 +219,7 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
         _print_json(ins.to_dict(), out)
     else:
         _render_inspection(ins, out, args.limit)
-    return EXIT_OK
+    return exit_code("inspect", "ok")
 
 
 # --------------------------------------------------------------------------- scan
@@ -229,20 +231,18 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     except (ImportError, AttributeError):
         raise PtfileError("this ptfile has no scanner (ptfile.scanning)") from None
     args.json = args.json or args.format == "json"
-    results, codes = [], {EXIT_OK}
+    results, codes = [], [EXIT_OK]
     for path in args.files:
         try:
             result = scan(path, storage_options=_options(args))
         except (PtfileError, OSError) as exc:
-            codes.add(EXIT_ERROR)
+            codes.append(exit_code("scan", ERROR))
             results.append({"path": path, "error": f"{type(exc).__name__}: {exc}",
-                            "exit_code": EXIT_ERROR})
+                            "exit_code": codes[-1]})
             continue
-        code = _SCAN_CODES[result.verdict.value]
-        code = EXIT_OK if code == EXIT_UNKNOWN and args.allow_unknown else code
-        codes.add(code)
-        results.append({"path": path, **result.to_dict(), "exit_code": code})
-    code = min(codes - {EXIT_OK}, key=_SCAN_ORDER.index, default=EXIT_OK)
+        codes.append(exit_code("scan", result.verdict.value, allow_unknown=args.allow_unknown))
+        results.append({"path": path, **result.to_dict(), "exit_code": codes[-1]})
+    code = worst(codes)
     if args.format == "sarif":
         _print_json(_sarif(results, args, code), out)
     elif args.json:
@@ -259,11 +259,6 @@ def _sarif(docs: list[dict[str, Any]], args: argparse.Namespace, code: int) -> A
     from ..scanning.sarif import to_sarif
 
     return to_sarif(docs, version=__version__, verbose=args.verbose, exit_code=code)
-
-
-#: ``scan``'s exit code per verdict, and which code wins over several files (worst first).
-_SCAN_CODES: Final = SCAN_CODES
-_SCAN_ORDER: Final = WORST_FIRST
 
 
 #: How a file's overall scan verdict reads in text output.
@@ -318,7 +313,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
                   f"{', ' + str(summary['shards']) + ' shards' if summary.get('shards') else ''})\n")
         out.writelines(f"  {alias}: same data as {kept} (stored once)\n" for alias, kept in aliases.items())
         out.writelines(convert.describe(summary))
-    return EXIT_OK
+    return exit_code("convert", "converted")
 
 
 # --------------------------------------------------------------------------- verify / diff
@@ -338,7 +333,7 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"{args.file}: {status} ({report.format}; {report.records_checked} records, "
                   f"{_size(report.bytes_checked)} checked; {report.tensors_checked} tensors)\n")
         out.writelines(f"  {p.severity}: {p.where}: {p.message}\n" for p in report.problems)
-    return EXIT_OK if report.ok else EXIT_INVALID
+    return exit_code("verify", "ok" if report.ok else "damaged")
 
 
 def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
@@ -351,7 +346,7 @@ def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
         _print_json(report.to_dict(), out)
     else:
         _render_diff(report, out, args.verbose)
-    return EXIT_OK if report.identical else EXIT_DIFFERENT
+    return exit_code("diff", "identical" if report.identical else "differs")
 
 
 def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:

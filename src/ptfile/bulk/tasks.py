@@ -107,11 +107,11 @@ def _exists(target: str, storage_options: StorageOptions) -> bool:
 @contextlib.contextmanager
 def _atomic_output(target: str) -> Iterator[str]:
     """Where to write ``target``: a URL as it is (uploaded once written), a local path in
-    a temporary folder beside it, renamed into place on success and removed on failure."""
+    a temporary folder beside it (its folders made first), renamed into place on success
+    and removed on failure."""
     if is_url(target):
         yield target
         return
-    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     with atomic_path(target, same_name=True) as staged:  # same stem: the archive name
         yield staged
 

@@ -573,4 +573,7 @@ def _error_message(args: argparse.Namespace, exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
         text = f"no such file or directory: {exc.filename}"
         path = None
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        # The file it names (an output, its folder) may be none of the inputs: as mkdir says.
+        text, path = f"{exc.filename}: {exc.strerror}", None
     return f"{path}: {text}" if path is not None and not text.startswith(path) else text

@@ -193,9 +193,9 @@ def test_an_output_in_a_new_folder_is_made_with_its_folders(umask: int, tmp_path
     torch.save({"w": torch.arange(4.0)}, src)
     want = {"file": torch_file_mode(tmp_path), "folder": torch_dcp_modes(tmp_path)["folder"]}
     outs = []
-    for writer in API_WRITERS:
+    for writer, write in API_WRITERS.items():
         outs.append(tmp_path / "api" / writer / f"out{SUFFIX[writer]}")
-        API_WRITERS[writer](outs[-1])
+        write(outs[-1])
     for suffix in SUFFIX.values():
         outs.append(tmp_path / "cli" / suffix[1:] / "deeper" / f"model{suffix}")
         ptfile_cli("convert", src, outs[-1])

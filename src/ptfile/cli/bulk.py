@@ -15,18 +15,21 @@ A command runs in bulk when:
 
 What a bulk run prints (:func:`output_format`):
 
-=========================================  =============================================
-given                                      prints
-=========================================  =============================================
-``--format text``                          a table for a person (:mod:`.report`): each
-                                           file's path, verdict and a short reason, the
-                                           totals, then the files that need attention
-``--format jsonl``, ``--jsonl``, ``--json``  JSON Lines: one record per file as each
-(scan: ``--format json``)                  finishes, then a summary (``"summary": true``)
-``--format sarif`` (scan)                  one SARIF 2.1.0 log
-none of these                              the table when stdout is a terminal, else
-                                           JSON Lines (a pipe, a file: what a script reads)
-=========================================  =============================================
+===============================================  ========================================
+given                                            prints
+===============================================  ========================================
+``--format text``                                a table for a person (:mod:`.report`):
+                                                 each file's path, verdict and a short
+                                                 reason, the totals, then the files that
+                                                 need attention
+``--format jsonl``, ``--jsonl``, ``--json``      JSON Lines: one record per file as each
+(scan: ``--format json``)                        finishes, then a summary
+                                                 (``"summary": true``)
+``--format sarif`` (scan)                        one SARIF 2.1.0 log
+none of these                                    the table when stdout is a terminal, else
+                                                 JSON Lines (a pipe, a file: what a script
+                                                 reads)
+===============================================  ========================================
 
 ``scan`` over several named files keeps its report of one block per file (and
 ``--json``'s list); ``--jsonl`` makes it JSON Lines.  One file is reported

@@ -161,10 +161,11 @@ def _render_parts(ins: Inspection, out: TextIO) -> None:
     rows = [["part", "format", "tensors", "bytes", "files"]]
     for part in ins.parts:
         totals = part["totals"]
-        rows.append([part["role"], part["format"], f"{totals.get('tensors', 0):,}",
-                     _size(totals.get("storage_bytes", 0)), ", ".join(part["files"])])
+        rows.append([shown(part["role"]), part["format"], f"{totals.get('tensors', 0):,}",
+                     size(totals.get("storage_bytes", 0)),
+                     ", ".join(shown(f) for f in part["files"])])
     out.write(f"\nParts ({len(ins.parts)})\n")
-    _table(rows, out)
+    table(rows, out)
 
 
 def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:

@@ -51,8 +51,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
+from .._io.local import is_url
 from .._io.progress import progress_bar
 from ..errors import PtfileError
+from ..formats.inputs import Input, InputKind
 from ..outcomes import RETRIES
 from .report import TextReport
 
@@ -107,9 +109,31 @@ def _inputs(args: argparse.Namespace) -> list[str]:
     return list(value) if isinstance(value, list) else [value]
 
 
+def record_of(args: argparse.Namespace, item: str) -> Input:
+    """The record of the input ``item`` (:func:`~ptfile.formats.inputs.resolve_input`),
+    decided once per command line: deciding whether a run is in bulk and running it ask
+    the same record, so a folder URL is listed once."""
+    from ..formats.inputs import resolve_input
+
+    cache: dict[str, Input] = vars(args).setdefault("_records", {})
+    found = cache.get(item)
+    if found is None:
+        found = cache[item] = resolve_input(item, dict(args.storage_options) or None)
+    return found
+
+
+def _names_many(args: argparse.Namespace, item: str) -> bool:
+    """Whether ``item`` stands for many files: a glob, a URL prefix ending in ``/``, a
+    folder of many files (its record's kind)."""
+    from ..bulk.inputs import has_magic
+
+    if has_magic(item) or (is_url(item) and item.endswith("/")):
+        return True
+    return record_of(args, item).kind is InputKind.FOLDER
+
+
 def is_bulk(args: argparse.Namespace) -> bool:
     """Whether the command line asks for a bulk run (see the module docstring)."""
-    from .. import bulk
     if args.command not in BULK_COMMANDS:
         return False
     inputs = _inputs(args)
@@ -118,8 +142,7 @@ def is_bulk(args: argparse.Namespace) -> bool:
         return True
     if args.command == "convert":
         return len(inputs) != 2
-    options = dict(args.storage_options) or None
-    if any(bulk.expands(item, options, probe=True) for item in inputs):
+    if any(_names_many(args, item) for item in inputs):
         return True
     return args.command != "scan" and len(inputs) > 1
 
@@ -143,13 +166,11 @@ def output_format(args: argparse.Namespace, out: TextIO) -> str:
 def single(args: argparse.Namespace) -> None:
     """Set the one-file arguments the commands read (``args.file``; ``args.input`` and
     ``args.output``) from the inputs, for a run that is not in bulk."""
-    from .. import bulk
-
     if args.command in ("inspect", "verify"):
         args.file = args.file[0]
     elif args.command == "convert":
         args.input, args.output = args.input
-        if bulk.expands(args.input):  # a glob, or a folder that is no one checkpoint
+        if _names_many(args, args.input):  # a glob, or a folder that is no one checkpoint
             raise PtfileError(f"{args.input} names many files: convert them with "
                               f"--out-prefix {args.output}")
 

@@ -217,7 +217,7 @@ def _render_chunks(chunks: dict[str, list[dict[str, Any]]], out: TextIO, limit: 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     from ..inspection import inspect
 
-    ins = inspect(args.file, storage_options=_options(args), structural=args.structural)
+    ins = inspect(_cli_bulk.record_of(args, args.file), structural=args.structural)
     if args.json:
         _print_json(ins.to_dict(), out)
     else:
@@ -237,7 +237,7 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     results, codes = [], [EXIT_OK]
     for path in args.files:
         try:
-            result = scan(path, storage_options=_options(args))
+            result = scan(_cli_bulk.record_of(args, path))
         except (PtfileError, OSError) as exc:
             codes.append(exit_code("scan", ERROR))
             results.append({"path": path, "error": f"{type(exc).__name__}: {exc}",
@@ -285,9 +285,7 @@ def _render_scan(doc: dict[str, Any], out: TextIO, verbose: bool) -> None:
 
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from ..export import convert  # the safetensors package only when converting
-    from ..formats.inputs import resolve_input
-
-    record = resolve_input(args.input, _options(args))  # decided once, for both steps
+    record = _cli_bulk.record_of(args, args.input)  # decided once, for every step
     to = args.to or convert.target_kind(args.output, record)
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
         summary = convert.convert(record, args.output, to=to, shared=args.shared,
@@ -314,9 +312,10 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from .._io.local import is_url
     from ..inspection import verify
 
-    nbytes = 0 if is_url(args.file) else os.path.getsize(args.file)
+    record = _cli_bulk.record_of(args, args.file)
+    nbytes = 0 if is_url(args.file) or record.is_folder else os.path.getsize(args.file)
     with _progress(nbytes, "verify", not args.no_progress) as step:
-        report = verify(args.file, progress=step, storage_options=_options(args))
+        report = verify(record, progress=step)
     if args.json:
         _print_json(report.to_dict(), out)
     else:

@@ -66,10 +66,9 @@ from ..formats.dcp_metadata import (
 from ..formats.safetensors import CODES
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.tensor import Storage, Tensor
+from ..model.tensor import Storage, Tensor, contiguous_stride
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
-    contiguous_stride,
     load_metadata,
     object_path,
     place,

@@ -41,11 +41,10 @@ from ..formats.dcp_metadata import (
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DType
 from ..model.selection import expand
-from ..model.tensor import Tensor
+from ..model.tensor import Tensor, contiguous_stride
 from ..reader import SliceNames, TensorInfo
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
-    contiguous_stride,
     load_metadata,
     object_path,
     place,

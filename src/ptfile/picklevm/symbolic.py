@@ -47,7 +47,7 @@ import struct
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from ..errors import PickleStreamError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
@@ -761,10 +761,3 @@ def _claimed(data: Buffer, offset: int | None) -> int:
         return 0
     claimed: int = struct.unpack_from(fmt, data, offset + 1)[0]
     return max(claimed, 0)
-
-
-def hazards(info: Trace) -> dict[str, Any]:
-    """The hazard measures of a trace, for messages and reports."""
-    return {"max_collisions": info.max_collisions, "max_tuple_depth": info.max_tuple_depth,
-            "hash_steps": info.hash_steps, "alloc_bytes": info.alloc_bytes,
-            "objects": info.objects}

@@ -409,11 +409,6 @@ def _bytes_source(data: bytes) -> Source:
     return BytesSource(data)
 
 
-def _is_pickle_record(name: str) -> bool:
-    # torch looks records up ignoring case: it unpickles ``archive/DATA.PKL`` as data.pkl.
-    return name.lower().endswith((".pkl", ".debug_pkl"))
-
-
 def _scan_zip(s: _Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
     """A ZIP: its anomalies, then exactly the records torch's loaders read
     (:func:`ptfile.scanning.loaders.zipfamily.zip_regions`), each finding naming its

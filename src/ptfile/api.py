@@ -20,9 +20,10 @@ from ._io.remote import StorageOptions, local_path, open_any, open_target
 from .allowlist.policy import loads_structurally
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
-from .formats import Format, ReadOptions, detect_source, policies, read
+from .formats import Format, ReadOptions, detect_source, read
 from .formats.detection import detect_input
 from .formats.legacy_pickle import write_legacy
+from .formats.options import Policy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import archive_prefix, write_zip
 from .limits import DEFAULT_LIMITS, Limits
@@ -167,7 +168,7 @@ def load(
             return read(source, ReadOptions(
                 map_location=map_location, limits=limits, skip_data=skip_data,
                 encoding=pickle_load_args.get("encoding", "utf-8"),
-                find_class=policies.structural() if structural else policies.strict()))
+                policy=Policy.STRUCTURAL if structural else Policy.STRICT))
     finally:
         source.close()
 

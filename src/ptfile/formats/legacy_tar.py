@@ -41,7 +41,7 @@ from ..model.tensor import Storage, Tensor
 from .detection import Detected
 from .legacy_pickle import LEGACY_MAGIC, unpickle_at
 from .options import ReadOptions
-from .policies import plain
+from .policies import make, plain
 
 __all__ = ["TarMember", "list_members", "read_tar"]
 
@@ -232,7 +232,7 @@ def read_tar(source: Source, detected: Detected, options: ReadOptions) -> Any:
     UnsafeGlobalError
         ``find_class`` refused a global.
     """
-    limits, find_class, encoding = options.limits, options.find_class, options.encoding
+    limits, find_class, encoding = options.limits, make(options.policy), options.encoding
     _refuse_stream_at_start(source, limits)
     members = list_members(source, limits)
     objects = _TarObjects(options.map_location, options.skip_data)

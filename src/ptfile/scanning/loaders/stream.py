@@ -60,7 +60,7 @@ __all__ = ["CANNOT_TELL", "LEGACY_MAGIC", "LEGACY_PICKLES", "LEGACY_PROTOCOL_VER
 
 #: The pickles ``_legacy_load`` reads in a row: magic, protocol, sys_info, object, keys.
 #: A fact of torch, not a ceiling: the scanner reads as many at the start of a legacy
-#: stream and after a record's ``STOP`` (:mod:`ptfile.scanning.scanner`).
+#: stream and after a record's ``STOP`` (:mod:`ptfile.scanning.stream`).
 LEGACY_PICKLES: Final = 5
 #: ``torch.serialization.MAGIC_NUMBER`` and ``PROTOCOL_VERSION``.
 LEGACY_MAGIC: Final = 0x1950A86A20F9469CFC6C

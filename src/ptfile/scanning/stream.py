@@ -39,15 +39,11 @@ __all__ = ["Scan", "bare_pickle", "bytes_source", "looks_like_pickle", "scan_fil
 
 #: Bytes that are an opcode: a pickle may start with any of them.
 _OPCODE_BYTES: Final = frozenset(bytes([op.code]) for op in OPCODES)
-
-
 #: ``_codecs.encode``: allowlisted (picklers write bytes with it), but its codec name is
 #: looked up, importing ``encodings.<name>``.
 _ENCODE: Final = ("_codecs", "encode")
 #: The FRAME opcode.
 _FRAME_BYTE: Final = b"\x95"
-
-
 #: numpy array reconstruction: fine for numbers, dangerous with dtype ``object``.
 _NUMPY_DTYPE: Final = frozenset({("numpy", "dtype"), ("numpy.core.multiarray", "dtype")})
 

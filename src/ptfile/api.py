@@ -20,9 +20,10 @@ from ._io.remote import StorageOptions, local_path, open_any, open_target
 from .allowlist.policy import loads_structurally, reads_numpy_values
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
-from .formats import REFUSALS, Format, ReadOptions, detect_source, policies, read, refuse
+from .formats import REFUSALS, Format, ReadOptions, detect_source, read, refuse
 from .formats.inputs import Input, InputKind, resolve_input
 from .formats.legacy_pickle import write_legacy
+from .formats.options import Policy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import archive_prefix, write_zip
 from .limits import DEFAULT_LIMITS, Limits
@@ -172,7 +173,7 @@ def load(
             return read(source, ReadOptions(
                 map_location=map_location, limits=limits, skip_data=skip_data,
                 encoding=pickle_load_args.get("encoding", "utf-8"),
-                find_class=policies.structural() if structural else policies.strict()))
+                policy=Policy.STRUCTURAL if structural else Policy.STRICT))
     finally:
         source.close()
 

@@ -1,11 +1,16 @@
-"""Which globals a pickle may name: the safe-globals registry and the ``find_class`` policies.
+"""Which globals a pickle may name: the safe-globals registry and the allowlist lookups.
 
 A pickle names globals (``GLOBAL``, ``STACK_GLOBAL``, ``INST``) by ``module``
 and ``name`` strings.  ptfile never imports anything by name: every name is
 looked up in a table, and what the table holds is what the stream gets.
 
-Policies
---------
+This module holds the lookups (:func:`find_allowed`, :func:`find_strict_class`), the
+registry and the choice between the two policies a load may ask for; the ``find_class``
+policies themselves are made in one home, :mod:`ptfile.formats.policies`, and asked for
+by name (:class:`ptfile.formats.options.Policy`).
+
+The two policies of a load
+--------------------------
 ``strict`` (the default of :func:`ptfile.load`)
     torch 2.13's ``weights_only=True`` allowlist (:data:`ptfile.allowlist.rebuild.SAFE_GLOBALS`),
     then the user's registry.  Modules ``sys``, ``os``, ``posix`` and ``nt``

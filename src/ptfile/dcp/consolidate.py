@@ -68,10 +68,9 @@ from ..formats.inputs import Input
 from ..formats.safetensors import CODES
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.tensor import Storage, Tensor
+from ..model.tensor import Storage, Tensor, contiguous_stride
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
-    contiguous_stride,
     dcp_files,
     load_metadata,
     object_path,

@@ -46,7 +46,7 @@ from .._io.directory import DirectoryFiles
 from .._io.local import BytesSource, damage_as_format_error
 from ..archive import ZipReader
 from ..errors import FormatError, PtfileError, UnsupportedFeatureError, brief
-from ..formats import ReadOptions, policies, read
+from ..formats import ReadOptions, read
 from ..formats.dcp_metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -54,6 +54,7 @@ from ..formats.dcp_metadata import (
     StorageInfo,
     TensorStorageMetadata,
 )
+from ..formats.options import Policy
 from ..formats.safetensors import CODES, header_json
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Tensor
@@ -292,10 +293,8 @@ def load_item(data: bytes | memoryview, what: str, limits: Limits, *,
                           "record: the length in the metadata disagrees with the item")
     try:
         with damage_as_format_error():  # the bytes are read in place (a view of the map)
-            find_class = policies.structural() if structural else policies.strict()
-            if numpy_values:
-                find_class = policies.numpy_values(find_class)
-            return read(BytesSource(data), ReadOptions(limits=limits, find_class=find_class))
+            policy = Policy.of(structural=structural, numpy_values=numpy_values)
+            return read(BytesSource(data), ReadOptions(limits=limits, policy=policy))
     except PtfileError as exc:
         if type(exc) is FormatError:
             raise FormatError(f"{what}: {exc}") from exc

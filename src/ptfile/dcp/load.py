@@ -69,12 +69,11 @@ from ..formats.dcp_metadata import (
 )
 from ..formats.inputs import Input, InputKind, folder_kind
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.tensor import Storage, Tensor
+from ..model.tensor import Storage, Tensor, contiguous_stride
 from ..picklevm.unpickler import unpickle
 from .items import item_bytes, item_kind, load_item, read_chunk
 
 __all__ = [
-    "contiguous_stride",
     "load_dcp",
     "load_metadata",
     "object_path",
@@ -279,15 +278,6 @@ def region_tensor(values: np.ndarray, item: TensorStorageMetadata) -> Tensor:
     storage = Storage(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data, item.dtype)
     shape = tuple(values.shape)
     return Tensor(storage, 0, shape, contiguous_stride(shape), dtype=item.dtype)
-
-
-def contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
-    """torch's contiguous strides: a size-0 dimension counts as 1."""
-    stride, step = [], 1
-    for dim in reversed(size):
-        stride.append(step)
-        step *= max(dim, 1)
-    return tuple(reversed(stride))
 
 
 def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,

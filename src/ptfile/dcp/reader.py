@@ -42,11 +42,10 @@ from ..formats.inputs import Input
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DType
 from ..model.selection import expand
-from ..model.tensor import Tensor
+from ..model.tensor import Tensor, contiguous_stride
 from ..reader import SliceNames, TensorInfo
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
-    contiguous_stride,
     dcp_files,
     is_shards,
     load_metadata,

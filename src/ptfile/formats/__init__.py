@@ -196,7 +196,7 @@ def read(source: Source, options: ReadOptions) -> Any:
     FormatError
         The source is damaged or in no known format.
     UnsafeGlobalError
-        ``options.find_class`` refused a global.
+        ``options.policy`` refused a global.
     LimitExceededError, UnsupportedFeatureError
     """
     return read_detected(source, detect_source(source, options.limits), options)

@@ -4,7 +4,8 @@ The restricted unpickler (:mod:`ptfile.picklevm.unpickler`) resolves every
 ``GLOBAL``/``STACK_GLOBAL``/``INST`` name through the ``find_class`` its caller
 gives it.  Which one is a policy decision, and every policy is made here, from
 one mechanism (:class:`Overlay`: exact names, then handlers by module root,
-then a base policy) over the allowlist and registry of :mod:`ptfile.allowlist.policy`:
+then a base policy) over the allowlist and registry of :mod:`ptfile.allowlist.policy`
+(which holds the lookups, not the policies):
 
 ==================  ==========================================================  ======================
 policy              resolves                                                    used by
@@ -29,6 +30,11 @@ policy              resolves                                                    
                     ``UnsafeGlobalError``
 ==================  ==========================================================  ======================
 
+A front door asks for a policy by name (:class:`~.options.Policy`, the ``policy`` of
+:class:`~.options.ReadOptions`: strict or structural); a reader makes it with :func:`make`,
+which also chooses the fast form of the strict policy for the ZIP bulk path
+(``bulk=True``).  No reader tells policies apart by the identity of a function.
+
 Whatever a policy returns, a stream can call and ``BUILD`` on it: policies only
 hand out allowlisted objects wrapped against ``BUILD`` (:class:`ptfile.allowlist.policy.CallOnly`),
 stateless helpers, or classes made for one load, so nothing a stream does
@@ -46,11 +52,11 @@ from ..allowlist.structural import StandInType, make_stand_in
 from ..errors import FormatError, PickleStreamError, UnsafeGlobalError, UnsupportedFeatureError
 from ..model import dtypes
 from . import dcp_metadata
-from .options import FindClass
+from .options import FindClass, Policy
 from .script_model import JIT_GLOBALS, ScriptObject
 from .storages import fast_tensor_builders
 
-__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "numpy_values", "plain",
+__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "make", "numpy_values", "plain",
            "script", "strict", "structural"]
 
 #: A handler for the names of one module root: an object, or None to defer to the base.
@@ -259,3 +265,28 @@ def dcp() -> FindClass:
     })
     names.update({(p.module, p.name): CallOnly(p.join) for p in dcp_metadata.PATH_CLASSES})
     return Overlay(_not_dcp, names=names)
+
+
+#: Each named policy: its ``find_class`` maker, and the maker of its bulk form (the ZIP
+#: reader's fast tensor constructors; the structural policy has none).
+_MAKERS: dict[Policy, tuple[Callable[[], FindClass], Callable[[], FindClass]]] = {
+    Policy.STRICT: (strict, fast),
+    Policy.STRUCTURAL: (structural, structural),
+    Policy.STRICT_NUMPY: (lambda: numpy_values(strict()), lambda: numpy_values(strict())),
+    Policy.STRUCTURAL_NUMPY: (lambda: numpy_values(structural()),
+                              lambda: numpy_values(structural())),
+}
+
+
+def make(policy: Policy, *, bulk: bool = False) -> FindClass:
+    """The ``find_class`` of the named ``policy``, fresh for one read; ``bulk``: its form
+    for the ZIP reader's bulk path (:func:`fast` for the strict policy).
+
+    Examples
+    --------
+    >>> make(Policy.STRICT) is strict()
+    True
+    >>> isinstance(make(Policy.STRUCTURAL, bulk=True), StructuralFindClass)
+    True
+    """
+    return _MAKERS[policy][bulk]()

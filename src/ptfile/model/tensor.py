@@ -192,6 +192,20 @@ def view_extent(shape: Sequence[int], stride: Sequence[int]) -> int:
     return extent
 
 
+def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    """torch's contiguous strides for ``shape``, in elements: the one home every format
+    asks (a size-0 dimension counts as 1, as ``torch.empty(3, 0).stride() == (1, 1)``).
+
+    >>> contiguous_stride((2, 3, 4)), contiguous_stride((3, 0)), contiguous_stride(())
+    ((12, 4, 1), (1, 1), ())
+    """
+    stride, step = [], 1
+    for dim in reversed(shape):
+        stride.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(stride))
+
+
 def check_rank(ndim: int, what: str = "tensor rank") -> None:
     """Raise unless ``ndim`` is within the active ``Limits.max_ndim`` and numpy's 64.
 

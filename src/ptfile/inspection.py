@@ -397,14 +397,7 @@ def _checked_parts(ck: Any) -> list[tuple[str, Any]]:
     (``.bin`` shards each), named by file."""
     if not isinstance(ck, SetReader):
         return [("", ck)]
-    out = []
-    for role, part in ck.parts.items():
-        shards = getattr(part, "readers", None)
-        if isinstance(shards, dict):
-            out += [(name, shard) for name, shard in shards.items()]
-        elif hasattr(part, "info"):
-            out.append((str(getattr(part, "set_file", role)), part))
-    return out
+    return ck.readers()
 
 
 def _check_part(ck: Any, where: str, report: VerifyReport, progress: Progress | None) -> None:

@@ -279,8 +279,7 @@ def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedu
     """
     record = resolve_input(src, storage_options)
     if record.kind is InputKind.FOLDER:
-        raise FormatError(f"{record.label} is a folder of many files, not one checkpoint: "
-                          "convert them in bulk (ptfile.bulk.convert, or --out-prefix)")
+        raise record.many_files("convert them in bulk (ptfile.bulk.convert, or --out-prefix)")
     if record.is_folder:
         summary = _convert_folder(record, dst, to, shared, npz_upcast, on_step)
         if on_step is not None:

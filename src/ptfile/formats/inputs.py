@@ -177,6 +177,17 @@ class Input:
         return os.fsdecode(given) if isinstance(given, (str, bytes, os.PathLike)) \
             and not isinstance(given, bytes) else repr(given)[:80]
 
+    def many_files(self, advice: str) -> FormatError:
+        """The error of a front door that reads one checkpoint, handed a folder of many
+        files (``advice``: what to do instead); a folder of DCP data files without their
+        metadata is named as that."""
+        if any(n.endswith(".distcp") for n in self.names):
+            why = ("holds DCP data files (*.distcp) but no .metadata (nor __<rank>.metadata): "
+                   "no torch.distributed.checkpoint without it")
+        else:
+            why = "is a folder of many files, not one checkpoint"
+        return FormatError(f"{self.label!r} {why}: {advice}")
+
     def part(self, role: str) -> Part | None:
         """The part playing ``role`` (None when there is none)."""
         return next((p for p in self.parts if p.role == role), None)

@@ -146,7 +146,7 @@ def _node_label(node: Any, by_name: dict[str, TensorInfo]) -> str:
 
 def _render_header(ins: Inspection, out: TextIO) -> None:
     meta = ins.metadata
-    out.write(f"{ins.path or '<stream>'}: {meta.get('format', ins.format)} checkpoint, "
+    out.write(f"{ins.path or '<stream>'}: {ins.format} checkpoint, "
               f"{_size(ins.file_size)}\n")
     keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix")
     details = " · ".join(f"{k} {meta[k]}" for k in keys if k in meta)
@@ -365,6 +365,9 @@ def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
     out.writelines(f"+ {name}\n" for name in report.added)
     out.writelines(f"~ {name}: {change}\n" for name, change in report.changed.items())
     out.writelines(f"~ {name}: {a} -> {b}\n" for name, (a, b) in report.values_changed.items())
+    out.writelines(f"~ {name or '(the whole object)'}: {a or 'no container'} -> "
+                   f"{b or 'no container'} (nesting)\n"
+                   for name, (a, b) in report.structure.items())
     for name, value in report.max_abs_diff.items():
         if value != 0 or verbose:
             out.write(f"≠ {name}: max |a-b| = {value:.6g}\n")
@@ -372,7 +375,8 @@ def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
     out.write(f"{len(report.removed)} removed, {len(report.added)} added, "
               f"{len(report.changed)} changed, {len(report.max_abs_diff) - same} differ in "
               f"value, {same} equal; {len(report.values_changed)} of "
-              f"{report.values_compared} other values differ\n")
+              f"{report.values_compared} other values differ"
+              f"{f'; {len(report.structure)} containers differ' if report.structure else ''}\n")
 
 
 # --------------------------------------------------------------------------- parser

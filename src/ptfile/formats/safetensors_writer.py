@@ -103,7 +103,7 @@ def plan_file(tensors: Iterable[Planned], metadata: Mapping[str, str] | None = N
     >>> import ptfile
     >>> plan = plan_file([Planned("w", ptfile.DTYPES["float32"], (1,))], {"format": "pt"})
     >>> plan.header[8:]
-    b'{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}  '
+    b'{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}   '
     """
     entries = []
     for t in tensors:

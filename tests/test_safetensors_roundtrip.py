@@ -405,3 +405,24 @@ def test_structure_within_limits_is_used(tmp_path: Path) -> None:
         node = node[0]
     assert node.numpy().tolist() == [1.0, 1.0]
     assert math.prod(ptfile.open(path)["0" + ".0" * 29].shape) == 2
+
+
+def test_what_the_structure_cannot_keep_is_reported(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = torch.ones(2), torch.zeros(2)
+    torch.save({"a.b": first, "a": {"b": second}, "by_pair": {("x", 1): torch.arange(3)}},
+               tmp_path / "odd.pt")
+    summary = _convert_cli(capsys, tmp_path / "odd.pt", tmp_path / "odd.safetensors")
+    assert [(d["name"], d["type"]) for d in summary["dropped"]] == [("a.b", "Tensor")]
+    assert {g["change"]: g["names"] for g in summary["changed"]} == \
+        {"key-as-text": ["by_pair.('x', 1)"]}
+    restored = ptfile.load(tmp_path / "odd.safetensors")
+    assert restored["a"] == {} and torch.equal(torch.from_numpy(restored["a.b"].numpy()), first)
+    assert list(restored["by_pair"]) == ["('x', 1)"]
+    deep: list[Any] = [torch.ones(1)]
+    for _ in range(250):
+        deep = [deep]
+    torch.save(deep, tmp_path / "deep.pt")
+    summary = _convert_cli(capsys, tmp_path / "deep.pt", tmp_path / "deep.safetensors")
+    assert summary["changed"] == [{"change": "flattened", "names": [""]}]
+    assert list(ptfile.load(tmp_path / "deep.safetensors")) == [".".join(["0"] * 251)]

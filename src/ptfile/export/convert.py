@@ -13,14 +13,21 @@ it) has ``aliases``, ``dropped`` and ``changed`` (:class:`~ptfile.export.values.
 * → ``.safetensors``: non-tensor values go into the header's ``__metadata__`` as JSON
   texts under their dotted names, listed in ``ptfile.values``, beside ``format: pt``
   (:mod:`ptfile.export.values`); values JSON cannot hold are dropped.  Tied tensors
-  are stored once (``ptfile.aliases``).
+  are stored once (``ptfile.aliases``, the name that sorts first kept).  An object that
+  is not a flat state dict keeps its nesting in ``ptfile.structure``; what that cannot
+  keep is reported (``key-as-text``, ``container-as-base``, ``flattened``; a tensor whose
+  dotted name an earlier one took, dropped).  What the round trip keeps, and the
+  reading rule, are :mod:`ptfile.formats.safetensors_meta`'s.
 * → ``.npz``: bfloat16 and float8 tensors as their raw bits (uint16/uint8) with the
   dtype in the ``__ptfile__`` notes, or widened to float32 with ``npz_upcast``; tied
   tensors stored once; values in the notes (:mod:`ptfile.export.npz`).
-* from ``.safetensors``: the ``ptfile.values`` come back as values (in a ``.pt``: beside
-  the tensors) and ``ptfile.aliases`` as tied tensors; other ``__metadata__`` entries
-  (``format`` aside) carry over to a ``.safetensors`` output and are listed as dropped
-  (``__metadata__.<key>``) for the others.
+* from ``.safetensors``: the file is read as :func:`ptfile.load` reads it (ptfile's own
+  metadata gives back the object written: values, ties, nesting); other
+  ``__metadata__`` entries (``format`` aside) carry over to a ``.safetensors`` output
+  and are listed as dropped (``__metadata__.<key>``) for the others.
+* a sharded checkpoint (``*.index.json``): each shard as one file; the new index lists
+  the names each new file holds, and its ``metadata`` the aliases
+  (:mod:`ptfile.export.safetensors`); the summary's ``aliases`` are every shard's.
 * A DCP directory's non-tensor items have no place in a ``.safetensors`` output or an
   HF folder: they are listed as dropped.
 """
@@ -330,6 +337,11 @@ def _names(names: list[str]) -> str:
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
+#: What a ``changed`` group of each kind counts (tensors when not listed).
+_COUNTED: Final = {"json": "value", "tuple-as-list": "value", "key-as-text": "entry",
+                   "container-as-base": "container", "flattened": "object"}
+
+
 def describe(summary: dict[str, Any]) -> list[str]:
     """The lines ``ptfile convert`` prints for a summary's ``changed`` and ``dropped``.
 
@@ -345,10 +357,14 @@ def describe(summary: dict[str, Any]) -> list[str]:
     lines = []
     for group in summary.get("changed", []):
         names, change = group["names"], group["change"]
-        count = f"{len(names)} {'value' if change in ('json', 'tuple-as-list') else 'tensor'}" \
+        count = f"{len(names)} {_COUNTED.get(change, 'tensor')}" \
                 f"{'' if len(names) == 1 else 's'}"
         what = {"json": f"stored as JSON text in {group.get('to')}",
                 "tuple-as-list": "holding tuples, stored as JSON lists",
+                "key-as-text": "keyed by other than str, int, float, bool or None: the key "
+                               "stored as text",
+                "container-as-base": "of a dict, list or tuple subclass, stored as its base",
+                "flattened": "nested too deep: stored flat, by dotted name",
                 "raw-bits": f"{group.get('from')} stored as {group.get('to')} (raw bits; "
                             f"the dtype is in {NOTES})",
                 "upcast": f"{group.get('from')} widened to {group.get('to')}"}.get(change, change)

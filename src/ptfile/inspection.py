@@ -29,8 +29,8 @@ from .formats import Format
 from .formats.pt2_program import ProgramSignature, read_program
 from .limits import DEFAULT_LIMITS, Limits
 from .model.tensor import Tensor
+from .model.tree import containers
 from .model.tree import values as values_of
-from .model.tree import walk
 from .reader import CheckpointReader, TensorInfo
 
 __all__ = ["DiffReport", "Inspection", "Problem", "RecordRow", "VerifyReport", "diff",
@@ -432,36 +432,13 @@ def _values(ck: CheckpointReader | DCPReader) -> dict[str, object]:
     return {k: v for k, v in values_of(ck.object).items() if not isinstance(v, StandIn)}
 
 
-#: The kind :func:`_containers` gives each container type (and its subclasses).
-_KINDS: Final[dict[type, str]] = {dict: "dict", list: "list", tuple: "tuple"}
-
-
-def _containers(ck: CheckpointReader) -> dict[str, str]:
-    """The non-empty containers of the object tree by dotted name, with their kind (any
-    dict is a ``dict``: an ``OrderedDict`` state dict and the plain dict of its
-    ``.safetensors`` conversion mean the same)."""
-    out: dict[str, str] = {}
-
-    def visit(name: str, node: object, _depth: int) -> bool:
-        kind = _KINDS.get(type(node)) or next(
-            (k for t, k in _KINDS.items() if isinstance(node, t)), None)
-        if kind is None or not node or isinstance(node, StandIn):
-            return False
-        out.setdefault(name, kind)
-        return True
-
-    walk(ck.object, visit)
-    return out
-
-
-
 def _compare_structure(left: CheckpointReader | DCPReader, right: CheckpointReader | DCPReader,
                        report: DiffReport) -> None:
     """Containers that differ in kind or that one side lacks (files only: a DCP folder's
     nesting is rebuilt from its planner data, tuples as lists)."""
     if isinstance(left, DCPReader) or isinstance(right, DCPReader):
         return
-    a, b = _containers(left), _containers(right)
+    a, b = containers(left.object), containers(right.object)
     for name in dict.fromkeys([*a, *b]):
         if a.get(name) != b.get(name):
             report.structure[name] = [a.get(name), b.get(name)]

@@ -21,7 +21,7 @@ from typing import Any, Final
 from ..errors import FormatError, LimitExceededError, brief
 from .tensor import Parameter, Tensor
 
-__all__ = ["CONTAINERS", "DESCEND", "flatten", "is_state_dict", "outline", "rebuild", "values", "walk"]
+__all__ = ["CONTAINERS", "DESCEND", "containers", "flatten", "is_state_dict", "outline", "rebuild", "values", "walk"]
 
 
 def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
@@ -329,3 +329,37 @@ def is_state_dict(obj: object) -> bool:
     (False, False)
     """
     return isinstance(obj, dict) and _is_flat(obj)
+
+
+#: The kind :func:`containers` gives each container type (and its subclasses).
+_BASE_KINDS: Final[dict[type, str]] = {dict: "dict", list: "list", tuple: "tuple"}
+
+
+def containers(obj: object, *, max_depth: int = 1000) -> dict[str, str]:
+    """The non-empty dicts, lists and tuples of an object tree by dotted name, with their
+    kind: what ``diff`` compares of two trees' nesting.  Any dict is a ``dict`` (an
+    ``OrderedDict`` state dict and the plain dict of its ``.safetensors`` conversion mean
+    the same); empty ones are values (:func:`values`).
+
+    Raises
+    ------
+    FormatError
+        The tree is deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> containers({"model": OrderedDict(w=1), "pair": (1, []), "step": 3})
+    {'': 'dict', 'model': 'dict', 'pair': 'tuple'}
+    """
+    out: dict[str, str] = {}
+
+    def visit(name: str, node: object, _depth: int) -> bool:
+        kind = _BASE_KINDS.get(type(node)) or next(
+            (k for t, k in _BASE_KINDS.items() if isinstance(node, t)), None)
+        if kind is None or isinstance(node, Tensor) or not node:
+            return False
+        out.setdefault(name, kind)
+        return True
+
+    walk(obj, visit, max_depth=max_depth)
+    return out

@@ -184,6 +184,9 @@ def test_nested_training_dict_comes_back_nested(tmp_path: Path,
         assert list(ck) == list(ptfile.open(pt).keys())
     report = diff(pt, st)
     assert report.identical, report.to_dict()
+    # Converting the .safetensors again gives the same bytes: nothing was lost to lose.
+    _convert_cli(capsys, st, tmp_path / "again.safetensors")
+    assert (tmp_path / "again.safetensors").read_bytes() == st.read_bytes()
     # And back to a .pt: what torch.load reads is the original object, ties included.
     _convert_cli(capsys, st, back)
     again = torch.load(back, weights_only=True)

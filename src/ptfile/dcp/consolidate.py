@@ -24,9 +24,9 @@ buffer, the writer's buffer, the metadata):
   with ``torch.load(weights_only=True)`` when the bytes items hold only what that allows.
 * ``.safetensors``: the header is computed from the metadata (every tensor, named by its
   FQN; non-tensor values have no place there and are left out, listed in the summary's
-  ``dropped``), in the order and layout the
-  ``safetensors`` package writes (by dtype, widest first, then by name; ``{"format":
-  "pt"}`` metadata; header padded with spaces to 8 bytes), then the tensors follow.
+  ``dropped``), with ``{"format": "pt"}`` metadata, by ptfile's one safetensors
+  writer (:mod:`ptfile.formats.safetensors_writer`: the order and layout the
+  ``safetensors`` package writes), which asks for each tensor in data order.
 * a folder: Hugging Face's sharded layout as ``huggingface_hub``'s
   ``save_torch_state_dict`` writes it: tensors in checkpoint order go to shards of at
   most ``shard_bytes`` (default 5 GB, decimal; a larger tensor gets a shard of its own),
@@ -40,13 +40,12 @@ Every output file is written atomically (a temporary file renamed on success).
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -65,7 +64,7 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
 )
 from ..formats.inputs import Input
-from ..formats.safetensors import CODES
+from ..formats.safetensors_writer import Layout, Planned, save_file, save_index
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Storage, Tensor, contiguous_stride
@@ -87,11 +86,6 @@ __all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp"]
 SLAB_BYTES: Final = 16 << 20
 #: Hugging Face's default largest shard (``max_shard_size="5GB"``, decimal units).
 SHARD_BYTES: Final = 5 * 10**9
-#: safetensors' order of dtypes in a file: widest first (its Rust enum, descending).
-SAFETENSORS_ORDER: Final = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16",
-                            "U16", "I16", "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3",
-                            "F8_E5M2", "I8", "U8", "BOOL")
-_CODE_OF: Final = {name: code for code, name in CODES.items()}
 
 
 # --------------------------------------------------------------------------- reading
@@ -305,41 +299,15 @@ def _write_pt(reader: _Reader, dst: str) -> int:
     return len(fqn_of)
 
 
-def _safetensors_header(meta: Metadata, fqns: list[str]) -> tuple[bytes, list[str]]:
-    """The safetensors header of ``fqns`` and the order their data follows in."""
-    entries = []
+def _write_safetensors(reader: _Reader, dst: str, fqns: list[str]) -> Layout:
+    """One safetensors file of ``fqns``, each tensor assembled as the writer asks for it."""
+    meta = reader.meta
+    planned = []
     for fqn in fqns:
         item = meta.state_dict_metadata[fqn]
         assert isinstance(item, TensorStorageMetadata)
-        code = _CODE_OF.get(item.dtype.name)
-        if code is None:
-            raise UnsupportedFeatureError(f"tensor {fqn!r}: safetensors cannot hold "
-                                          f"{item.dtype!r}")
-        entries.append((SAFETENSORS_ORDER.index(code), fqn, code, item))
-    entries.sort(key=lambda e: (e[0], e[1]))
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    at = 0
-    for _, fqn, code, item in entries:
-        nbytes = math.prod(item.size) * item.dtype.itemsize
-        header[fqn] = {"dtype": code, "shape": list(item.size), "data_offsets": [at, at + nbytes]}
-        at += nbytes
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text, [e[1] for e in entries]
-
-
-def _write_safetensors(reader: _Reader, dst: str, fqns: list[str]) -> int:
-    head, order = _safetensors_header(reader.meta, fqns)
-    with atomic_file(dst, fsync=False) as fp:
-        fp.write(head)
-        for fqn in order:
-            _write_all(fp, reader.tensor(fqn))
-    return len(order)
-
-
-def _write_all(fp: IO[bytes], values: np.ndarray) -> None:
-    if values.size:
-        fp.write(values.reshape(-1).view(np.uint8).data)
+        planned.append(Planned(fqn, item.dtype, tuple(item.size)))
+    return save_file(dst, planned, lambda t: reader.tensor(t.name), {"format": "pt"})
 
 
 def _tensor_fqns(meta: Metadata) -> list[str]:
@@ -377,19 +345,15 @@ def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, in
     os.makedirs(out, exist_ok=True)
     if len(shards) == 1:
         target = os.path.join(out, "model.safetensors")
-        return target, _write_safetensors(reader, target, shards[0]), 1
+        return target, len(_write_safetensors(reader, target, shards[0]).order), 1
     weight_map: dict[str, str] = {}
+    total = 0
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        _write_safetensors(reader, os.path.join(out, name), shard)
+        total += _write_safetensors(reader, os.path.join(out, name), shard).data_size
         weight_map.update(dict.fromkeys(shard, name))
-    total = sum(math.prod(item.size) * item.dtype.itemsize for item in
-                (meta.state_dict_metadata[f] for f in fqns)
-                if isinstance(item, TensorStorageMetadata))
     index = os.path.join(out, "model.safetensors.index.json")
-    with atomic_file(index, fsync=False) as fp:
-        fp.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                            indent=2).encode())
+    save_index(index, weight_map, total)
     return index, len(fqns), len(shards)
 
 
@@ -447,7 +411,7 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
                 out, count, shards = target, _write_pt(reader, target), 0
             elif kind == "safetensors":
                 out, shards = target, 0
-                count = _write_safetensors(reader, target, _tensor_fqns(meta))
+                count = len(_write_safetensors(reader, target, _tensor_fqns(meta)).order)
             elif kind == "hf":
                 out, count, shards = _write_hf(reader, target, shard_bytes)
             else:

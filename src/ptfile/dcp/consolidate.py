@@ -40,6 +40,7 @@ Every output file is written atomically (a temporary file renamed on success).
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import sys
@@ -64,13 +65,16 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
 )
 from ..formats.inputs import Input
+from ..formats.safetensors_meta import ALIASES
 from ..formats.safetensors_writer import Layout, Planned, save_file, save_index
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Storage, Tensor, contiguous_stride
+from .hf import hf_aliases
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
     dcp_files,
+    is_shards,
     load_metadata,
     object_path,
     place,
@@ -134,8 +138,11 @@ class _Window(io.RawIOBase):
 class _Reader:
     """Assembles tensors from a local directory's files with positioned reads."""
 
-    def __init__(self, meta: Metadata, files: DirectoryFiles, limits: Limits) -> None:
+    def __init__(self, meta: Metadata, files: DirectoryFiles, limits: Limits,
+                 aliases: dict[str, str] | None = None) -> None:
         self.meta, self.files, self.limits = meta, files, limits
+        #: Tied names of a safetensors folder (``{alias: kept}``): written as ties again.
+        self.aliases = aliases or {}
         self._fds: dict[str, int] = {}
         self._slab = bytearray()
 
@@ -289,6 +296,8 @@ def _write_pt(reader: _Reader, dst: str) -> int:
             value = read_value(meta, reader.files, fqn, limits=reader.limits,
                                numpy_values=reads_numpy_values(None))
         place(root, object_path(meta, fqn), value)
+    for alias, kept in reader.aliases.items():  # one storage under both names, as torch.save
+        root.setdefault(alias, root[kept])
 
     def fill(storage: Storage) -> Iterator[memoryview]:
         yield reader.tensor(fqn_of[id(storage)]).reshape(-1).view(np.uint8).data
@@ -307,7 +316,12 @@ def _write_safetensors(reader: _Reader, dst: str, fqns: list[str]) -> Layout:
         item = meta.state_dict_metadata[fqn]
         assert isinstance(item, TensorStorageMetadata)
         planned.append(Planned(fqn, item.dtype, tuple(item.size)))
-    return save_file(dst, planned, lambda t: reader.tensor(t.name), {"format": "pt"})
+    metadata = {"format": "pt"}
+    kept = set(fqns)
+    aliases = {a: k for a, k in sorted(reader.aliases.items()) if k in kept}
+    if aliases:
+        metadata[ALIASES] = json.dumps(aliases, sort_keys=True)
+    return save_file(dst, planned, lambda t: reader.tensor(t.name), metadata)
 
 
 def _tensor_fqns(meta: Metadata) -> list[str]:
@@ -353,7 +367,8 @@ def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, in
         total += _write_safetensors(reader, os.path.join(out, name), shard).data_size
         weight_map.update(dict.fromkeys(shard, name))
     index = os.path.join(out, "model.safetensors.index.json")
-    save_index(index, weight_map, total)
+    declared = {ALIASES: dict(sorted(reader.aliases.items()))} if reader.aliases else None
+    save_index(index, weight_map, total, declared)
     return index, len(fqns), len(shards)
 
 
@@ -405,7 +420,8 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
     limits = limits or DEFAULT_LIMITS
     with dcp_files(src, storage_options, limits) as files:
         meta = load_metadata(files, limits)
-        reader = _Reader(meta, files, limits)
+        reader = _Reader(meta, files, limits, hf_aliases(files, limits) if is_shards(files)
+                         else None)
         try:
             if kind == "pt":
                 out, count, shards = target, _write_pt(reader, target), 0
@@ -423,5 +439,5 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
     dropped = [] if kind == "pt" else [
         {"name": fqn, "type": "DCP bytes item", "reason": "not a tensor: a .safetensors file "
          "holds tensors only"} for fqn in meta.state_dict_metadata if fqn not in tensor_fqns]
-    return {"output": out, "kind": kind, "tensors": count, "shards": shards, "aliases": {},
-            "dropped": dropped, "changed": []}
+    return {"output": out, "kind": kind, "tensors": count, "shards": shards,
+            "aliases": dict(reader.aliases), "dropped": dropped, "changed": []}

@@ -57,7 +57,8 @@ from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Tensor
 from ..model.tree import DESCEND, is_state_dict, outline, rebuild
 
-__all__ = ["ALIASES", "OWN", "PREFIX", "STRUCTURE", "VALUES", "outline_text", "restore"]
+__all__ = ["ALIASES", "OWN", "PREFIX", "STRUCTURE", "VALUES", "aliases_of", "outline_text",
+           "restore"]
 
 ALIASES: Final = "ptfile.aliases"
 VALUES: Final = "ptfile.values"
@@ -140,6 +141,30 @@ def restore(tensors: dict[str, Tensor], metadata: Mapping[str, str] | None,
         warnings.warn(f"the safetensors file's ptfile metadata is not used: {exc}; it reads "
                       "as torch reads it, {name: tensor}", PtfileWarning, stacklevel=2)
         return tensors
+
+
+def aliases_of(metadata: Mapping[str, str] | None, stored: Collection[str]) -> dict[str, str]:
+    """The ``ptfile.aliases`` of one file of a folder whose tensors are ``stored`` (every
+    file's): ``{alias: kept}``, each ``kept`` a stored name and no alias one; metadata
+    that does not hold together is not used (a :class:`~ptfile.PtfileWarning`), as by
+    :func:`restore`.
+
+    Examples
+    --------
+    >>> aliases_of({"ptfile.aliases": '{"head": "embed"}'}, {"embed"})
+    {'head': 'embed'}
+    """
+    try:
+        found = _json(metadata or {}, ALIASES, dict, {})
+        for alias, kept in found.items():
+            if not isinstance(kept, str) or kept not in stored or alias in stored:
+                raise FormatError(f"alias {brief(alias, 80)} names {brief(kept, 80)}, not "
+                                  "another stored tensor")
+    except FormatError as exc:
+        warnings.warn(f"the safetensors file's ptfile aliases are not used: {exc}",
+                      PtfileWarning, stacklevel=2)
+        return {}
+    return found  # type: ignore[no-any-return]
 
 
 def _restore(tensors: dict[str, Tensor], meta: Mapping[str, str], limits: Limits) -> Any:

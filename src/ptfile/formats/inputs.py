@@ -434,18 +434,21 @@ def _read_small(path: str, storage_options: Mapping[str, Any] | None, limits: Li
 
 def _url_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
     """The file names of the folder ``url`` names, or None when it names none (or the
-    backend cannot say)."""
-    from .._io.directory import remote_names
+    backend cannot say): one listing request, whose answer is the folder's listing (a
+    listing of a file's own URL gives that file)."""
+    from .._io.directory import file_names
     from .._io.remote import filesystem
 
     if url_scheme(url) in _FLAT_SCHEMES or "." in url.rstrip("/").rsplit("/", 1)[-1]:
         return None
     try:
         fs, path = filesystem(url, storage_options)
-        if not fs.isdir(path):
-            return None
+        entries = fs.ls(path, detail=True)
     except PtfileError:
         return None
     except Exception:  # noqa: BLE001 (fsspec or a backend missing or failing: the file path says so)
         return None
-    return remote_names(fs, path, url)
+    key = path.rstrip("/")
+    if not entries or any(str(e.get("name", "")).rstrip("/") == key for e in entries):
+        return None  # nothing there, or the URL names a file
+    return file_names(entries)

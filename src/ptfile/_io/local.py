@@ -68,17 +68,25 @@ MMAP_ACCESS: Final = {
 class Source(Protocol):
     """Random access to the bytes of one input.
 
-    Capabilities are attributes, so the layers above never test a source's class:
-    ``map_access`` is the access of a memory-mapped source (``"r"``,
-    ``"private"``, ``"shared"``; None when it is not mapped) and
+    Capabilities are attributes and methods, so the layers above never test a
+    source's class: ``map_access`` is the access of a memory-mapped source
+    (``"r"``, ``"private"``, ``"shared"``; None when it is not mapped);
     ``reads_on_demand`` is true where every read goes to the file (no whole
-    input in memory: read in small windows).
+    input in memory: read in small windows), false where the bytes are at hand
+    (:meth:`view` is then zero-copy); ``bytes_fetched`` counts what a server sent
+    (0 for a local source); :meth:`gather` reads many small ranges at once where
+    the source has a cheaper way than :meth:`view` (None where it has not).
     """
 
     size: int
     name: str | None
     map_access: str | None
     reads_on_demand: bool
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes a server sent for this source so far (0 for a local one)."""
+        ...
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         """Return exactly ``n`` bytes at ``offset`` or raise FormatError naming ``what``."""
@@ -104,6 +112,12 @@ class Source(Protocol):
     def read_all(self) -> memoryview:
         """The whole input in one buffer, read once, in order; a source whose bytes are at
         hand (in memory or mapped) returns its own view, with no copy."""
+        ...
+
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """The ``lengths[i]`` bytes at each ``offsets[i]``, concatenated, where this source
+        reads them more cheaply than through :meth:`view`; None where it does not (or
+        cannot now), and the caller reads otherwise."""
         ...
 
     def detached(self) -> Source:
@@ -148,6 +162,7 @@ class _ViewSource:
     size: int
     map_access: str | None = None
     reads_on_demand: bool = False
+    bytes_fetched: int = 0
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         check_range(self.size, offset, n, what)
@@ -169,6 +184,10 @@ class _ViewSource:
     def read_all(self) -> memoryview:
         """The input's own view (no copy)."""
         return self._view
+
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """None: slices of the view are the cheapest read of bytes in memory."""
+        return None
 
 
 class BytesSource(_ViewSource):
@@ -192,6 +211,7 @@ class FileSource:
 
     map_access: str | None = None
     reads_on_demand: bool = True
+    bytes_fetched: int = 0
 
     def __init__(self, fp: IO[bytes], name: str | None = None, *, owned: bool = False) -> None:
         self._fp = fp
@@ -246,6 +266,10 @@ class FileSource:
         """The file from the start offset to its end, in one fresh buffer."""
         return memoryview(self.read_fresh(0, self.size, "the file"))
 
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """None: the caller's positioned reads cost the same."""
+        return None
+
     def detached(self) -> FileSource:
         """This source (reads after :meth:`close` of a file ptfile opened fail as OSError)."""
         return self
@@ -263,7 +287,10 @@ _PREAD: Final = getattr(os, "pread", None)
 class MmapSource(_ViewSource):
     """A memory-mapped file; :meth:`view` returns zero-copy slices of the map."""
 
-    def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
+    def __init__(self, path: str | os.PathLike[str], access: str = "private", *,
+                 descriptor: bool = True) -> None:
+        """Map the file at ``path`` with ``access``; ``descriptor``: keep the file's
+        descriptor for :meth:`gather` (a folder of many files maps each without one)."""
         self.name: str | None = os.fspath(path)
         self.access = self.map_access = access
         mode = "r+b" if access == "shared" else "rb"
@@ -276,8 +303,10 @@ class MmapSource(_ViewSource):
                 self._map = _mmap.mmap(fp.fileno(), 0, access=MMAP_ACCESS[access])
                 self._view = memoryview(self._map)
             # The mapped file itself, not whatever the path names later; closed with us.
-            self._fd = os.dup(fp.fileno())
+            self._fd = os.dup(fp.fileno()) if descriptor else -1
         self._close_fd = weakref.finalize(self, os.close, self._fd)
+        if not descriptor:
+            self._close_fd.detach()
 
     def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
         """The file's ``lengths[i]`` bytes at each ``offsets[i]``, concatenated.
@@ -285,7 +314,8 @@ class MmapSource(_ViewSource):
         Read with positioned reads, not through the map (see the module
         docstring).  The caller checks the ranges against :attr:`size`.  None
         when positioned reads are not available, the source is closed, or a
-        read comes back short (the file shrank since it was mapped).
+        read comes back short (the file shrank since it was mapped), or it was opened
+        without its descriptor.
         """
         if _PREAD is None or not self._close_fd.alive:
             return None

@@ -429,6 +429,10 @@ class RemoteSource:
             self._fetch_concurrently(spans, view, update)
         return view
 
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """None: :meth:`pread_many` is how a remote source reads many ranges."""
+        return None
+
     def detached(self) -> RemoteSource:
         """This source: reads stay possible after :meth:`close`."""
         return self

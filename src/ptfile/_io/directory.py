@@ -25,7 +25,8 @@ from typing import Any
 
 from ..errors import FormatError, PtfileError, RemoteError
 from ..limits import DEFAULT_LIMITS, Limits
-from .local import MmapSource, Source, is_url
+from .local import MmapSource, Source
+from .paths import is_url
 from .remote import RemoteSource, filesystem, local_path
 
 __all__ = ["DirectoryFiles", "local_names", "remote_names"]

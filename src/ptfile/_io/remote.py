@@ -52,7 +52,8 @@ from typing import IO, Any, Final, TypeAlias
 
 from ..errors import PtfileWarning, RemoteError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
-from .local import BytesSource, FileLike, Source, check_range, is_url, open_source, url_scheme
+from .local import BytesSource, FileLike, Source, check_range, open_source
+from .paths import is_url, url_scheme
 from .progress import progress_bar
 
 __all__ = ["RemoteSource", "StorageOptions", "local_path", "open_any", "open_target",

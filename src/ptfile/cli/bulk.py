@@ -158,7 +158,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         No file matches, or an input cannot be listed.
     """
     from .. import bulk
-    from .._io.local import is_url
+    from .._io.paths import is_url
     options = dict(args.storage_options) or None
     urls = bulk.expand(_inputs(args), options)
     if not urls:

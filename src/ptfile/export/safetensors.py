@@ -28,7 +28,8 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from .._io.local import MmapSource, atomic_file, atomic_path
+from .._io.atomic import atomic_file, atomic_path
+from .._io.local import MmapSource
 from ..errors import FormatError, SaveError, UnsupportedFeatureError
 from ..formats.safetensors import CODES, read_header, to_tensors
 from ..model.tensor import Tensor

@@ -61,7 +61,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .._gc import paused_gc
-from .._io.local import Source, is_url, url_scheme
+from .._io.local import Source
+from .._io.paths import is_url, url_scheme
 from ..archive import ZipReader
 from ..archive.tar import is_tar
 from ..errors import FormatError

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
-from .._io.local import is_url
+from .._io.paths import is_url
 from ..errors import PtfileError, UnsupportedFeatureError
 from .inputs import expand
 from .tasks import EXIT_ERROR, Options, Record, error_of, run_one

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from .._io.local import is_url, url_scheme
+from .._io.paths import is_url, url_scheme
 from .._io.remote import StorageOptions, filesystem
 from ..errors import RemoteError
 from ..formats.detection import CHECKPOINT_SUFFIXES, InputKind, detect_input, folder_kind

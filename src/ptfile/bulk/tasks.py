@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
-from .._io.local import atomic_path, is_url
+from .._io.atomic import atomic_path
+from .._io.paths import is_url
 from .._io.remote import StorageOptions, filesystem, watched_sources
 from ..errors import PtfileError, RemoteError, UnsupportedFeatureError
 from ..limits import Limits

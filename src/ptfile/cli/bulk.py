@@ -51,7 +51,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from .._io.local import is_url
+from .._io.paths import is_url
 from .._io.progress import progress_bar
 from ..errors import PtfileError
 from ..formats.inputs import Input, InputKind
@@ -224,7 +224,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         No file matches, or an input cannot be listed.
     """
     from .. import bulk
-    from .._io.local import is_url
+    from .._io.paths import is_url
     options = dict(args.storage_options) or None
     urls = bulk.expand(_inputs(args), options)
     if not urls:

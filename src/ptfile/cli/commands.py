@@ -309,7 +309,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from .._io.local import is_url
+    from .._io.paths import is_url
     from ..inspection import verify
 
     record = _cli_bulk.record_of(args, args.file)

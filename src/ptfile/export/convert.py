@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from .. import api
-from .._io.local import FileSource, is_path, is_url
+from .._io.local import FileSource
+from .._io.paths import is_path, is_url
 from .._io.remote import StorageOptions, open_target
 from ..allowlist.structural import is_module
 from ..dcp.consolidate import convert_dcp

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._io.local import is_url, url_scheme
+from .._io.paths import is_url, url_scheme
 from ..errors import FormatError, LimitExceededError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 

@@ -71,7 +71,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from .._io.local import FileLike, Source, is_path
+from .._io.local import FileLike, Source
+from .._io.paths import is_path
 from .._io.remote import StorageOptions, local_path, open_any
 from ..archive import tar
 from ..errors import ArchiveError, FormatError, PickleStreamError, UnknownFormatError

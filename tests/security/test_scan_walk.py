@@ -16,7 +16,6 @@ import json
 import os
 import pickle
 import struct
-from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -68,7 +67,7 @@ LAYOUT = {
 
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+def layout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from safetensors.torch import save_file
     from torch.distributed import checkpoint as dcp
 
@@ -93,7 +92,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pat
         sentinel = str(sentinels / f"s{i}")
         path.write_bytes(polyglot(sentinel) if kind == "polyglot"
                          else pickle.dumps(Payload(sentinel), protocol=2))
-    yield tree, root
+    return tree, root
 
 
 def scan_cli(*args: object) -> tuple[int, list[dict[str, object]]]:
@@ -141,8 +140,9 @@ def test_a_polyglot_is_judged_by_its_name_as_torch_reads_it(tmp_path: Path) -> N
 
 
 def test_benign_torch_written_folders_scan_clean(tmp_path: Path) -> None:
-    from folders import make_zoo
     from torch.distributed import checkpoint as dcp
+
+    from folders import make_zoo
 
     zoo = make_zoo(tmp_path / "zoo")
     dcp.save({"w": torch.ones(3), "step": 3}, checkpoint_id=str(tmp_path / "zoo" / "dcp"))

@@ -126,11 +126,36 @@ from .tasks import (
     run_one,
 )
 
-__all__ = ["CHECKPOINT_SUFFIXES", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
-           "EXIT_UNSAFE", "Expansion", "PROCESS_MIN_BYTES", "PROCESS_MIN_FILES", "RETRIES", "SCAN_CODES",
-           "THREADS", "WORST_FIRST", "Record", "convert", "expand", "expands", "inspect", "local_cluster",
-           "ordered", "output_for", "require_dask", "run_one", "scan", "summarize", "verify",
-           "walk", "worst"]
+__all__ = [
+    "CHECKPOINT_SUFFIXES",
+    "EXIT_ERROR",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_UNKNOWN",
+    "EXIT_UNSAFE",
+    "PROCESS_MIN_BYTES",
+    "PROCESS_MIN_FILES",
+    "RETRIES",
+    "SCAN_CODES",
+    "THREADS",
+    "WORST_FIRST",
+    "Expansion",
+    "Record",
+    "convert",
+    "expand",
+    "expands",
+    "inspect",
+    "local_cluster",
+    "ordered",
+    "output_for",
+    "require_dask",
+    "run_one",
+    "scan",
+    "summarize",
+    "verify",
+    "walk",
+    "worst",
+]
 
 _COMMON_DOC: Final = """
     Parameters

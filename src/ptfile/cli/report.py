@@ -156,10 +156,8 @@ class TextReport:
             out.write(f"{skipped} file{'s' if skipped != 1 else ''} skipped: no loader of "
                       f"torch's reads them{hint}\n")
             out.writelines(f"  {shown(p)}\n" for p in summary.get("skipped_files", []))
-        for path, target in summary.get("outside", {}).items():
-            out.write(f"link out of the folder: {shown(path)} -> {shown(target)} (scanned)\n")
-        for path in summary.get("repeated", []):
-            out.write(f"folder reached again through a link, walked once: {shown(path)}\n")
+        out.writelines(f"link out of the folder: {shown(path)} -> {shown(target)} (scanned)\n" for path, target in summary.get("outside", {}).items())
+        out.writelines(f"folder reached again through a link, walked once: {shown(path)}\n" for path in summary.get("repeated", []))
 
     def _totals(self, summary: dict[str, Any]) -> str:
         counts = Counter(verdict for _path, verdict, _why in self.rows)

@@ -110,8 +110,8 @@ __all__ = [
     "folder_kind",
     "kind_of_markers",
     "loader_of",
-    "torch_reads_safetensors",
     "resolve_input",
+    "torch_reads_safetensors",
     "zip_kind",
 ]
 

@@ -52,12 +52,16 @@ class Options:
     fmt: str = "safetensors"
     shared: str = "dedupe"
     extra: dict[str, Any] = field(default_factory=dict)
+    exclude: tuple[str, ...] = ()
 
 
 def _scan(url: str, o: Options, _target: str | None) -> tuple[str, dict[str, Any]]:
     from ..scanning import scan as scan_one
 
-    result = scan_one(url, limits=o.limits, storage_options=o.storage_options).to_dict()
+    # A checkpoint folder's strays and subfolders are inputs of their own in a bulk scan
+    # (the walk listed them): the folder's record is its checkpoint's.
+    result = scan_one(url, limits=o.limits, storage_options=o.storage_options,
+                      whole=False).to_dict()
     return result["verdict"], result
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "Input",
     "InputKind",
     "Part",
+    "checkpoint_files",
     "detect_input",
     "folder_kind",
     "is_checkpoint_name",
@@ -274,6 +275,26 @@ def folder_kind(names: Iterable[str]) -> InputKind:
     <InputKind.FOLDER: 'folder'>
     """
     return _classify(list(names))[0]
+
+
+def checkpoint_files(names: Iterable[str]) -> tuple[InputKind, frozenset[str]]:
+    """What a folder holding ``names`` is, and which of them its checkpoint reads as that
+    kind: a DCP folder's metadata and ``.distcp`` files (their items, by the metadata), a
+    set's parts; none for a folder of many files.  The others are strays a folder walk
+    looks at one by one (:mod:`ptfile.formats.walk`).
+
+    Examples
+    --------
+    >>> kind, files = checkpoint_files([".metadata", "__0_0.distcp", "extra.pt"])
+    >>> kind, sorted(files)
+    (<InputKind.DCP: 'dcp'>, ['.metadata', '__0_0.distcp'])
+    """
+    names = list(names)
+    kind, parts = _classify(names)
+    if kind is InputKind.DCP:
+        return kind, frozenset(n for n in names if DCP_METADATA_NAME.fullmatch(n)
+                               or n.endswith(".distcp"))
+    return kind, frozenset(n for p in parts for n in (*p.files, *([p.index] if p.index else [])))
 
 
 def _classify(names: list[str]) -> tuple[InputKind, tuple[Part, ...]]:

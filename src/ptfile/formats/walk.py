@@ -125,7 +125,7 @@ def walk_tree(root: str, exclude: Sequence[str] = (), *, inside: bool = True,
     ['README.md']
     >>> tmp.cleanup()
     """
-    from .._io.local import is_url
+    from .._io.paths import is_url
 
     walk = _Walk(tuple(exclude), inside)
     if is_url(root):

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .._io.local import is_url
+from .._io.paths import is_url
 from ..errors import FormatError
 from ..formats.inputs import Input, resolve_input
 from ..formats.walk import walk_tree

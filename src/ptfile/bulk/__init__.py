@@ -82,12 +82,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._io.remote import StorageOptions
 from ..errors import UnsupportedFeatureError
 from ..limits import Limits
 from ..outcomes import worst
+
+if TYPE_CHECKING:
+    from ..scanning.allowing import AllowList
 from .execution import (
     PROCESS_MIN_BYTES,
     PROCESS_MIN_FILES,
@@ -168,9 +171,12 @@ def _front_door(func: Callable[..., Iterator[Record]]) -> Callable[..., Iterator
 @_front_door
 def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Pool = "auto",
          storage_options: StorageOptions = None, limits: Limits | None = None,
-         retries: int = RETRIES, allow_unknown: bool = False) -> Iterator[Record]:
+         retries: int = RETRIES, allow_unknown: bool = False,
+         allow: AllowList | None = None) -> Iterator[Record]:
     """Scan every file (:func:`ptfile.scan`): ``verdict`` is allowed, dangerous, unknown
-    or error; ``allow_unknown`` makes unknown's code 0.
+    or error; ``allow_unknown`` makes unknown's code 0; ``allow``
+    (:class:`ptfile.scanning.allowing.AllowList`) counts the unknown globals it names as
+    allowed (never a dangerous one).
     (parameters)
     Examples
     --------
@@ -185,7 +191,8 @@ def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Poo
     [('a.pt', 'allowed', 0), ('b.pt', 'dangerous', 1)]
     >>> tmp.cleanup()
     """
-    options = Options(storage_options, limits, retries, allow_unknown=allow_unknown)
+    options = Options(storage_options, limits, retries, allow_unknown=allow_unknown,
+                      allow=allow)
     return run("scan", urls, options, client=client, workers=workers, pool=pool)
 
 

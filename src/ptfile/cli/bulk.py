@@ -198,7 +198,7 @@ def _records(args: argparse.Namespace, urls: list[str], client: Any) -> Iterator
     common = {"client": client, "workers": None if client else args.workers,
               "storage_options": dict(args.storage_options) or None, "retries": args.retries}
     if args.command == "scan":
-        return bulk.scan(urls, allow_unknown=args.allow_unknown, **common)
+        return bulk.scan(urls, allow_unknown=args.allow_unknown, allow=args.allow_list, **common)
     if args.command == "inspect":
         return bulk.inspect(urls, structural=args.structural, **common)
     if args.command == "verify":

@@ -237,7 +237,7 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     results, codes = [], [EXIT_OK]
     for path in args.files:
         try:
-            result = scan(_cli_bulk.record_of(args, path))
+            result = args.allow_list.apply(scan(_cli_bulk.record_of(args, path)))
         except (PtfileError, OSError) as exc:
             codes.append(exit_code("scan", ERROR))
             results.append({"path": path, "error": f"{type(exc).__name__}: {exc}",
@@ -438,8 +438,18 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
                         "sarif: one SARIF 2.1.0 log for CI code scanning (one result per "
                         "finding; rules by capability)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list allowed globals")
-    p.add_argument("--allow-unknown", action="store_true",
+    g = p.add_argument_group("allowing (also from pyproject.toml's [tool.ptfile] table)")
+    g.add_argument("--allow", action="append", default=[], metavar="MODULE.NAME",
+                   help="count this unknown global as allowed (repeatable; a glob matches "
+                        "module.name: 'transformers.training_args.*'); never a dangerous "
+                        "one: --allow posix.system is an error")
+    g.add_argument("--allow-numpy", action="store_true",
+                   help="count numpy's arrays, scalars, dtypes and RNG states "
+                        "(ptfile.NUMPY_GLOBALS) as allowed; object arrays stay dangerous")
+    g.add_argument("--allow-unknown", action="store_true",
                    help="exit 0, not 3, for files whose worst verdict is unknown")
+    g.add_argument("--no-config", action="store_true",
+                   help="read no [tool.ptfile] table from pyproject.toml")
 
 
 def _args_convert(p: argparse.ArgumentParser) -> None:
@@ -538,6 +548,8 @@ def _say_warnings(command: str) -> None:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     try:
+        if args.command == "scan":
+            _allowing(args)
         if _cli_bulk.is_bulk(args):
             return _cli_bulk.run(args, out)
         _cli_bulk.single(args)
@@ -552,6 +564,17 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                          "exit_code": EXIT_ERROR}, out)
         print(f"ptfile {args.command}: error: {inert(message)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _allowing(args: argparse.Namespace) -> None:
+    """scan's allow-list: ``--allow``, ``--allow-numpy`` and the ``[tool.ptfile]`` table
+    (:mod:`.config`) as ``args.allow_list`` (a pattern that would pass a dangerous name
+    raises, exit 2)."""
+    from ..scanning.allowing import AllowList
+    from . import config
+
+    config.apply(args)
+    args.allow_list = AllowList(tuple(args.allow), numpy=args.allow_numpy)
 
 
 def _input_of(args: argparse.Namespace) -> str | None:

@@ -248,3 +248,109 @@ def test_pre_commit_hook_blocks_a_hostile_checkpoint(files: dict[str, Path],
                   "evil.pkl")
     assert hostile.returncode == 1, hostile.stdout + hostile.stderr
     assert "Failed" in hostile.stdout and "DANGEROUS" in hostile.stdout
+    # A training checkpoint's RNG state: unknown numpy names block the commit, until the
+    # repository's [tool.ptfile] table allows numpy (no blanket --allow-unknown).
+    torch.save({"numpy": np.random.get_state(), "cpu": torch.get_rng_state()},
+               repo / "rng_state.pth")
+    assert run("git", "add", "rng_state.pth").returncode == 0
+    blocked = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "rng_state.pth")
+    assert blocked.returncode == 1 and "UNKNOWN" in blocked.stdout, blocked.stdout
+    (repo / "pyproject.toml").write_text("[tool.ptfile]\nallow-numpy = true\n")
+    passed = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "rng_state.pth")
+    assert passed.returncode == 0 and "Passed" in passed.stdout, passed.stdout
+
+
+#: What a Trainer folder needs beyond numpy: transformers' TrainingArguments and the
+#: enums and classes it holds (accelerate's among them), as written by the real Trainer.
+TRAINER_ALLOW = ("transformers.training_args.*", "transformers.trainer_utils.*",
+                 "transformers.trainer_pt_utils.AcceleratorConfig", "accelerate.state.*",
+                 "accelerate.utils.dataclasses.DistributedType")
+
+
+def scan_code(*args: object, cwd: Path | None = None) -> tuple[int, str]:
+    done = subprocess.run([PTFILE, "scan", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=cwd)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real Trainer run's checkpoint folder (rng_state.pth holds np.random.get_state())."""
+    folder = make_zoo(tmp_path_factory.mktemp("zoo"))["trainer"]
+    assert (folder / "rng_state.pth").exists() and (folder / "training_args.bin").exists()
+    return folder
+
+
+def test_a_trainer_folder_passes_with_a_precise_allow_list(trainer: Path) -> None:
+    assert scan_code(trainer)[0] == 3                        # unknown globals by default
+    assert scan_code(trainer / "rng_state.pth")[0] == 3      # numpy's names
+    assert scan_code(trainer / "rng_state.pth", "--allow-numpy")[0] == 0
+    assert scan_code(trainer, "--allow-numpy")[0] == 3       # TrainingArguments still unknown
+    allow = [arg for name in TRAINER_ALLOW for arg in ("--allow", name)]
+    assert scan_code(trainer, *allow)[0] == 3                # and numpy without --allow-numpy
+    code, text = scan_code(trainer, "--allow-numpy", *allow, "--json")
+    assert code == 0, text
+    findings = json.loads(text)["findings"]
+    allowed_by = {f["name"]: f["message"] for f in findings if "(allowed: " in f["message"]}
+    assert allowed_by["TrainingArguments"].endswith("(allowed: --allow transformers.training_args.*)")
+    assert allowed_by["ndarray"].endswith("(allowed: --allow-numpy)")
+
+
+def test_the_pyproject_table_is_read_from_the_repository(trainer: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(trainer, repo / "runs" / "checkpoint-2")
+    (repo / ".git").mkdir()  # the walk up stops at the repository's root
+    names = ", ".join(json.dumps(n) for n in TRAINER_ALLOW)
+    (repo / "pyproject.toml").write_text(f"[tool.ptfile]\nallow = [{names}]\nallow-numpy = true\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.ptfile]\nallow-unknown = true\n")  # above
+    assert scan_code("runs", cwd=repo)[0] == 0
+    assert scan_code("checkpoint-2", cwd=repo / "runs")[0] == 0  # found walking up
+    assert scan_code("runs", "--no-config", cwd=repo)[0] == 3
+    (repo / "pyproject.toml").write_text("[tool.ptfile]\nallow-nunpy = true\n")
+    code, text = scan_code("runs", cwd=repo)
+    assert code == 2 and "unknown key 'allow-nunpy'" in text
+
+
+@pytest.mark.parametrize("pattern", ["posix.system", "builtins.eval", "os.*", "*"])
+def test_an_allow_list_never_passes_a_dangerous_name(files: dict[str, Path], tmp_path: Path,
+                                                     pattern: str) -> None:
+    code, text = scan_code(files["evil"], "--allow", pattern)
+    assert code == 2 and "a dangerous name" in text          # refused, nothing scanned
+    (tmp_path / "pyproject.toml").write_text(f'[tool.ptfile]\nallow = ["{pattern}"]\n')
+    assert scan_code(files["evil"], cwd=tmp_path)[0] == 2
+
+
+def test_allowed_names_leave_dangerous_findings_dangerous(tmp_path: Path) -> None:
+    """A file with both numpy names and an object array: --allow-numpy passes the names,
+    the object array (arbitrary pickled objects) stays dangerous."""
+    path = tmp_path / "objects.pt"
+    torch.save({"rng": np.random.get_state(), "objects": np.array([1, "a"], dtype=object),
+                "py": random.getstate()}, path)
+    code, text = scan_code(path, "--allow-numpy")
+    assert code == 1 and "numpy-object-array" in text
+
+
+def test_the_workflow_example_parses_and_its_scan_runs(files: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    workflow = yaml.safe_load((ROOT / "examples" / "github-actions" / "ptfile-scan.yml")
+                              .read_text())
+    assert workflow["permissions"]["security-events"] == "write"
+    steps = workflow["jobs"]["scan"]["steps"]
+    scan = next(s for s in steps if "ptfile scan" in s.get("run", ""))
+    upload = next(s for s in steps if s.get("uses", "").startswith(
+        "github/codeql-action/upload-sarif@"))
+    assert upload["if"] == "always()" and scan["continue-on-error"] is True
+    assert steps.index(scan) < steps.index(upload)
+    assert any(s.get("if") == f"steps.{scan['id']}.outcome == 'failure'" for s in steps)
+    tree = tmp_path / "checkout"
+    shutil.copytree(files["clean"].parent, tree / "models")
+    (tree / "README.md").write_text("not a checkpoint\n")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-e", "-c", scan["run"]], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr  # evil.pkl: the step fails, the log is written
+    log = json.loads((tree / upload["with"]["sarif_file"]).read_text())
+    assert github_problems(log) == []
+    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+            for r in log["runs"][0]["results"]}
+    assert uris == {"models/evil.pkl"}

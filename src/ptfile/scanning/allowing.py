@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from functools import cache
 from typing import Final
 
-from ..allowlist.policy import NUMPY_GLOBALS
 from ..errors import PtfileError
 from .verdicts import DANGEROUS_MODULES, DANGEROUS_NAMES, Finding, ScanResult, Verdict, verdict_of
 
@@ -41,6 +41,15 @@ __all__ = ["AllowList", "AllowListError"]
 #: and every dangerous name (a pattern matching any is refused).
 _PROBES: Final = tuple(sorted({*(f"{m}.system" for m in DANGEROUS_MODULES),
                                *(f"{m}.{n}" for m, n in DANGEROUS_NAMES)}))
+
+
+@cache
+def _numpy_names() -> frozenset[str]:
+    """``ptfile.NUMPY_GLOBALS``'s names (imported when asked: the policy imports numpy,
+    which a scan of a clean file never needs)."""
+    from ..allowlist.policy import NUMPY_GLOBALS
+
+    return frozenset(NUMPY_GLOBALS)
 
 
 class AllowListError(PtfileError, ValueError):
@@ -100,12 +109,12 @@ class AllowList:
     def allows(self, module: str, name: str) -> bool:
         """Whether the global ``module.name`` is on this list."""
         qualname = f"{module}.{name}"
-        return (self.numpy and qualname in NUMPY_GLOBALS) or \
+        return (self.numpy and qualname in _numpy_names()) or \
             any(fnmatchcase(qualname, p) for p in self.names)
 
     def _why(self, module: str, name: str) -> str:
         qualname = f"{module}.{name}"
-        if self.numpy and qualname in NUMPY_GLOBALS:
+        if self.numpy and qualname in _numpy_names():
             return "--allow-numpy"
         return "--allow " + next(p for p in self.names if fnmatchcase(qualname, p))
 

@@ -86,12 +86,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._io.remote import StorageOptions
 from ..errors import UnsupportedFeatureError
 from ..limits import Limits
 from ..outcomes import worst
+
+if TYPE_CHECKING:
+    from ..scanning.allowing import AllowList
 from .execution import (
     PROCESS_MIN_BYTES,
     PROCESS_MIN_FILES,
@@ -202,9 +205,12 @@ def _front_door(func: Callable[..., Iterator[Record]]) -> Callable[..., Iterator
 def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Pool = "auto",
          storage_options: StorageOptions = None, limits: Limits | None = None,
          retries: int = RETRIES, allow_unknown: bool = False,
-         exclude: Sequence[str] = ()) -> Iterator[Record]:
+         exclude: Sequence[str] = (), allow: AllowList | None = None
+         ) -> Iterator[Record]:
     """Scan every file (:func:`ptfile.scan`): ``verdict`` is allowed, dangerous, unknown
-    or error; ``allow_unknown`` makes unknown's code 0.
+    or error; ``allow_unknown`` makes unknown's code 0; ``allow``
+    (:class:`ptfile.scanning.allowing.AllowList`) counts the unknown globals it names as
+    allowed (never a dangerous one).
     (parameters)
     Examples
     --------
@@ -220,7 +226,7 @@ def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Poo
     >>> tmp.cleanup()
     """
     options = Options(storage_options, limits, retries, allow_unknown=allow_unknown,
-                      exclude=tuple(exclude))
+                      exclude=tuple(exclude), allow=allow)
     return run("scan", urls, options, client=client, workers=workers, pool=pool)
 
 

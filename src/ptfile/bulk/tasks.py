@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from .._io.atomic import atomic_path
 from .._io.paths import is_url
@@ -28,6 +28,9 @@ from ..outcomes import (
     exit_code,
 )
 
+if TYPE_CHECKING:
+    from ..scanning.allowing import AllowList
+
 __all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_UNSAFE",
            "RETRIES", "SCAN_CODES", "WORST_FIRST", "Options", "Record", "error_of",
            "run_one"]
@@ -47,6 +50,8 @@ class Options:
     retries: int = RETRIES
     backoff: float = BACKOFF_SECONDS
     allow_unknown: bool = False
+    #: scan: the unknown globals to count as allowed (:mod:`ptfile.scanning.allowing`).
+    allow: AllowList | None = None
     structural: bool = False
     full: bool = False
     fmt: str = "safetensors"
@@ -60,8 +65,8 @@ def _scan(url: str, o: Options, _target: str | None) -> tuple[str, dict[str, Any
 
     # A checkpoint folder's strays and subfolders are inputs of their own in a bulk scan
     # (the walk listed them): the folder's record is its checkpoint's.
-    result = scan_one(url, limits=o.limits, storage_options=o.storage_options,
-                      whole=False).to_dict()
+    found = scan_one(url, limits=o.limits, storage_options=o.storage_options, whole=False)
+    result = (o.allow.apply(found) if o.allow else found).to_dict()
     return result["verdict"], result
 
 

@@ -207,7 +207,7 @@ def _records(args: argparse.Namespace, urls: bulk.Expansion,
               "storage_options": dict(args.storage_options) or None, "retries": args.retries,
               "exclude": args.exclude}
     if args.command == "scan":
-        return bulk.scan(urls, allow_unknown=args.allow_unknown, **common)
+        return bulk.scan(urls, allow_unknown=args.allow_unknown, allow=args.allow_list, **common)
     if args.command == "inspect":
         return bulk.inspect(urls, structural=args.structural, **common)
     if args.command == "verify":

@@ -84,7 +84,7 @@ from ..limits import DEFAULT_LIMITS, Limits
 from .loaders.stream import LEGACY_PICKLES
 from .loaders.tar import legacy_tar, tarfile_header
 from .reads import holds_zip, stream_head
-from .stream import Scan, bare_pickle, bytes_source, looks_like_pickle, scan_file_stream
+from .stream import Scan, bare_pickle, bytes_source, in_file, looks_like_pickle, scan_file_stream
 from .tar import scan_tar, scan_tar_head
 from .verdicts import Finding, ScanResult, Verdict
 from .zip import scan_zip
@@ -122,14 +122,18 @@ def _scan_source(s: Scan, source: Source, where: str, depth: int,
               message="the file holds a ZIP archive but does not start with one: torch.load "
               "reads the leading bytes, torch.jit.load and ZIP tools the archive")
         scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
+    mark = len(s.findings)
     if looks_like_pickle(head) or legacy:
         scan_file_stream(s, data, where, depth, legacy)
-        return "legacy" if legacy else "pickle"
-    if bare_pickle(s, data, where, depth):
-        return "pickle"
-    s.add("format", Verdict.UNKNOWN, where or "file", 0,
-          message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
-    return "unknown"
+        kind = "legacy" if legacy else "pickle"
+    elif bare_pickle(s, data, where, depth):
+        kind = "pickle"
+    else:
+        s.add("format", Verdict.UNKNOWN, where or "file", 0,
+              message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
+        return "unknown"
+    s.findings[mark:] = in_file(s.findings[mark:], where or "stream", s.at(source, 0))
+    return kind
 
 
 def _scan_torch_reading(s: Scan, source: Source, head: bytes, where: str, depth: int) -> None:
@@ -204,7 +208,7 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
         else open_any(f, storage_options=storage_options, mmap=is_path(local_path(f)),
                       access="r", lazy=True, limits=limits)
     try:
-        state = Scan(limits, _scan_source)
+        state = Scan(limits, _scan_source, file=source)
         name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
         if source.size == 0:
             state.add("format", Verdict.UNKNOWN, "file", 0, message="empty file")

@@ -163,13 +163,13 @@ def _walk_local(walk: _Walk, root: str) -> None:
             if stat.S_ISREG(mode):
                 files.append(entry)
             elif stat.S_ISDIR(mode):
-                dirs.append(entry.path)
+                dirs.append(os.path.normpath(entry.path))  # "./x" of a walk of "." is "x"
         enter, own = walk.folder(folder, (e.name for e in files))
         if not enter:
             continue
         for entry in files:
             if entry.name not in own:
-                _look(walk, entry.path, entry.name, real_root)
+                _look(walk, os.path.normpath(entry.path), entry.name, real_root)
         pending.extend(reversed(dirs))
 
 

@@ -83,7 +83,8 @@ from ..limits import DEFAULT_LIMITS, Limits
 from .verdicts import Finding, Verdict
 
 __all__ = ["BUILTIN_NAMES", "DANGEROUS_NAMES", "DANGEROUS_OPS", "STANDARD_CLASS_NAMESPACES",
-           "STANDARD_OP_NAMESPACES", "TORCHSCRIPT_PREFIX", "as_torchscript_type", "judge_code"]
+           "STANDARD_OP_NAMESPACES", "TORCHSCRIPT_PREFIX", "as_torchscript_type", "judge_code",
+           "judge_name"]
 
 #: The module prefix of TorchScript class references.
 TORCHSCRIPT_PREFIX: Final = "__torch__"
@@ -256,6 +257,19 @@ def _judged_import(node: ast.Import, bound: set[str]) -> Iterator[tuple[str, Ver
                 _judge(parts, bound) if len(parts) > 3 else Verdict.ALLOWED)
         else:
             yield f"import {alias.name}", Verdict.DANGEROUS
+
+
+def judge_name(dotted: str) -> Verdict:
+    """The verdict of one global dotted name of serialized code (``ops.aten.add``,
+    ``__torch__.torch.classes.quantized.X``), no local variable bound (rules: the module
+    doc).
+
+    Examples
+    --------
+    >>> judge_name("ops.prepacked.linear_clamp_run"), judge_name("ops.aten.save")
+    (<Verdict.ALLOWED: 'allowed'>, <Verdict.DANGEROUS: 'dangerous'>)
+    """
+    return _judge(dotted.split("."), set())
 
 
 def _judge(parts: list[str], bound: set[str]) -> Verdict:

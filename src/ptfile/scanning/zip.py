@@ -4,8 +4,8 @@
 (:func:`.containers.walk_zip`), reports each anomaly (:data:`DIVERGENT_ANOMALIES` are
 dangerous, the rest ``unknown``) and scans what an anomaly hides (a second archive, a
 region outside the directory); then the records the loader model beside it
-(:func:`.loaders.zipfamily.zip_regions`: ``torch.load``, ``torch.jit.load``,
-``torch.export.load``) says each loader reads, as it reads them, each finding naming its
+(:func:`.loaders.zipfamily.zip_regions`: ``torch.load``, ``torch.jit.load``, the lite
+interpreter, ``torch.export.load``) says each loader reads, as it reads them, each finding naming its
 loaders; pickle-named records no loader reads are scanned too, at most ``unknown``.
 """
 
@@ -18,6 +18,7 @@ from .._io.local import Source
 from ..errors import FormatError, LimitExceededError
 from ..formats.detection import ZIP_MARKERS, folded_markers, kind_of_markers
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_zip
+from .lite import judge_bytecode
 from .loaders.zipfamily import Region, ZipModel, zip_regions
 from .pt2 import NATIVE_CODE, UNREADABLE_CONFIG
 from .stream import Scan, bytes_source, scan_stream
@@ -143,6 +144,11 @@ def _scan_pt2_record(s: Scan, source: Source, region: Region, label: str,
         return
     if region.how == "code":
         verdict, message = judge_code(data.decode("utf-8", "replace"), s.limits)
+        s.add("torchscript-code", verdict, label, entry.header_offset, "",
+              entry.name.rsplit("/", 1)[-1], message=message)
+    elif region.how == "bytecode":  # the lite interpreter's program: a pickle it runs
+        scan_stream(s, data, label, depth)
+        verdict, message = judge_bytecode(data, s.limits)
         s.add("torchscript-code", verdict, label, entry.header_offset, "",
               entry.name.rsplit("/", 1)[-1], message=message)
     elif region.how == "pickle":

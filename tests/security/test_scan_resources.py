@@ -15,10 +15,13 @@ import struct
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 import ptfile
+from ptfile import cli, outcomes
+from ptfile.errors import LimitExceededError
 from ptfile.limits import Limits
 from ptfile.picklevm.symbolic import trace
 
@@ -228,3 +231,47 @@ def test_benign_pickle_estimate() -> None:
     """A plain pickle of many objects: about what CPython allocates, far below the limit."""
     data = pickle.dumps({f"k{i}": [i, float(i), (i, str(i))] for i in range(20_000)}, 2)
     assert trace(data).alloc_bytes < 40 * len(data)
+
+
+# --------------------------------------------------------------------------- deflate bombs
+
+
+def _deflated(state: dict[str, object]) -> bytes:
+    """``torch.save(state)`` with every record re-packed deflated (as a ZIP tool would)."""
+    import io
+    import zipfile
+
+    import torch
+
+    raw = io.BytesIO()
+    torch.save(state, raw)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(raw.getvalue())) as src, \
+            zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            dst.writestr(info, data)
+    return out.getvalue()
+
+
+def test_a_storage_that_inflates_past_the_bound_is_a_dangerous_finding(
+        tmp_path: Path) -> None:
+    import io
+
+    import torch
+
+    bomb = _deflated({"w": torch.zeros(4 << 20, dtype=torch.uint8)})  # 4 MiB: ~1000x
+    assert torch.load(io.BytesIO(bomb))["w"].numel() == 4 << 20  # torch inflates it
+    with pytest.raises(LimitExceededError):
+        ptfile.load(bomb)
+    path = tmp_path / "bomb.pt"
+    path.write_bytes(bomb)
+    assert cli.main(["scan", str(path)]) == outcomes.EXIT_UNSAFE
+    [finding] = [f for f in ptfile.scan(bomb).findings if f.kind == "limit"]
+    assert finding.verdict.value == "dangerous" and finding.name == "max_inflate_ratio"
+    assert finding.location.endswith("/data/0")
+    assert ptfile.scan(bomb, limits=Limits(max_inflate_ratio=2000)).verdict.value == "allowed"
+    # a re-packed file of real weights, and small zero buffers, stay clean
+    clean = _deflated({"w": torch.randn(1 << 16), "zeros": torch.zeros(1 << 16)})
+    assert ptfile.scan(clean).verdict.value == "allowed"

@@ -9,8 +9,18 @@ scanned as a file of its own by the scanner; findings are located as ``.metadata
 (:func:`ptfile.formats.policies.dcp`: torch's DCP dataclasses, ``torch.Size``, dtypes…)
 are allowed; anything else keeps the scanner's verdict, so ``os.system`` there is
 dangerous.  Tensor chunks are loaded weights-only by torch and are not scanned (their
-bytes are the bulk of the checkpoint).  Metadata that cannot be read is a ``format``
-finding of verdict ``unknown``.
+bytes are the bulk of the checkpoint).
+
+Items are read where torch's ``FileSystemReader`` reads them, ``<folder>/<relative_path>``
+opened as the OS resolves it: a path that leaves the folder (``../x``, an absolute path)
+is followed, its item scanned there, and reported as a dangerous ``archive`` finding
+(``outside-folder``: no writer puts one there, and a gate on the folder does not see what
+torch reads); a URL folder's is not followed (dangerous too).  Two ``storage_data``
+entries of one item (equal ``fqn`` and ``offset``, which is all torch's ``MetadataIndex``
+compares) are one to torch, whose dict keeps the last: so is the scan's.  Metadata or an
+item that cannot be read is a ``format`` finding; a folder whose only findings are those
+is damaged, no loader reads it: :func:`~.verdicts.raise_if_damaged` raises its
+:class:`~ptfile.errors.FormatError` (exit 2), as for a single file.
 """
 
 from __future__ import annotations

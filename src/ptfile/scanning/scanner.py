@@ -2,8 +2,8 @@
 
 What is scanned
 ---------------
-* ZIP archives (torch ≥ 1.6, TorchScript, ``.pt2``): exactly the records torch's
-  ZIP loaders read, with their leniency (names looked up ignoring case, ``.pt2``
+* ZIP archives (torch ≥ 1.6, TorchScript, lite interpreter, ``.pt2``): exactly the records
+  torch's ZIP loaders read, with their leniency (names looked up ignoring case, ``.pt2``
   payload configs: :mod:`ptfile.scanning.loaders.zipfamily`), each finding naming its
   loaders, including records the central directory names twice and *shadow* local
   headers it never names; other ``.pkl`` records at most ``unknown``; plus the archive

@@ -38,7 +38,10 @@ import ptfile
 
 #: The real loaders, by the name results use.
 TORCH_LOADERS = ("torch.load(weights_only=False)", "torch.load", "torch.load(mmap=True)",
-                 "torch.jit.load", "torch.export.load", "pickle.load")
+                 "torch.jit.load", "torch.jit.mobile._load_for_lite_interpreter",
+                 "torch.export.load", "pickle.load")
+#: torch's DCP loader, for folders (``_load_state_dict_from_keys``: no process group).
+DCP_LOADER = "dcp.load"
 #: ptfile's own loaders (property: they never create the sentinel).
 PTFILE_LOADERS = ("ptfile.load", "ptfile.load(structural=True)")
 
@@ -54,7 +57,8 @@ sys.path.insert(0, sys.argv[7])  # the parent's ptfile, whatever the interpreter
 root = os.path.realpath(root)
 warnings.simplefilter("ignore")
 logging.disable(logging.CRITICAL)
-import pickle, torch, torch.export, torch.jit, torch.serialization
+import pickle, torch, torch.export, torch.jit, torch.jit.mobile, torch.serialization
+import torch.distributed.checkpoint as dcp, torch.distributed.checkpoint.state_dict_loader
 import torch.export.pt2_archive._package, torch._export.serde.serialize
 import torch._inductor.cpp_builder
 import ptfile
@@ -110,6 +114,9 @@ LOADERS = {
     "torch.load(mmap=True)": lambda p: torch.load(p, map_location="cpu", mmap=True),
     "torch.jit.load": lambda p: torch.jit.load(p, map_location="cpu"),
     "torch.export.load": lambda p: torch.export.load(p),
+    "torch.jit.mobile._load_for_lite_interpreter":
+        lambda p: torch.jit.mobile._load_for_lite_interpreter(p, map_location="cpu"),
+    "dcp.load": lambda p: dcp.state_dict_loader._load_state_dict_from_keys(checkpoint_id=p),
     "pickle.load": _pickle_load,
     "ptfile.load": lambda p: ptfile.load(p),
     "ptfile.load(structural=True)": lambda p: ptfile.load(p, structural=True),

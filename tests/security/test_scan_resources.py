@@ -15,10 +15,13 @@ import struct
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 import ptfile
+from ptfile import cli, outcomes
+from ptfile.errors import LimitExceededError
 from ptfile.limits import Limits
 from ptfile.picklevm.symbolic import trace
 
@@ -228,3 +231,123 @@ def test_benign_pickle_estimate() -> None:
     """A plain pickle of many objects: about what CPython allocates, far below the limit."""
     data = pickle.dumps({f"k{i}": [i, float(i), (i, str(i))] for i in range(20_000)}, 2)
     assert trace(data).alloc_bytes < 40 * len(data)
+
+
+# --------------------------------------------------------------------------- deflate bombs
+
+
+def _deflated(state: dict[str, object]) -> bytes:
+    """``torch.save(state)`` with every record re-packed deflated (as a ZIP tool would)."""
+    import io
+    import zipfile
+
+    import torch
+
+    raw = io.BytesIO()
+    torch.save(state, raw)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(raw.getvalue())) as src, \
+            zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            dst.writestr(info, data)
+    return out.getvalue()
+
+
+def test_a_storage_that_inflates_past_the_bound_is_a_dangerous_finding(
+        tmp_path: Path) -> None:
+    import io
+
+    import torch
+
+    bomb = _deflated({"w": torch.zeros(4 << 20, dtype=torch.uint8)})  # 4 MiB: ~1000x
+    assert torch.load(io.BytesIO(bomb))["w"].numel() == 4 << 20  # torch inflates it
+    with pytest.raises(LimitExceededError):
+        ptfile.load(bomb)
+    path = tmp_path / "bomb.pt"
+    path.write_bytes(bomb)
+    assert cli.main(["scan", str(path)]) == outcomes.EXIT_UNSAFE
+    [finding] = [f for f in ptfile.scan(bomb).findings if f.kind == "limit"]
+    assert finding.verdict.value == "dangerous" and finding.name == "max_inflate_ratio"
+    assert finding.location.endswith("/data/0")
+    assert ptfile.scan(bomb, limits=Limits(max_inflate_ratio=2000)).verdict.value == "allowed"
+    # a re-packed file of real weights, and small zero buffers, stay clean
+    clean = _deflated({"w": torch.randn(1 << 16), "zeros": torch.zeros(1 << 16)})
+    assert ptfile.scan(clean).verdict.value == "allowed"
+
+
+# --------------------------------------------------------------------------- expansion, cycles
+# Pickles that make CPython build much from little through the memo, DUP and self-reference
+# (issue 30), each written by hand: their cost is references and container slots, linear in
+# the stream but several times its size, and what the stack and the unpickler's temporary
+# lists hold on the way.
+
+def dup_appends(n: int) -> bytes:
+    """One list extended by ``n`` DUPs of itself in one APPENDS: a cycle of ``n`` slots."""
+    return b"\x80\x02](]" + b"2" * n + b"e."
+
+
+def dup_rounds(n: int, rounds: int) -> bytes:
+    """``rounds`` times: a fresh list of ``n`` DUPs appended to one outer list."""
+    return b"\x80\x02]" + (b"(]" + b"2" * n + b"e") * rounds + b"."
+
+
+def memo_fanout(n: int, k: int) -> bytes:
+    """A memoised list of ``n`` ints, fetched ``k`` times into a list (GET fan-out)."""
+    ints = b"".join(b"J" + struct.pack("<i", i) for i in range(n))
+    return b"\x80\x02](" + ints + b"e" + _put(0) + b"0(" + _get(0) * k + b"l."
+
+
+def self_dict(n: int) -> bytes:
+    """A dict whose ``n`` values are itself, through the memo (SETITEMS)."""
+    pairs = b"".join(b"J" + struct.pack("<i", i) + _get(0) for i in range(n))
+    return b"\x80\x02}" + _put(0) + b"(" + pairs + b"u."
+
+
+def self_list_appends(n: int) -> bytes:
+    """A list holding itself ``n`` times, fetched from the memo (APPENDS)."""
+    return b"\x80\x02]" + _put(0) + b"(" + _get(0) * n + b"e."
+
+
+def shared_members(levels: int, width: int) -> bytes:
+    """Tuples of ``width`` references to the tuple below, ``levels`` deep: a tree of
+    ``width**levels`` leaves that CPython builds as ``levels`` tuples."""
+    out = b"\x80\x02K\x01" + _put(0) + b"0"
+    for i in range(levels):
+        out += b"(" + _get(i) * width + b"t" + _put(i + 1) + b"0"
+    return out + _get(levels) + b"."
+
+
+SMALL_BUDGET = 8 << 20
+#: (small case, big case): the big one is 2-3 times SMALL_BUDGET in CPython, the small one
+#: a tenth of it or less.
+EXPANSION = {
+    "dup-appends": (lambda: dup_appends(30_000), lambda: dup_appends(1_000_000)),
+    "dup-rounds": (lambda: dup_rounds(3_000, 10), lambda: dup_rounds(150_000, 10)),
+    "memo-fanout": (lambda: memo_fanout(1000, 40_000), lambda: memo_fanout(1000, 1_500_000)),
+    "self-dict": (lambda: self_dict(10_000), lambda: self_dict(200_000)),
+    "self-list": (lambda: self_list_appends(30_000), lambda: self_list_appends(1_000_000)),
+    "shared-members": (lambda: shared_members(100, 500),
+                       lambda: shared_members(500, 4000)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPANSION))
+def test_expansion_and_cycles_are_dangerous_when_cpython_runs_out(case: str) -> None:
+    small, big = (make() for make in EXPANSION[case])
+    limits = Limits(max_unpickled_bytes=SMALL_BUDGET)
+    assert _child(_LOADS, small, SMALL_BUDGET) == "ok"
+    assert _child(_LOADS, big, SMALL_BUDGET) != "ok"  # MemoryError, or killed
+    assert not ptfile.scan(small, limits=limits).is_dangerous
+    result = ptfile.scan(big, limits=limits)
+    assert [f.kind for f in result.findings if f.name == "memory"] == ["hazard"]
+
+
+@pytest.mark.parametrize("case", sorted(EXPANSION))
+def test_expansion_estimate_bounds_what_cpython_allocates(case: str) -> None:
+    data = EXPANSION[case][0]()
+    measured = _child("import tracemalloc; tracemalloc.start(); x = pickle.loads(data); "
+                      "print(tracemalloc.get_traced_memory()[1])", data, 1 << 30)
+    estimate = trace(data).alloc_bytes
+    assert int(measured) <= estimate <= 2 * int(measured) + 4096, (measured, estimate)

@@ -381,3 +381,54 @@ def test_judge_code(code: str, verdict: Verdict) -> None:
 def test_hostile_source_is_a_verdict_never_a_crash(code: str) -> None:
     verdict, message = judge_code(code)
     assert verdict is not Verdict.ALLOWED or "calls only" in message
+
+
+# --------------------------------------------------------------------------- old and mobile writers
+
+#: The import lines torch 1.3-1.4's printer wrote at the top of each code file (no such torch
+#: here: the records are crafted from what it wrote), and imports nothing torch-written has.
+OLD_HEADERS = {
+    "import-torch": (b"import __torch__\n", Verdict.ALLOWED),
+    "import-module-path": (b"import __torch__.torch.nn.modules.linear\n", Verdict.ALLOWED),
+    "op-version-and-imports": ((b"op_version_set = 2\nimport __torch__\n"
+                                b"import __torch__.torch.nn.modules.conv\n"), Verdict.ALLOWED),
+    "import-packed-class": (b"import __torch__.torch.classes.xnnpack\n", Verdict.ALLOWED),
+    "import-os": (b"import os\n", Verdict.DANGEROUS),
+    "import-alias": (b"import __torch__ as os\n", Verdict.DANGEROUS),
+    "import-custom-class": (b"import __torch__.torch.classes.evil\n", Verdict.DANGEROUS),
+    "from-import": (b"from __torch__ import x\n", Verdict.DANGEROUS),
+}
+
+
+def test_old_import_headers_are_skipped_by_torch_and_judged_by_name(tmp_path: Path) -> None:
+    paths = {}
+    for name, (head, _) in OLD_HEADERS.items():
+        paths[name] = str(tmp_path / f"{name}.pt")
+        Path(paths[name]).write_bytes(with_code(head + HEAD))
+    # torch's importer skips import lines unread (a "from" line it cannot parse).
+    assert _torch_loads(paths) == {name: "refused" if name == "from-import" else "runs"
+                                   for name in OLD_HEADERS}
+    for name, (head, verdict) in OLD_HEADERS.items():
+        assert ptfile.scan(with_code(head + HEAD)).verdict is verdict, name
+
+
+#: torch's own kernel namespaces that this build of torch does not register (no XNNPACK,
+#: Vulkan or Metal); every other standard namespace must be one torch registers.
+_MOBILE_ONLY = {"prepacked", "vulkan_prepack", "metal_prepack"}
+
+
+def test_standard_op_namespaces_are_torchs_own() -> None:
+    from ptfile.scanning.torchscript import STANDARD_OP_NAMESPACES
+    registered = {s.name.split("::")[0] for s in torch._C._jit_get_all_schemas()}
+    assert not STANDARD_OP_NAMESPACES - _MOBILE_ONLY - registered
+
+
+@pytest.mark.parametrize("call", [
+    "ops.prepacked.linear_clamp_run(x, self.packed)",
+    "ops.prepacked.conv2d_clamp_run(x, self.packed)",
+    "ops.mkldnn_prepacked.conv2d_run(x, self.packed)",
+    "ops.quantized.linear(x, self.packed, 1.0, 0)",
+])
+def test_mobile_optimized_code_is_allowed(call: str) -> None:
+    # what optimize_for_mobile writes (this torch has no XNNPACK to run it: judged by name)
+    assert ptfile.scan(with_body(f"    return {call}\n")).verdict is Verdict.ALLOWED

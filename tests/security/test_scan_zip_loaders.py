@@ -24,7 +24,7 @@ from hostile import checkpoint, raw_zip
 
 import ptfile
 from ptfile.scanning import Verdict
-from ptfile.scanning.loaders import EXPORT_LOAD, JIT_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
+from ptfile.scanning.loaders import EXPORT_LOAD, JIT_LOAD, LITE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 from ptfile.scanning.pt2 import UNREADABLE_CONFIG
 
 SENTINEL = "SENTINEL_PATH"
@@ -174,11 +174,21 @@ def test_constants_pkl_in_another_case_is_a_pickle_to_torch_load(tmp_path: Path,
 
 def test_a_data_pkl_no_loader_finds_is_at_most_unknown(saved: bytes) -> None:
     evil = pickle.dumps(_System(), protocol=2)
-    for where in ("archive/sub/data.pkl", "archive/bytecode.pkl"):
-        result = ptfile.scan(remap(saved, lambda n, v: (n, v), [(where, evil)]))
-        found = [f for f in result.findings if f.location == where and f.kind == "global"]
-        assert found and all(f.verdict is Verdict.UNKNOWN and not f.loaders for f in found)
-        assert result.verdict is Verdict.UNKNOWN
+    where = "archive/sub/data.pkl"
+    result = ptfile.scan(remap(saved, lambda n, v: (n, v), [(where, evil)]))
+    found = [f for f in result.findings if f.location == where and f.kind == "global"]
+    assert found and all(f.verdict is Verdict.UNKNOWN and not f.loaders for f in found)
+    assert result.verdict is Verdict.UNKNOWN
+
+
+def test_a_bytecode_pkl_is_read_by_the_lite_interpreter(saved: bytes) -> None:
+    # _load_for_lite_interpreter unpickles bytecode.pkl (tests/security/test_scan_lite.py)
+    evil = pickle.dumps(_System(), protocol=2)
+    where = "archive/bytecode.pkl"
+    result = ptfile.scan(remap(saved, lambda n, v: (n, v), [(where, evil)]))
+    found = [f for f in result.findings if f.location == where and f.kind == "global"]
+    assert found and all(f.verdict is Verdict.DANGEROUS and f.loaders == (LITE_LOAD,)
+                         for f in found)
 
 
 class _System:

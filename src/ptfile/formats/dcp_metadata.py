@@ -301,9 +301,10 @@ def convert(root: Any) -> Metadata:
     state = _fields(root, "Metadata", ("state_dict_metadata", "storage_data"))
     planner = state.get("planner_data")
     fqn: Callable[[Any], str] = lambda k: _typed(k, str, "an fqn")  # noqa: E731
+    # Two entries of one (fqn, offset) are one key to torch (MetadataIndex compares and
+    # hashes those alone): the dict it unpickles keeps the last entry's value, and so does
+    # this one.
     storage = _mapping(state["storage_data"], _index, _storage, "storage_data")
-    if len(storage) != len(state["storage_data"]):
-        raise FormatError("storage_data in .metadata lists an item twice")
     version = state.get("version")
     return Metadata(
         _mapping(state["state_dict_metadata"], fqn, _item, "state_dict_metadata"),

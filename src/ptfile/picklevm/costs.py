@@ -52,10 +52,18 @@ SIZE_BYTES: Final = 33
 SIZE_BYTEARRAY: Final = 57
 #: An object a call returns, whatever it is (a tensor's Python object, a stand-in).
 SIZE_OBJECT: Final = 64
-#: Bytes per entry of a dict (index, entry, growth) and of a set (its table), measured
-#: on dicts and sets of 10**5 keys: 38 and 42.
+#: Bytes per entry of a dict (index, entry, growth) and of a set (its table) that a copying
+#: constructor fills (it sizes the table once), measured on dicts and sets of 10**5 keys:
+#: 38 and 42.
 SIZE_DICT_ENTRY: Final = 42
 SIZE_SET_ENTRY: Final = 42
+#: The same for entries the opcodes insert one by one (``SETITEMS``, ``ADDITEMS``...), at
+#: the peak of building: while a table is resized the old one and the new one (twice or
+#: four times its slots) are both held, so just after a resize a dict holds ~90 bytes of
+#: tables per entry and a set ~135 (tracemalloc's peak over dicts and sets of 10**3 to
+#: 7*10**5 keys).  The peak, so that the estimate bounds it.
+SIZE_DICT_GROWN: Final = 90
+SIZE_SET_GROWN: Final = 135
 #: An ``OrderedDict`` entry: the dict's, and its node in the linked order.
 SIZE_ORDERED_ENTRY: Final = 100
 #: What one call costs besides its result (allocator rounding of a large result, the

@@ -61,11 +61,11 @@ from .costs import (
     SIZE_BYTEARRAY,
     SIZE_CALL,
     SIZE_DICT,
-    SIZE_DICT_ENTRY,
+    SIZE_DICT_GROWN,
     SIZE_LIST,
     SIZE_OBJECT,
     SIZE_SET,
-    SIZE_SET_ENTRY,
+    SIZE_SET_GROWN,
     SIZE_TUPLE,
     call_size,
     claimed_length,
@@ -152,7 +152,7 @@ class _Machine:
                 cost += self.count_key(key)
             target.entries += n
             if grow:
-                self.alloc(n * (SIZE_DICT_ENTRY if target.kind == "dict" else SIZE_SET_ENTRY), 0)
+                self.alloc(n * (SIZE_DICT_GROWN if target.kind == "dict" else SIZE_SET_GROWN), 0)
         return cost
 
     def count_key(self, key: object) -> int:
@@ -301,7 +301,9 @@ def _tuple_n(n: int) -> _Handler:
 def _appends(m: _Machine, op: Op) -> None:
     items = m.pop_mark()
     target = m.top()
-    m.alloc(9 * len(items), 0)  # list slots, with CPython's over-allocation
+    # list slots, with CPython's over-allocation, and the list of the items the C
+    # unpickler pops off its stack first (Pdata_poplist), held while they are copied
+    m.alloc(17 * len(items) + SIZE_LIST, 0)
     if isinstance(target, Container):
         target.items.extend(items)
 

@@ -5,6 +5,8 @@
 ``containers``  ZIP and tar walks on the archive parsers' tolerant mode: members and anomalies.
 ``fast``        The fast path: CPython's unpickler fed inert stand-ins, for plainly clean streams.
 ``torchscript`` TorchScript archives: ``__torch__`` class references and ``code/`` records.
+``lite``        The lite interpreter's program (``bytecode.pkl``): its operators and types.
+``dcp``         DCP folders: metadata and bytes items, read where torch's reader reads them.
 """
 
 from __future__ import annotations

@@ -9,29 +9,44 @@ scanned as a file of its own by the scanner; findings are located as ``.metadata
 (:func:`ptfile.formats.policies.dcp`: torch's DCP dataclasses, ``torch.Size``, dtypes…)
 are allowed; anything else keeps the scanner's verdict, so ``os.system`` there is
 dangerous.  Tensor chunks are loaded weights-only by torch and are not scanned (their
-bytes are the bulk of the checkpoint).  Metadata that cannot be read is a ``format``
-finding of verdict ``unknown``.
+bytes are the bulk of the checkpoint).
+
+Items are read where torch's ``FileSystemReader`` reads them, ``<folder>/<relative_path>``
+opened as the OS resolves it: a path that leaves the folder (``../x``, an absolute path)
+is followed, its item scanned there, and reported as a dangerous ``archive`` finding
+(``outside-folder``: no writer puts one there, and a gate on the folder does not see what
+torch reads); a URL folder's is not followed (dangerous too).  Two ``storage_data``
+entries of one item (equal ``fqn`` and ``offset``, which is all torch's ``MetadataIndex``
+compares) are one to torch, whose dict keeps the last: so is the scan's.  Metadata or an
+item that cannot be read is a ``format`` finding; a folder whose only findings are those
+is damaged, no loader reads it: :func:`~.verdicts.raise_if_damaged` raises its
+:class:`~ptfile.errors.FormatError` (exit 2), as for a single file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
+from .._io.directory import DirectoryFiles
 from ..dcp.items import ItemKind, blob_header, item_bytes, stored_items
 from ..dcp.load import dcp_files, load_metadata
 from ..errors import FormatError, PtfileError
 from ..formats import policies
+from ..formats.dcp_metadata import StorageInfo
 from ..formats.detection import InputKind, folder_kind
 from ..formats.inputs import Input, is_checkpoint_name
 from ..limits import Limits
-from .verdicts import Finding, ScanResult, Verdict
+from .verdicts import Finding, ScanResult, Verdict, raise_if_damaged
 
 __all__ = ["scan_directory", "scan_set"]
 
 ScanBytes = Callable[[bytes], ScanResult]
+#: The name of the finding of an item read from outside the checkpoint folder.
+OUTSIDE: Final = "outside-folder"
 
 
 def _resolves_in_dcp(module: str, name: str) -> bool:
@@ -81,7 +96,8 @@ def scan_directory(directory: str | os.PathLike[str] | Input, scan_bytes: ScanBy
     ------
     FormatError
         ``directory`` is not a directory, cannot be listed, or is a folder of many files
-        (:func:`~ptfile.formats.detection.folder_kind`), not one checkpoint.
+        (:func:`~ptfile.formats.detection.folder_kind`), not one checkpoint; or it is
+        damaged past reading (no loader reads it: its only findings say so).
     RemoteError
         A URL cannot be read.
     """
@@ -97,17 +113,67 @@ def scan_directory(directory: str | os.PathLike[str] | Input, scan_bytes: ScanBy
                 findings += _located(result, name, metadata=True)
         try:
             meta = load_metadata(files, limits)
-            for fqn, kind, info in stored_items(meta):  # values first
-                if kind is ItemKind.SAFETENSORS_ENTRY:  # its blob's header, bounded
-                    blob_header(files, fqn, info)
-                if kind is not ItemKind.VALUE:
-                    continue
-                data = item_bytes(files, fqn, info, limits.max_pickle_bytes)
-                where = f"{info.relative_path}@{info.offset}({fqn})"
-                findings += _located(scan_bytes(bytes(data)), where, metadata=False)
         except PtfileError as exc:
-            findings.append(Finding("format", Verdict.UNKNOWN, "directory", None,
-                                    message=f"the DCP checkpoint cannot be read whole: "
-                                    f"{type(exc).__name__}: {exc!s:.300}"))
+            findings.append(_damage("directory", exc, "the DCP metadata cannot be read"))
+        else:
+            for fqn, kind, info in stored_items(meta):  # values first
+                findings += _scan_item(files, fqn, kind, info, scan_bytes, limits)
+    raise_if_damaged(findings)
     label = directory.label if isinstance(directory, Input) else str(os.fspath(directory))
     return ScanResult(label, "dcp", tuple(findings))
+
+
+def _damage(where: str, exc: PtfileError, what: str) -> Finding:
+    return Finding("format", Verdict.UNKNOWN, where, getattr(exc, "offset", None),
+                   message=f"{what}: {type(exc).__name__}: {exc!s:.300}")
+
+
+def _scan_item(files: DirectoryFiles, fqn: str, kind: ItemKind, info: StorageInfo,
+               scan_bytes: ScanBytes, limits: Limits) -> list[Finding]:
+    """One stored item, read where torch's ``FileSystemReader`` reads it
+    (``<folder>/<relative_path>``, wherever that leads: :func:`_item_files`): a value's
+    pickle scanned, a safetensors entry's header checked; damage is a ``format`` finding
+    (the other items are still scanned)."""
+    where = f"{info.relative_path}@{info.offset}({fqn})"
+    found = _item_files(files, info, limits)
+    if isinstance(found, str):
+        return [Finding("archive", Verdict.DANGEROUS, where, info.offset, "", OUTSIDE,
+                        message=found)]
+    item_files, local, leaves = found
+    out = [Finding("archive", Verdict.DANGEROUS, where, info.offset, "", OUTSIDE,
+                   message=f"item {fqn!r} is read from {info.relative_path!r}, outside the "
+                   "checkpoint folder: torch's FileSystemReader follows the path")
+           ] if leaves else []
+    try:
+        with contextlib.nullcontext() if item_files is files else item_files:
+            if kind is ItemKind.SAFETENSORS_ENTRY:  # its blob's header, bounded
+                blob_header(item_files, fqn, local)
+            if kind is ItemKind.VALUE:
+                data = item_bytes(item_files, fqn, local, limits.max_pickle_bytes)
+                out += _located(scan_bytes(bytes(data)), where, metadata=False)
+    except PtfileError as exc:
+        out.append(_damage(where, exc, f"item {fqn!r} cannot be read"))
+    return out
+
+
+def _item_files(files: DirectoryFiles, info: StorageInfo, limits: Limits
+                ) -> tuple[DirectoryFiles, StorageInfo, bool] | str:
+    """The files to read ``info`` from, ``info`` relative to them, and whether that
+    leaves the checkpoint folder.  A name of the folder is read there; any other path
+    from the folder that the OS resolves ``<folder>/<relative_path>`` to (``../x``,
+    ``sub/x``, an absolute path: torch joins it with :class:`pathlib.Path` and opens it),
+    with ``info`` renamed to its last part.  A URL's other paths are not followed: why,
+    as a string."""
+    name = info.relative_path
+    if files.has(name):
+        return files, info, False
+    if files.is_remote:
+        return (f"{name!r} is not a file of the checkpoint folder, which is a URL: not "
+                "followed (torch's FileSystemReader would open it)")
+    parent, base = os.path.split(os.path.join(files.directory, name))
+    folder = os.path.realpath(files.directory)
+    leaves = os.path.realpath(parent) != folder and \
+        not os.path.realpath(parent).startswith(folder + os.sep)
+    names = [base] if os.path.isfile(os.path.join(parent, base)) else []
+    other = DirectoryFiles(parent or os.sep, limits=limits, names=names)
+    return other, dataclasses.replace(info, relative_path=base), leaves

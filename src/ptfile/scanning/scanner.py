@@ -2,8 +2,8 @@
 
 What is scanned
 ---------------
-* ZIP archives (torch ≥ 1.6, TorchScript, ``.pt2``): exactly the records torch's
-  ZIP loaders read, with their leniency (names looked up ignoring case, ``.pt2``
+* ZIP archives (torch ≥ 1.6, TorchScript, lite interpreter, ``.pt2``): exactly the records
+  torch's ZIP loaders read, with their leniency (names looked up ignoring case, ``.pt2``
   payload configs: :mod:`ptfile.scanning.loaders.zipfamily`), each finding naming its
   loaders, including records the central directory names twice and *shadow* local
   headers it never names; other ``.pkl`` records at most ``unknown``; plus the archive
@@ -70,13 +70,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Final
 
 from .._io.local import FileLike, Source
 from .._io.paths import is_path
 from .._io.remote import StorageOptions, local_path, open_any
 from ..archive import tar
-from ..errors import ArchiveError, FormatError, PickleStreamError, UnknownFormatError
 from ..formats import Format, detect
 from ..formats.detection import loader_of, torch_reads_safetensors
 from ..formats.inputs import Input, InputKind, resolve_input
@@ -86,7 +84,7 @@ from .loaders.tar import legacy_tar, tarfile_header
 from .reads import holds_zip, stream_head
 from .stream import Scan, bare_pickle, bytes_source, in_file, looks_like_pickle, scan_file_stream
 from .tar import scan_tar, scan_tar_head
-from .verdicts import Finding, ScanResult, Verdict
+from .verdicts import ScanResult, Verdict, raise_if_damaged
 from .zip import scan_zip
 
 __all__ = ["scan"]
@@ -216,7 +214,7 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
         else:  # torch.load's dispatch by name: only a .safetensors path is safetensors
             fmt = _scan_source(state, source, "", 0,
                                torch_reads_safetensors(None if name is None else str(name)))
-        _raise_if_damaged(state.findings)
+        raise_if_damaged(state.findings)
         return ScanResult(str(name) if name is not None else None, fmt, tuple(state.findings))
     finally:
         source.close()
@@ -236,29 +234,3 @@ def _scan_checkpoint_folder(record: Input, scan_file: Callable[[object], ScanRes
     return scan_set(record, scan_file)
 
 
-#: Findings that say the file cannot be read, not what it would run: the container or
-#: a pickle in it ends, or is not one.  Each ``stream`` message starts with one of these.
-_DAMAGE_STREAM: Final = ("not a readable pickle", "the unpickler stops",
-                         "record cannot be read")
-
-
-def _is_damage(f: Finding) -> bool:
-    return f.kind == "format" or (f.kind == "stream" and f.message.startswith(_DAMAGE_STREAM))
-
-
-def _raise_if_damaged(findings: list[Finding]) -> None:
-    """Raise the :class:`FormatError` of a damaged or unknown file: one whose every
-    finding short of ``allowed`` says it cannot be read (empty, random bytes, a ZIP with
-    no end record, a pickle cut short) — an error, exit 2, not ``unknown`` globals that
-    ``--allow-unknown`` would pass.  A file with anything else to report (a dangerous or
-    unknown global before the damage, an anomaly) keeps its findings and verdict: the
-    loaders may run what comes before the damage."""
-    worry = [f for f in findings if f.verdict is not Verdict.ALLOWED]
-    if not worry or not all(map(_is_damage, worry)):
-        return
-    first = worry[0]
-    cls: type[FormatError] = (
-        ArchiveError if "ZIP" in first.message else
-        UnknownFormatError if first.kind == "format" else PickleStreamError)
-    member = first.location if first.location not in ("", "file") else None
-    raise cls(f"cannot scan: {first.message}", offset=first.offset, member=member)

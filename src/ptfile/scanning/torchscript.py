@@ -49,7 +49,9 @@ archives ``torch.jit.save`` writes):
   ``exec``, ``__import__``, ``os``, ``sys``, ``subprocess`` ...) and ``import``
   statements are ``dangerous``.  torch 2.13 refuses them as undefined values, so
   they cannot run there; they are reported because nothing else would put them
-  in serialized code.
+  in serialized code.  ``import __torch__`` and ``import __torch__.<path>`` (no
+  alias) are what torch 1.3-1.4's printer wrote at the top of each file (torch's
+  importer skips import lines): judged as the ``__torch__`` name they import.
 - Any other global name is ``unknown``: torch refuses an undefined value, and
   ptfile does not guess which values a future torch defines.
 
@@ -81,7 +83,8 @@ from ..limits import DEFAULT_LIMITS, Limits
 from .verdicts import Finding, Verdict
 
 __all__ = ["BUILTIN_NAMES", "DANGEROUS_NAMES", "DANGEROUS_OPS", "STANDARD_CLASS_NAMESPACES",
-           "STANDARD_OP_NAMESPACES", "TORCHSCRIPT_PREFIX", "as_torchscript_type", "judge_code"]
+           "STANDARD_OP_NAMESPACES", "TORCHSCRIPT_PREFIX", "as_torchscript_type", "judge_code",
+           "judge_name"]
 
 #: The module prefix of TorchScript class references.
 TORCHSCRIPT_PREFIX: Final = "__torch__"
@@ -90,12 +93,18 @@ TORCHSCRIPT_PREFIX: Final = "__torch__"
 #: are Python kernels, collectives or compiler internals that no scripted model
 #: calls; a namespace outside this set is a library's (``_caffe2`` too: torch 2.13
 #: registers none).
-STANDARD_OP_NAMESPACES: Final = frozenset({"aten", "prim", "quantized", "_quantized",
-                                           "profiler"})
+#: The native kernels of torch's mobile and CPU backends are standard too: XNNPACK's
+#: ``prepacked::linear_clamp_run``/``conv2d_clamp_run`` (what ``optimize_for_mobile``
+#: writes), ``mkldnn``/``mkldnn_prepacked``/``mkl``/``onednn``, sparse and quantization
+#: kernels, and the Vulkan and Metal prepacking ops of the mobile toolchains.
+STANDARD_OP_NAMESPACES: Final = frozenset({
+    "aten", "prim", "quantized", "_quantized", "profiler", "prepacked", "mkldnn",
+    "mkldnn_prepacked", "mkl", "onednn", "sparse", "quantization", "vulkan_prepack",
+    "metal_prepack"})
 #: Custom-class namespaces torch registers for packed weights
 #: (``torch.classes.quantized.LinearPackedParamsBase`` in a quantized model).
 STANDARD_CLASS_NAMESPACES: Final = frozenset({"quantized", "rnn", "sparse", "mkldnn",
-                                              "xnnpack"})
+                                              "xnnpack", "vulkan", "metal"})
 #: Operators (of any standard namespace) that touch files, the network or Python.
 DANGEROUS_OPS: Final = frozenset({
     "save", "load", "from_file", "load_library", "_load_for_lite_interpreter",
@@ -211,7 +220,9 @@ def _judged_names(nodes: list[ast.AST]) -> Iterator[tuple[str, Verdict]]:
     for node in nodes:
         if isinstance(node, ast.Attribute):
             inner.add(id(node.value))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        elif isinstance(node, ast.Import):
+            yield from _judged_import(node, bound)
+        elif isinstance(node, ast.ImportFrom):
             yield "an import statement", Verdict.DANGEROUS
     for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
@@ -232,6 +243,33 @@ def _judged_names(nodes: list[ast.AST]) -> Iterator[tuple[str, Verdict]]:
         parts = _dotted(node)
         if parts is not None:
             yield ".".join(parts), _judge(parts, bound)
+
+
+def _judged_import(node: ast.Import, bound: set[str]) -> Iterator[tuple[str, Verdict]]:
+    """``import __torch__.<path>``: what torch 1.3-1.4's printer wrote at the top of each
+    code file, judged as the ``__torch__`` name it imports (torch's importer skips import
+    lines unread; they bind nothing, so later names are judged as written).  Any other
+    import (``import os``, an alias) is dangerous."""
+    for alias in node.names:
+        parts = alias.name.split(".")
+        if alias.asname is None and parts[0] == TORCHSCRIPT_PREFIX:  # a namespace: bound to
+            yield f"import {alias.name}", (  # nothing, so not "taken as a value"
+                _judge(parts, bound) if len(parts) > 3 else Verdict.ALLOWED)
+        else:
+            yield f"import {alias.name}", Verdict.DANGEROUS
+
+
+def judge_name(dotted: str) -> Verdict:
+    """The verdict of one global dotted name of serialized code (``ops.aten.add``,
+    ``__torch__.torch.classes.quantized.X``), no local variable bound (rules: the module
+    doc).
+
+    Examples
+    --------
+    >>> judge_name("ops.prepacked.linear_clamp_run"), judge_name("ops.aten.save")
+    (<Verdict.ALLOWED: 'allowed'>, <Verdict.DANGEROUS: 'dangerous'>)
+    """
+    return _judge(dotted.split("."), set())
 
 
 def _judge(parts: list[str], bound: set[str]) -> Verdict:

@@ -29,9 +29,11 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Final
 
+from ..errors import ArchiveError, FormatError, PickleStreamError, UnknownFormatError
+
 __all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "DANGEROUS_PREFIXES", "STANDARD_CODECS",
            "TORCHSCRIPT_NAMES", "Finding", "ScanResult", "Verdict", "codec_is_standard",
-           "iter_dangerous", "verdict_of"]
+           "iter_dangerous", "raise_if_damaged", "verdict_of"]
 
 
 class Verdict(str, Enum):
@@ -357,3 +359,32 @@ def verdict_of(module: str, name: str) -> Verdict:
 def iter_dangerous(result: ScanResult) -> Iterator[Finding]:
     """The dangerous findings of ``result``, in order."""
     return (f for f in result.findings if f.verdict is Verdict.DANGEROUS)
+
+
+#: Findings that say the file cannot be read, not what it would run: the container or
+#: a pickle in it ends, or is not one.  Each ``stream`` message starts with one of these.
+_DAMAGE_STREAM: Final = ("not a readable pickle", "the unpickler stops",
+                         "record cannot be read")
+
+
+def _is_damage(f: Finding) -> bool:
+    return f.kind == "format" or (f.kind == "stream" and f.message.startswith(_DAMAGE_STREAM))
+
+
+def raise_if_damaged(findings: list[Finding]) -> None:
+    """Raise the :class:`FormatError` of a damaged or unknown file: one whose every
+    finding short of ``allowed`` says it cannot be read (empty, random bytes, a ZIP with
+    no end record, a pickle cut short) — an error, exit 2, not ``unknown`` globals that
+    ``--allow-unknown`` would pass.  A file with anything else to report (a dangerous or
+    unknown global before the damage, an anomaly) keeps its findings and verdict: the
+    loaders may run what comes before the damage.  (A DCP folder's scan asks the same of
+    its findings.)"""
+    worry = [f for f in findings if f.verdict is not Verdict.ALLOWED]
+    if not worry or not all(map(_is_damage, worry)):
+        return
+    first = worry[0]
+    cls: type[FormatError] = (
+        ArchiveError if "ZIP" in first.message else
+        UnknownFormatError if first.kind == "format" else PickleStreamError)
+    member = first.location if first.location not in ("", "file") else None
+    raise cls(f"cannot scan: {first.message}", offset=first.offset, member=member)

@@ -4,9 +4,11 @@
 (:func:`.containers.walk_zip`), reports each anomaly (:data:`DIVERGENT_ANOMALIES` are
 dangerous, the rest ``unknown``) and scans what an anomaly hides (a second archive, a
 region outside the directory); then the records the loader model beside it
-(:func:`.loaders.zipfamily.zip_regions`: ``torch.load``, ``torch.jit.load``,
-``torch.export.load``) says each loader reads, as it reads them, each finding naming its
-loaders; pickle-named records no loader reads are scanned too, at most ``unknown``.
+(:func:`.loaders.zipfamily.zip_regions`: ``torch.load``, ``torch.jit.load``, the lite
+interpreter, ``torch.export.load``) says each loader reads, as it reads them, each finding naming its
+loaders; pickle-named records no loader reads are scanned too, at most ``unknown``; every
+other deflated record (a storage) is checked against the inflater's bound, as ``load``
+checks it: a deflate bomb is a dangerous ``limit`` finding.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import dataclasses
 from typing import Final
 
 from .._io.local import Source
+from ..archive.inflate import inflate_bound
+from ..archive.records import METHOD_DEFLATED
 from ..errors import FormatError, LimitExceededError
 from ..formats.detection import ZIP_MARKERS, folded_markers, kind_of_markers
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_zip
+from .lite import judge_bytecode
 from .loaders.zipfamily import Region, ZipModel, zip_regions
 from .pt2 import NATIVE_CODE, UNREADABLE_CONFIG
 from .stream import Scan, bytes_source, in_file, scan_stream
@@ -77,6 +82,7 @@ def scan_zip(s: Scan, source: Source, where: str, depth: int, eocd: int | None =
         label = f"{where}:{region.entry.name}" if where else region.entry.name
         _scan_pt2_record(s, source, region, label, depth)
         s.findings[mark:] = [_read_by(f, region, model) for f in s.findings[mark:]]
+    _check_inflation(s, entries, model, where)
     for entry in model.unread:
         data = _read_record(s, source, entry, label := f"{where}:{entry.name}" if where
                             else entry.name)
@@ -92,6 +98,24 @@ def _record_base(s: Scan, source: Source, entry: ZipEntry) -> int | None:
     """Where the file holds a record's bytes as they are: its data offset when it is stored
     (method 0) in the file scanned, else None (compressed, or in a nested archive)."""
     return s.at(source, entry.data_offset) if entry.method == 0 else None
+
+
+def _check_inflation(s: Scan, entries: list[ZipEntry], model: ZipModel, where: str) -> None:
+    """Every deflated record the scan does not read (a storage), checked against the
+    inflater's bound as ``load`` checks it (:func:`ptfile.archive.inflate.inflate_bound`):
+    one that declares more than ``Limits.max_inflate_ratio`` times its compressed size is
+    a deflate bomb, a dangerous ``limit`` finding (the records the scan reads get theirs
+    from :func:`_read_record`).  torch's reader allocates what a record declares."""
+    read = {id(r.entry) for r in model.regions} | {id(e) for e in model.unread}
+    for entry in entries:
+        if id(entry) in read or entry.method != METHOD_DEFLATED:
+            continue
+        try:
+            inflate_bound(entry.name, entry.size, entry.compressed_size,
+                          s.limits.max_inflate_ratio)
+        except LimitExceededError as exc:
+            s.add("limit", Verdict.DANGEROUS, f"{where}:{entry.name}" if where else entry.name,
+                  entry.data_offset, "", "max_inflate_ratio", message=f"a deflate bomb: {exc}")
 
 
 def _unread_record(f: Finding) -> Finding:
@@ -152,6 +176,12 @@ def _scan_pt2_record(s: Scan, source: Source, region: Region, label: str,
         return
     if region.how == "code":
         verdict, message = judge_code(data.decode("utf-8", "replace"), s.limits)
+        s.add("torchscript-code", verdict, label, entry.header_offset, "",
+              entry.name.rsplit("/", 1)[-1], message=message,
+              file_offset=s.at(source, entry.header_offset))
+    elif region.how == "bytecode":  # the lite interpreter's program: a pickle it runs
+        scan_stream(s, data, label, depth)
+        verdict, message = judge_bytecode(data, s.limits)
         s.add("torchscript-code", verdict, label, entry.header_offset, "",
               entry.name.rsplit("/", 1)[-1], message=message,
               file_offset=s.at(source, entry.header_offset))

@@ -16,6 +16,9 @@ loader (:data:`LOADERS`)          what it unpickles or runs                  mod
 ``torch.load`` on a ZIP           ``data.pkl`` and every record it names     :mod:`.zipfamily`
 ``torch.jit.load``                ``constants.pkl``, ``data.pkl``, the       :mod:`.zipfamily`
                                   ``code/`` sources it compiles
+``_load_for_lite_interpreter``    ``bytecode.pkl`` (its operator table and   :mod:`.zipfamily`
+                                  types), ``constants.pkl``, ``data.pkl``,
+                                  the debug pickles
 ``torch.export.load``             records its configs mark ``use_pickle``,   :mod:`.zipfamily`
                                   opaque and custom constants, native code
 ``torch.load`` on a legacy tar    ``sys_info``, ``storages``, ``tensors``,    :mod:`.tar`
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["EXPORT_LOAD", "JIT_LOAD", "LOADERS", "PICKLE_LOAD", "TORCH_LOAD",
+__all__ = ["EXPORT_LOAD", "JIT_LOAD", "LITE_LOAD", "LOADERS", "PICKLE_LOAD", "TORCH_LOAD",
            "TORCH_LOAD_UNSAFE"]
 
 #: ``torch.load(f)``: weights-only, torch 2.6's default; it imports only its allowlist.
@@ -41,9 +44,12 @@ TORCH_LOAD: Final = "torch.load"
 TORCH_LOAD_UNSAFE: Final = "torch.load(weights_only=False)"
 #: ``torch.jit.load(f)`` (and ``torch.load`` of a TorchScript archive, which hands it there).
 JIT_LOAD: Final = "torch.jit.load"
+#: ``torch.jit.mobile._load_for_lite_interpreter(f)``: the mobile (lite) interpreter.
+LITE_LOAD: Final = "torch.jit.mobile._load_for_lite_interpreter"
 #: ``torch.export.load(f)``.
 EXPORT_LOAD: Final = "torch.export.load"
 #: ``pickle.load(f)`` of the whole file.
 PICKLE_LOAD: Final = "pickle.load"
 #: Every loader the model knows, in the order findings list them.
-LOADERS: Final = (TORCH_LOAD_UNSAFE, TORCH_LOAD, JIT_LOAD, EXPORT_LOAD, PICKLE_LOAD)
+LOADERS: Final = (TORCH_LOAD_UNSAFE, TORCH_LOAD, JIT_LOAD, LITE_LOAD, EXPORT_LOAD,
+                   PICKLE_LOAD)

@@ -51,6 +51,20 @@ Every loader here opens the archive with ``torch._C.PyTorchFileReader``
     such as ``__setstate__`` are called while loading.  The legacy format
     (``model.json``) also unpickles ``attributes.pkl``.  Every record under
     ``<folder>/code/`` ending in ``.py`` is listed, as any may be asked for.
+``torch.jit.mobile._load_for_lite_interpreter`` (:func:`lite_load_regions`)
+    The mobile (lite interpreter) loader, ``_load_for_mobile``: an archive with a
+    ``bytecode.pkl`` (case folded; without one it raises).  It unpickles
+    ``bytecode.pkl``, ``constants.pkl``, ``data.pkl`` and the debug pickles
+    (``mobile_debug_handles.pkl``, ``callstack_debug_map.pkl``, every ``.debug_pkl``)
+    with torch's C++ unpickler, and never reads ``code/``.  ``bytecode.pkl`` is the
+    program: per method its instructions, its **operator table** (``("aten::add",
+    "Tensor", 2)``: each resolved among the operators torch registers and called by
+    ``OP`` instructions), constants and **types** (``__torch__.torch.classes.<ns>.<C>``
+    is a native custom class); the ``__setstate__`` of each object ``data.pkl`` builds
+    runs while loading.  It is listed as ``bytecode`` and judged by
+    :mod:`ptfile.scanning.lite`.  ``extra/`` records and ``mobile_info.json`` are read as
+    bytes into the caller's ``extra_files`` map, never run.  (A lite module in
+    torch's flatbuffer format, not a ZIP, is not modelled.)
 ``torch.export.load`` (:func:`export_load_regions`)
     ``export.load`` calls ``pt2_archive._package.load_pt2``; on a ``RuntimeError``
     (or nothing loaded) it falls back to the torch 2.7 format, read with ``zipfile``.
@@ -82,7 +96,7 @@ Every loader here opens the archive with ``torch._C.PyTorchFileReader``
       (weights-only, then ``weights_only=False``).
 
 What no loader reads (records ending ``.pkl`` or ``.debug_pkl`` that no region
-lists: ``bytecode.pkl``, another folder's ``data.pkl``) is :attr:`ZipModel.unread`:
+lists: another folder's ``data.pkl``) is :attr:`ZipModel.unread`:
 the scanner scans them with findings at most ``unknown``.
 """
 
@@ -95,20 +109,25 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from ..containers import ZipEntry
-from . import EXPORT_LOAD, JIT_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
+from . import EXPORT_LOAD, JIT_LOAD, LITE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 
 __all__ = ["How", "Region", "ZipModel", "export_load_regions", "fold", "jit_load_regions",
-           "torch_load_regions", "zip_regions"]
+           "lite_load_regions", "torch_load_regions", "zip_regions"]
 
 #: How a loader reads a record: ``pickle`` (one unpickling of its bytes), ``file``
 #: (``torch.load(weights_only=False)`` of its bytes as a whole file: a ZIP, a legacy
 #: stream, a tar), ``code`` (TorchScript source compiled and run), ``native``
 #: (a shared library loaded), ``guess`` (a record ``torch.load`` may read as a whole
-#: file, listed because a payload config could not be read: :attr:`ZipModel.guessed`).
-How = Literal["pickle", "file", "code", "native", "guess"]
+#: file, listed because a payload config could not be read: :attr:`ZipModel.guessed`),
+#: ``bytecode`` (the lite interpreter's program: a pickle whose operators it calls).
+How = Literal["pickle", "file", "code", "native", "guess", "bytecode"]
 
 #: Record names (under the folder, case folded) ``torch.jit.load`` unpickles.
 _JIT_PICKLES: Final = (b"constants.pkl", b"data.pkl", b"attributes.pkl")
+#: Record names (under the folder, case folded) the lite interpreter unpickles, besides
+#: ``bytecode.pkl`` and every ``.debug_pkl``.
+_LITE_PICKLES: Final = (b"constants.pkl", b"data.pkl", b"mobile_debug_handles.pkl",
+                        b"callstack_debug_map.pkl")
 #: Suffixes of AOTInductor's native code (``data/aotinductor/<model>/``).
 _NATIVE: Final = (b".so", b".dll", b".dylib", b".pyd", b".cpp", b".cu", b".o")
 #: The old ``torch.export`` format's records that go to ``torch.load`` (exact, no folder).
@@ -155,8 +174,9 @@ class ZipModel:
         Why every record was listed as a possible ``torch.load`` input (a payload
         config the model could not read); empty otherwise.
     jit : bool
-        ``torch.jit.load`` finds ``constants.pkl`` (case folded): the archive is
-        TorchScript to it, and its ``__torch__`` names are class references.
+        ``torch.jit.load`` finds ``constants.pkl`` or the lite interpreter
+        ``bytecode.pkl`` (case folded): the archive is TorchScript to it, and its
+        ``__torch__`` names are class references.
     """
 
     regions: list[Region] = field(default_factory=list)
@@ -223,6 +243,22 @@ def jit_load_regions(entries: Sequence[ZipEntry]) -> list[Region]:
             out.append(Region(e, "pickle", (JIT_LOAD,)))
         elif name.startswith(b"code/") and name.endswith(b".py"):
             out.append(Region(e, "code", (JIT_LOAD,)))
+    return out
+
+
+def lite_load_regions(entries: Sequence[ZipEntry]) -> list[Region]:
+    """The records ``_load_for_lite_interpreter`` unpickles (module docstring):
+    ``bytecode.pkl`` as ``bytecode``, ``constants.pkl``, ``data.pkl`` and the debug
+    pickles, all case folded; none in an archive without ``bytecode.pkl``."""
+    archive = _Archive(entries)
+    if not archive.get("bytecode.pkl"):
+        return []  # _load_for_mobile opens with bytecode.pkl, or raises
+    out = []
+    for e, name in archive.under():
+        if name == b"bytecode.pkl":
+            out.append(Region(e, "bytecode", (LITE_LOAD,)))
+        elif name in _LITE_PICKLES or name.endswith(b".debug_pkl"):
+            out.append(Region(e, "pickle", (LITE_LOAD,)))
     return out
 
 
@@ -312,7 +348,8 @@ def zip_regions(entries: Sequence[ZipEntry], read: Reader) -> ZipModel:
     merged: dict[tuple[int, How], list[str]] = {}
     by_id = {id(e): e for e in entries}
     exported, why = export_load_regions(entries, read)
-    for region in [*torch_load_regions(entries), *jit_load_regions(entries), *exported]:
+    for region in [*torch_load_regions(entries), *jit_load_regions(entries),
+                   *lite_load_regions(entries), *exported]:
         loaders = merged.setdefault((id(region.entry), region.how), [])
         loaders.extend(x for x in region.loaders if x not in loaders)
     order = {id(e): i for i, e in enumerate(entries)}
@@ -320,7 +357,9 @@ def zip_regions(entries: Sequence[ZipEntry], read: Reader) -> ZipModel:
                for (key, how), loaders in sorted(merged.items(), key=lambda kv: order[kv[0][0]])]
     read_ids = {id(r.entry) for r in regions}
     unread = [e for e in entries if id(e) not in read_ids and fold(e.name).endswith(_PICKLE_SUFFIXES)]
-    return ZipModel(regions, unread, why, jit=bool(_Archive(entries).get("constants.pkl")))
+    archive = _Archive(entries)
+    return ZipModel(regions, unread, why, jit=bool(archive.get("constants.pkl")
+                                                   or archive.get("bytecode.pkl")))
 
 
-_LOADER_ORDER: Final = (TORCH_LOAD_UNSAFE, TORCH_LOAD, JIT_LOAD, EXPORT_LOAD)
+_LOADER_ORDER: Final = (TORCH_LOAD_UNSAFE, TORCH_LOAD, JIT_LOAD, LITE_LOAD, EXPORT_LOAD)

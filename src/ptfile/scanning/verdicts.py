@@ -31,9 +31,21 @@ from typing import Any, Final
 
 from ..errors import ArchiveError, FormatError, PickleStreamError, UnknownFormatError
 
-__all__ = ["DANGEROUS_MODULES", "DANGEROUS_NAMES", "DANGEROUS_PREFIXES", "STANDARD_CODECS",
-           "TORCHSCRIPT_NAMES", "Finding", "ScanResult", "Verdict", "codec_is_standard",
-           "iter_dangerous", "raise_if_damaged", "verdict_of"]
+__all__ = [
+    "DANGEROUS_MODULES",
+    "DANGEROUS_NAMES",
+    "DANGEROUS_PREFIXES",
+    "STANDARD_CODECS",
+    "TORCHSCRIPT_NAMES",
+    "Finding",
+    "ScanResult",
+    "Verdict",
+    "codec_is_standard",
+    "is_damage",
+    "iter_dangerous",
+    "raise_if_damaged",
+    "verdict_of",
+]
 
 
 class Verdict(str, Enum):
@@ -367,7 +379,9 @@ _DAMAGE_STREAM: Final = ("not a readable pickle", "the unpickler stops",
                          "record cannot be read")
 
 
-def _is_damage(f: Finding) -> bool:
+def is_damage(f: Finding) -> bool:
+    """Whether a finding says only that the bytes cannot be read (no container, a pickle
+    that stops), not what they would run."""
     return f.kind == "format" or (f.kind == "stream" and f.message.startswith(_DAMAGE_STREAM))
 
 
@@ -380,7 +394,7 @@ def raise_if_damaged(findings: list[Finding]) -> None:
     loaders may run what comes before the damage.  (A DCP folder's scan asks the same of
     its findings.)"""
     worry = [f for f in findings if f.verdict is not Verdict.ALLOWED]
-    if not worry or not all(map(_is_damage, worry)):
+    if not worry or not all(map(is_damage, worry)):
         return
     first = worry[0]
     cls: type[FormatError] = (

@@ -27,7 +27,7 @@ from .loaders.zipfamily import Region, ZipModel, zip_regions
 from .pt2 import NATIVE_CODE, UNREADABLE_CONFIG
 from .stream import Scan, bytes_source, in_file, scan_stream
 from .torchscript import as_torchscript_type, judge_code
-from .verdicts import Finding, Verdict
+from .verdicts import Finding, Verdict, is_damage
 
 __all__ = ["DIVERGENT_ANOMALIES", "report_anomaly", "scan_zip"]
 
@@ -199,7 +199,10 @@ def _scan_pt2_record(s: Scan, source: Source, region: Region, label: str,
     else:  # guess: raw tensor bytes are data, what reads as a pickle or archive is scanned
         probe = s.probe()
         s.scan_source(probe, bytes_source(data), label, depth + 1)
-        if not any(f.location == label and f.kind == "format" for f in probe.findings):
+        worry = [f for f in probe.findings if f.verdict is not Verdict.ALLOWED]
+        data_only = any(f.location == label and f.kind == "format" for f in probe.findings) \
+            or (worry and all(map(is_damage, worry)))  # bytes no reader gets past: data
+        if not data_only:
             s.findings.extend(probe.findings)
 
 

@@ -166,13 +166,13 @@ def test_transient_errors_are_retried_permanent_ones_are_not(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
 
-    def flaky(url: str, options: Any, target: Any) -> tuple[str, int, dict[str, Any]]:
+    def flaky(url: str, options: Any, target: Any) -> tuple[str, dict[str, Any]]:
         calls.append(url)
         if url == "gone.pt":
             raise FileNotFoundError(url)
         if calls.count(url) < 3:
             raise ConnectionResetError("reset by peer")
-        return "allowed", 0, {}
+        return "allowed", {}
 
     monkeypatch.setitem(bulk.tasks.COMMANDS, "scan", flaky)
     records = {r["path"]: r for r in bulk.scan(["flaky.pt", "gone.pt"], pool="serial")}

@@ -259,3 +259,25 @@ def test_inspect_and_convert_legacy_formats(tmp_path: Path) -> None:
     assert run("convert", golden / "tiny_legacy.pt", out).returncode == EXIT_OK
     assert out.read_bytes()[:4] == b"PK\x03\x04"
     assert torch.load(out)[1].tolist() == [2.0, 3.0]
+
+
+def test_outcomes_table_is_whole() -> None:
+    """Every verdict's code is one of the table's, every failing code has its place in the
+    worst-first order, and the mapping, allow_unknown and worst-wins agree with it."""
+    from ptfile import outcomes
+
+    codes = {c for verdicts in outcomes.VERDICT_CODES.values() for c in verdicts.values()}
+    assert codes | {EXIT_ERROR} == set(outcomes.EXIT_CODES)
+    assert set(outcomes.WORST_FIRST) == set(outcomes.EXIT_CODES) - {EXIT_OK}
+    assert outcomes.VERDICT_CODES["scan"] is outcomes.SCAN_CODES
+    for command, verdicts in outcomes.VERDICT_CODES.items():
+        assert outcomes.exit_code(command, outcomes.ERROR) == EXIT_ERROR
+        for verdict, code in verdicts.items():
+            assert outcomes.exit_code(command, verdict) == code
+            assert outcomes.needs_attention(command, verdict) == (code != EXIT_OK)
+            allowed = outcomes.exit_code(command, verdict, allow_unknown=True)
+            assert allowed == (EXIT_OK if code == EXIT_UNKNOWN else code)
+    for worst in outcomes.WORST_FIRST:
+        better = outcomes.WORST_FIRST[outcomes.WORST_FIRST.index(worst) + 1:]
+        assert outcomes.worst([EXIT_OK, *better, worst]) == worst
+    assert (EXIT_UNSAFE, EXIT_INVALID, EXIT_DIFFERENT) == (1, 1, 1)

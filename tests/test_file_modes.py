@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
 import torch.distributed.checkpoint as torch_dcp
 
@@ -172,3 +173,56 @@ def test_bulk_convert_under_a_prefix_gets_torch_saves_modes(umask: int, tmp_path
     folder = 0o777 & ~umask
     assert made == {"top.safetensors": want, "a": folder, "a/b": folder,
                     "a/b/deep.safetensors": want}
+
+
+def read_w(path: Path) -> np.ndarray:
+    """The ``w`` of a file, read by the format's own library (torch, safetensors, numpy)."""
+    if path.suffix == ".npz":
+        with np.load(path) as npz:
+            return np.asarray(npz["w"])
+    if path.suffix == ".safetensors":
+        return np.asarray(safetensors.numpy.load_file(path)["w"])
+    return np.asarray(torch.load(path)["w"])
+
+
+def test_an_output_in_a_new_folder_is_made_with_its_folders(umask: int, tmp_path: Path) -> None:
+    """Every writer (save, the exports, ``ptfile convert`` to each kind) makes the folders
+    of an output that do not exist yet, with the mode ``dcp.save`` gives a new folder, and
+    leaves no temporary behind."""
+    src = tmp_path / "src.pt"
+    torch.save({"w": torch.arange(4.0)}, src)
+    want = {"file": torch_file_mode(tmp_path), "folder": torch_dcp_modes(tmp_path)["folder"]}
+    outs = []
+    for writer, write in API_WRITERS.items():
+        outs.append(tmp_path / "api" / writer / f"out{SUFFIX[writer]}")
+        write(outs[-1])
+    for suffix in SUFFIX.values():
+        outs.append(tmp_path / "cli" / suffix[1:] / "deeper" / f"model{suffix}")
+        ptfile_cli("convert", src, outs[-1])
+    for out in outs:
+        expected = np.ones(2) if out.parent.name == "save" else np.arange(4.0)
+        np.testing.assert_array_equal(read_w(out), expected)
+        assert mode(out) == want["file"] == 0o666 & ~umask
+        for folder in out.relative_to(tmp_path).parents[:-1]:
+            assert mode(tmp_path / folder) == want["folder"] == 0o777 & ~umask, folder
+    made = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert made == sorted(["by-torch.pt", "by-torch-dcp/.metadata", "by-torch-dcp/__0_0.distcp",
+                           "src.pt", *(o.relative_to(tmp_path).as_posix() for o in outs)])
+
+
+def test_a_write_error_names_the_output_never_its_temporary(tmp_path: Path) -> None:
+    src, taken, blocker = tmp_path / "src.pt", tmp_path / "taken.pt", tmp_path / "blocker"
+    torch.save({"w": torch.arange(4.0)}, src)
+    (taken / "inside").mkdir(parents=True)  # a folder where the output goes: no rename over it
+    blocker.write_bytes(b"a file where a folder should be")
+    with pytest.raises(IsADirectoryError) as caught:
+        ptfile.save({"w": np.ones(2, "f4")}, taken)
+    assert caught.value.filename == str(taken) and ".tmp" not in str(caught.value)
+    for out, named in ((taken, taken), (blocker / "model.safetensors", blocker)):
+        done = subprocess.run([PTFILE, "convert", str(src), str(out)], capture_output=True,
+                              text=True, check=False)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"ptfile convert: error: {named}: "), done.stderr
+        assert ".tmp" not in done.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["blocker", "inside", "src.pt",
+                                                           "taken.pt"]

@@ -241,6 +241,39 @@ def test_scan_reads_every_file_of_a_set(zoo: dict[str, Any], tmp_path: Path) -> 
     assert "posix" in done.stdout and "scheduler.pt" in done.stdout
 
 
+@pytest.fixture
+def listings(zoo: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``bin_sharded`` behind ``memory://zoo/bin_sharded``; yields the folders listed."""
+    fsspec = pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    fs = fsspec.filesystem("memory")
+    for path in sorted(zoo["bin_sharded"].iterdir()):
+        fs.pipe(f"/zoo/bin_sharded/{path.name}", path.read_bytes())
+    calls: list[str] = []
+    real = MemoryFileSystem.ls
+
+    def counted(self: Any, path: str, detail: bool = True, **kw: Any) -> Any:
+        calls.append(path)
+        return real(self, path, detail=detail, **kw)
+
+    monkeypatch.setattr(MemoryFileSystem, "ls", counted)
+    yield calls
+    fs.rm("/zoo", recursive=True)
+
+
+@pytest.mark.parametrize("command", ["convert", "scan", "inspect", "verify"])
+def test_a_command_lists_a_folder_url_once(listings: list[str], tmp_path: Path,
+                                           command: str, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    from ptfile.cli import main
+
+    url = "memory://zoo/bin_sharded"
+    args = [url, str(tmp_path / "out.safetensors")] if command == "convert" else [url]
+    assert main([command, *args, "--json"]) == 0, capsys.readouterr()
+    assert len(listings) == 1, listings
+
+
 def test_a_folder_url_is_listed_once(zoo: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     fsspec = pytest.importorskip("fsspec")
     from fsspec.implementations.memory import MemoryFileSystem

@@ -33,7 +33,7 @@ NOT_CEILINGS: Final[dict[str, str]] = {
     "archive/_entries.py:MAX_SIZE": "the ZIP64 maximum size (a signed 64-bit field)",
     "archive/writer.py:MAX_ALIGNMENT": "what a ZIP extra field's 16-bit length can pad",
     "allowlist/numpy_globals.py:_MAX_ITEMSIZE": "numpy's NPY_MAX_INT, no item size reaches it",
-    "picklevm/symbolic.py:MAX_BYTES_PER_BYTE": "what CPython's unpickler allocates per byte",
+    "picklevm/costs.py:MAX_BYTES_PER_BYTE": "what CPython's unpickler allocates per byte",
     # Thresholds choosing how to do the same work: no input is refused or passed by them.
     "scanning/fast.py:MAX_OBJECTS": "past it the precise walk decides, with the same findings",
     "scanning/loaders/stream.py:MAX_VALUE_OBJECTS": "past it the value reads as unknown "

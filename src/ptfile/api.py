@@ -17,12 +17,13 @@ import numpy as np
 from . import config
 from ._io.local import FileLike, atomic_file, damage_as_format_error, is_path, is_url
 from ._io.remote import StorageOptions, local_path, open_any, open_target
-from .allowlist.policy import loads_structurally
+from .allowlist.policy import loads_structurally, reads_numpy_values
 from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
-from .formats import Format, ReadOptions, detect_source, policies, read
+from .formats import REFUSALS, Format, ReadOptions, detect_source, read, refuse
 from .formats.inputs import Input, InputKind, resolve_input
 from .formats.legacy_pickle import write_legacy
+from .formats.options import Policy
 from .formats.torchscript import TorchScriptArchive, read_torchscript
 from .formats.zipped import archive_prefix, write_zip
 from .limits import DEFAULT_LIMITS, Limits
@@ -159,8 +160,8 @@ def load(
     limits = limits or DEFAULT_LIMITS
     record = resolve_input(f, storage_options, limits=limits)
     if record.is_folder:
-        return _load_folder(record, map_location, mmap, limits, skip_data, structural,
-                            pickle_load_args)
+        return _load_folder(record, map_location, mmap, limits, skip_data, weights_only,
+                            structural, pickle_load_args)
     f = local_path(record.location)  # type: ignore[assignment]
     access = _mapped_access(f, config.current().mmap if mmap is None else mmap)  # type: ignore[arg-type]
     # skip_data reads headers and the pickle only: read on demand instead of the whole file.
@@ -172,13 +173,13 @@ def load(
             return read(source, ReadOptions(
                 map_location=map_location, limits=limits, skip_data=skip_data,
                 encoding=pickle_load_args.get("encoding", "utf-8"),
-                find_class=policies.structural() if structural else policies.strict()))
+                policy=Policy.STRUCTURAL if structural else Policy.STRICT))
     finally:
         source.close()
 
 
 def _load_folder(record: Input, map_location: MapLocation, mmap: bool | str | None,
-                 limits: Limits, skip_data: bool, structural: bool,
+                 limits: Limits, skip_data: bool, weights_only: bool | None, structural: bool,
                  pickle_load_args: dict[str, Any]) -> Any:
     """:func:`load` of a folder: a DCP or safetensors folder as :func:`ptfile.load_dcp`
     reads it, a checkpoint set part by part (:func:`ptfile.sets.load_set`)."""
@@ -189,7 +190,7 @@ def _load_folder(record: Input, map_location: MapLocation, mmap: bool | str | No
     if record.kind.is_dcp_readable:
         from .dcp.load import load_dcp
 
-        return load_dcp(record, structural=structural, limits=limits)
+        return load_dcp(record, weights_only=weights_only, structural=structural, limits=limits)
     from .sets import load_set
 
     def load_file(path: str, part_structural: bool) -> Any:
@@ -463,6 +464,8 @@ def load_torchscript(
     try:
         with damage_as_format_error():
             detected = detect_source(source, limits)
+            if detected.format in REFUSALS:
+                refuse(detected)
             if detected.format is not Format.TORCHSCRIPT:
                 raise FormatError(f"not a TorchScript archive: ptfile found the "
                                   f"{detected.format.value} format (use ptfile.load)")
@@ -523,6 +526,7 @@ def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None
     ...     list(ck.keys()), ck.info("w").shape
     (['w'], (2, 3))
     """
+    numpy_values = reads_numpy_values(weights_only)  # a DCP folder's values, as torch's
     structural = loads_structurally(weights_only, structural)
     record = resolve_input(f, storage_options, limits=limits or DEFAULT_LIMITS)
     if record.kind is InputKind.FOLDER:
@@ -531,7 +535,8 @@ def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None
     if record.kind.is_dcp_readable:  # a DCP folder of either writer
         from .dcp.reader import open_dcp  # each reader imported when it is the one needed
 
-        return open_dcp(record, limits=limits, structural=structural)
+        return open_dcp(record, limits=limits, structural=structural,
+                        numpy_values=numpy_values)
     if record.is_folder:
         from .sets import open_set
 

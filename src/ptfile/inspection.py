@@ -24,7 +24,13 @@ from .allowlist.structural import StandIn
 from .api import open as open_checkpoint
 from .archive import ZipReader
 from .dcp.reader import DCPReader
-from .errors import PtfileError, RemoteError, UnknownFormatError, UnsafeGlobalError
+from .errors import (
+    PtfileError,
+    RemoteError,
+    UnknownFormatError,
+    UnsafeGlobalError,
+    UnsupportedFeatureError,
+)
 from .formats import Format
 from .formats.inputs import Input, InputKind, resolve_input
 from .formats.pt2_program import ProgramSignature, read_program
@@ -346,6 +352,9 @@ def verify(f: FileLike | Input, *, limits: Limits | None = None, progress: Progr
         The file cannot be opened.
     UnknownFormatError
         The file is no checkpoint at all (empty, random bytes, another format).
+    UnsupportedFeatureError
+        A checkpoint ptfile cannot read (TorchScript's ``model.json`` layout of torch
+        1.0/1.1, a dtype it does not know): not verified, and not called damaged.
     RemoteError
         A URL cannot be read (not found, denied, unreachable).
 
@@ -371,8 +380,10 @@ def verify(f: FileLike | Input, *, limits: Limits | None = None, progress: Progr
             for name in ck:
                 report.tensors_checked += 1
                 ck.info(name)
-    except (UnknownFormatError, RemoteError):
-        raise  # not a checkpoint, or not reachable: nothing to verify (exit 2, not damaged)
+    except (UnknownFormatError, RemoteError, UnsupportedFeatureError):
+        # not a checkpoint, not reachable, or one ptfile cannot read (TorchScript's
+        # model.json layout, an unknown dtype): nothing verified (exit 2), not damaged
+        raise
     except PtfileError as exc:
         where = getattr(exc, "member", None) or "checkpoint"
         notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", ()))

@@ -45,8 +45,8 @@ from .allowlist.structural import is_module, state_dict
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets
 from .archive.records import METHOD_STORED
 from .errors import StorageError, UnsupportedFeatureError
-from .formats import Format, ReadOptions, detect_source, open_detected, policies
-from .formats.options import Opened
+from .formats import Format, ReadOptions, detect_source, open_detected
+from .formats.options import Opened, Policy
 from .formats.storages import record_bytes
 from .formats.zipinfo import ZipInfo
 from .limits import DEFAULT_LIMITS, Limits
@@ -212,7 +212,10 @@ class CheckpointReader(Mapping[str, Tensor]):
                           byteorder=s.byteorder)
         out = Tensor(storage, t._offset, t._shape, t._stride, dtype=t.dtype,
                      requires_grad=t.requires_grad, metadata=t.metadata)
-        return Parameter(out, t.requires_grad) if isinstance(t, Parameter) else out
+        if isinstance(t, Parameter):
+            out = Parameter(out, t.requires_grad, state=t.state)
+        out.python_state, out.type_name = t.python_state, t.type_name  # its Python attributes
+        return out
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -540,12 +543,12 @@ def open(f: FileLike, *, mmap: bool = True, limits: Limits | None = None,
     f = local_path(f)  # type: ignore[assignment]
     source = open_any(f, storage_options=storage_options, mmap=mmap and is_path(f), access="r",
                       lazy=True, limits=limits)
-    policy = policies.structural() if structural else policies.strict()
+    policy = Policy.STRUCTURAL if structural else Policy.STRICT
     opened: Opened | None = None
     try:
         with damage_as_format_error():
             opened = open_detected(source, detect_source(source, limits),
-                                   ReadOptions(limits=limits, find_class=policy))
+                                   ReadOptions(limits=limits, policy=policy))
             if opened.source is not source:  # a stream, read whole: the copy is read from
                 source.close()
             return _reader_of(opened, limits)

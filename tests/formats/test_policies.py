@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 import ptfile
+from ptfile import formats
+from ptfile._io.local import BytesSource
 from ptfile.allowlist.policy import find_strict_class
 from ptfile.allowlist.rebuild import StorageType
 from ptfile.allowlist.structural import StandInType
-from ptfile.formats import policies
+from ptfile.formats import ReadOptions, policies
+from ptfile.formats.options import Policy
 from ptfile.formats.script_model import JIT_GLOBALS, ScriptObject
 
 SRC = Path(ptfile.__file__).parent
@@ -79,3 +82,47 @@ def test_policies_are_built_in_one_place() -> None:
         if names:
             builders[rel] = names
     assert builders == {}
+
+
+def test_policies_make_by_name() -> None:
+    """A read names its policy; make() gives each name its find_class (and the strict
+    policy's fast form for the ZIP bulk path), fresh for each read."""
+    assert policies.make(Policy.STRICT) is find_strict_class
+    key = ("torch._utils", "_rebuild_tensor_v2")
+    bulk = policies.make(Policy.STRICT, bulk=True)
+    assert bulk(*key) is not find_strict_class(*key)
+    assert bulk(*key) is not policies.make(Policy.STRICT, bulk=True)(*key)
+    for bulk_form in (False, True):
+        find = policies.make(Policy.STRUCTURAL, bulk=bulk_form)
+        assert isinstance(find("os", "system"), StandInType)
+        assert find is not policies.make(Policy.STRUCTURAL, bulk=bulk_form)
+
+
+@pytest.mark.parametrize("new_zip", [True, False])
+def test_policies_read_options_choose_the_policy(tmp_path: Path, new_zip: bool) -> None:
+    """ReadOptions.policy alone decides: the strict read refuses a global outside the
+    allowlist, the structural read of the same file keeps it as a stand-in (ZIP and legacy
+    readers alike)."""
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "a.pt"
+    torch.save({"w": torch.ones(2), "f": Path}, path,
+               _use_new_zipfile_serialization=new_zip)
+    source = BytesSource(path.read_bytes())
+    with pytest.raises(ptfile.UnsafeGlobalError):
+        formats.read(source, ReadOptions())
+    obj = formats.read(source, ReadOptions(policy=Policy.STRUCTURAL))
+    assert isinstance(obj["f"], StandInType) and obj["w"].numpy().tolist() == [1.0, 1.0]
+
+
+def test_policies_are_never_told_apart_by_identity() -> None:
+    """No module compares a find_class with ``is``: the policy is chosen by its name."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                names = [n.id if isinstance(n, ast.Name) else getattr(n, "attr", "")
+                         for n in (node.left, *node.comparators)]
+                if any("find_class" in name or name == "find_strict_class" for name in names):
+                    found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert found == []

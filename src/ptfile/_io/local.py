@@ -536,12 +536,49 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
+def _as_given(exc: OSError, path: str, temps: tuple[str, ...]) -> OSError:
+    """``exc`` naming ``path`` wherever it names one of ``temps`` (or a file inside one):
+    an error speaks of the output the caller gave, never of a temporary it never named."""
+    def given(name: object) -> object:
+        if isinstance(name, str) and any(name == t or name.startswith(t + os.sep)
+                                         for t in temps):
+            return path
+        return name
+
+    filename, filename2 = given(exc.filename), given(exc.filename2)
+    if (filename, filename2) == (exc.filename, exc.filename2):
+        return exc
+    if filename2 == filename:  # a rename of the temporary over the output: one name
+        filename2 = None
+    renamed = type(exc)(exc.errno, exc.strerror, filename, None, filename2)
+    return renamed.with_traceback(exc.__traceback__)
+
+
+def _staging(path: str, same_name: bool) -> tuple[str | None, str]:
+    """The fresh temporary folder (``same_name``) and the path to write, beside ``path``,
+    its folder made first when missing (``os.makedirs``: ``0o777`` less the umask, as
+    ``mkdir -p`` and torch's ``dcp.save`` make folders)."""
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)  # its own error names the folder as given
+    try:
+        if not same_name:
+            return None, _fresh_sibling(path)
+        staging = _fresh_sibling(path, directory=True)
+    except OSError as exc:  # a folder that takes no new file: say so of the output
+        raise _as_given(exc, path, (os.path.dirname(os.path.abspath(path)),)) from None
+    return staging, os.path.join(staging, os.path.basename(os.path.abspath(path)))
+
+
 @contextlib.contextmanager
 def atomic_path(path: str, fsync: bool = False, *, same_name: bool = False) -> Iterator[str]:
     """A temporary path beside ``path`` to write instead, renamed over ``path`` only on
     success and removed on failure: a crash leaves the old file or the new one, never a
     partial one.  Every local write of ptfile goes through here (or :func:`atomic_file`).
 
+    * A folder of ``path`` that does not exist yet is made first, with its parents
+      (``os.makedirs``: ``0o777`` less the umask, the mode ``mkdir -p`` and torch's
+      ``dcp.save`` give); it stays when the write fails.
     * Modes are torch's (a plain ``open(path, "wb")``): a new file gets ``0o666`` less
       the umask, a file (folder) that replaces another keeps the permission bits of the
       one it replaces.  The temporary is created with ``0o666`` (``0o777``), not
@@ -554,14 +591,12 @@ def atomic_path(path: str, fsync: bool = False, *, same_name: bool = False) -> I
       there, for writers that name what they write after the file (an archive's
       folder) or that write a folder (made with ``os.mkdir``'s modes, by the writer).
       A folder replaces a folder: the old one is removed once the new one is in place.
+    * An ``OSError`` that names the temporary (making it, writing it, renaming it) is
+      raised naming ``path`` instead: errors speak of the paths the caller gave.
     * ``fsync``: the file (folder) is flushed to disk before the rename, and the folder
       holding it after.
     """
-    if same_name:
-        staging = _fresh_sibling(path, directory=True)
-        tmp = os.path.join(staging, os.path.basename(os.path.abspath(path)))
-    else:
-        staging, tmp = None, _fresh_sibling(path)
+    staging, tmp = _staging(path, same_name)
     # A new file's mode, as the kernel just applied it (a folder's 0o777 less the umask
     # holds the file's 0o666 less the umask).
     fresh = _stat.S_IMODE(os.stat(staging or tmp).st_mode) & 0o666
@@ -571,6 +606,14 @@ def atomic_path(path: str, fsync: bool = False, *, same_name: bool = False) -> I
             _fsync(tmp)
         _settle_mode(tmp, path, fresh)
         _replace(tmp, path)
+    except OSError as exc:
+        if staging is None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        renamed = _as_given(exc, path, (staging or tmp,))
+        if renamed is exc:
+            raise
+        raise renamed from None  # the same error, of the output: no second one of the temporary
     except BaseException:
         if staging is None:
             with contextlib.suppress(OSError):

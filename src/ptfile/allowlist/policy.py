@@ -1,11 +1,16 @@
-"""Which globals a pickle may name: the safe-globals registry and the ``find_class`` policies.
+"""Which globals a pickle may name: the safe-globals registry and the allowlist lookups.
 
 A pickle names globals (``GLOBAL``, ``STACK_GLOBAL``, ``INST``) by ``module``
 and ``name`` strings.  ptfile never imports anything by name: every name is
 looked up in a table, and what the table holds is what the stream gets.
 
-Policies
---------
+This module holds the lookups (:func:`find_allowed`, :func:`find_strict_class`), the
+registry and the choice between the two policies a load may ask for; the ``find_class``
+policies themselves are made in one home, :mod:`ptfile.formats.policies`, and asked for
+by name (:class:`ptfile.formats.options.Policy`).
+
+The two policies of a load
+--------------------------
 ``strict`` (the default of :func:`ptfile.load`)
     torch 2.13's ``weights_only=True`` allowlist (:data:`ptfile.allowlist.rebuild.SAFE_GLOBALS`),
     then the user's registry.  Modules ``sys``, ``os``, ``posix`` and ``nt``
@@ -70,6 +75,12 @@ checkpoints hold (RNG states, numpy hyperparameters): inert rebuilders that
 check every argument and never run numpy's pickle code (:mod:`ptfile.allowlist.numpy_globals`).
 ``with safe_globals(NUMPY_GLOBALS): load(f)`` returns what ``torch.load`` returns
 once numpy's names are allowlisted; a refusal of one of these names says so.
+
+A DCP checkpoint's non-tensor items are read with them by default
+(:func:`reads_numpy_values`): torch's DCP loader unpickles those items with
+``torch.load(weights_only=False)``, so ``np.random.get_state()`` saved with
+``torch.distributed.checkpoint.save`` loads back, as numpy values, inertly.  Tensor items
+are read strictly (torch: ``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -98,6 +109,7 @@ __all__ = [
     "find_strict_class",
     "get_safe_globals",
     "loads_structurally",
+    "reads_numpy_values",
     "safe_globals",
     "unsafe_global_message",
 ]
@@ -406,3 +418,17 @@ def loads_structurally(weights_only: bool | None, structural: bool) -> bool:
                       "stand-ins; ptfile never executes a pickle)", PtfileWarning, stacklevel=3)
         return True
     return structural or not weights_only
+
+
+def reads_numpy_values(weights_only: bool | None) -> bool:
+    """Whether a DCP checkpoint's non-tensor items read numpy values as data
+    (:data:`NUMPY_GLOBALS`): yes, as torch's DCP loader reads them (``torch.load(...,
+    weights_only=False)``), unless ``weights_only=True`` is passed or
+    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` is set (which turns torch's load weights-only too).
+
+    Examples
+    --------
+    >>> reads_numpy_values(None), reads_numpy_values(False), reads_numpy_values(True)
+    (True, True, False)
+    """
+    return weights_only is not True and not _env_set(FORCE_WEIGHTS_ONLY)

@@ -13,10 +13,14 @@ types, ranks, and that each view fits its storage.
 from __future__ import annotations
 
 import codecs
+import functools
+import types
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
+
+import numpy as np
 
 from ..errors import PickleStreamError, StorageError, UnsupportedFeatureError, brief
 from ..model import dtypes
@@ -170,14 +174,36 @@ def rebuild_parameter_with_state(data: object, requires_grad: object, backward_h
                                  state: object) -> Parameter:
     """``torch._utils._rebuild_parameter_with_state``: a parameter with Python attributes."""
     param = rebuild_parameter(data, requires_grad, backward_hooks)
-    param.state = state  # type: ignore[assignment]
+    param.state = check_state(state)
     return param
+
+
+#: The per-channel schemes, with the dtypes torch gives their scales and zero points when
+#: the pickle holds them as lists (``_rebuild_qtensor``: double and long, or float and float).
+_PER_CHANNEL: Final = {"per_channel_affine": (dtypes.DTYPES["float64"], dtypes.DTYPES["int64"]),
+                       "per_channel_affine_float_qparams": (dtypes.DTYPES["float32"],
+                                                            dtypes.DTYPES["float32"])}
+
+
+def _list_tensor(values: list[Any], dtype: DType, what: str) -> Tensor:
+    """A 1-d tensor of ``dtype`` from a pickled list of numbers (``torch.tensor(values)``)."""
+    if any(type(v) not in (int, float, bool) for v in values):
+        raise _fail(f"per-channel {what}", values)
+    array = np.asarray(values, dtype.numpy_dtype())
+    return Tensor(Storage(array.view(np.uint8).data, dtype), 0, array.shape, (1,))
 
 
 def rebuild_qtensor(storage: object, storage_offset: object, size: object, stride: object,
                     quantizer_params: object, requires_grad: object,
                     backward_hooks: object) -> QuantizedTensor:
-    """``torch._utils._rebuild_qtensor``: the integer representation plus the quantizer."""
+    """``torch._utils._rebuild_qtensor``: the integer representation plus the quantizer.
+
+    The quantizer parameters are torch 1.3's (``(qscheme, scale, zero_point)`` or
+    ``(qscheme, scales, zero_points, axis)``; per-channel scales and zero points as
+    tensors, or as lists, which torch 2.13 still reads); torch 1.1/1.2's eight arguments
+    (``scale`` and ``zero_point`` in place of the parameters) are refused, as torch 2.13
+    refuses them (a ``TypeError``: too many arguments).
+    """
     int_repr = rebuild_tensor(storage, storage_offset, size, stride)
     if not isinstance(quantizer_params, tuple) or not quantizer_params:
         raise _fail("quantizer parameters", quantizer_params)
@@ -190,15 +216,20 @@ def rebuild_qtensor(storage: object, storage_offset: object, size: object, strid
         return QuantizedTensor(int_repr, scheme.name, scale=float(scale),
                                zero_point=_int(zero_point, "zero_point"),
                                requires_grad=bool(requires_grad), backward_hooks=hooks)
-    if scheme.name in ("per_channel_affine", "per_channel_affine_float_qparams") \
-            and len(quantizer_params) == 4:
+    if scheme.name in _PER_CHANNEL and len(quantizer_params) == 4:
         _, scales, zero_points, axis = quantizer_params
+        axis = _int(axis, "axis")
+        if type(scales) is list and type(zero_points) is list:  # torch 1.3-1.4 wrote lists
+            scales, zero_points = (_list_tensor(values, dtype, what) for values, dtype, what in
+                                   zip((scales, zero_points), _PER_CHANNEL[scheme.name],
+                                       ("scales", "zero_points"), strict=True))
         if not isinstance(scales, Tensor) or not isinstance(zero_points, Tensor):
             raise _fail("per-channel scales", scales)
-        axis = _int(axis, "axis")
-        if not 0 <= axis < max(1, int_repr.ndim) or scales.numel() != int_repr.size(axis):
-            raise StorageError(f"per-channel quantizer: axis {axis} / {scales.numel()} scales "
-                               f"do not fit shape {tuple(int_repr.shape)}")
+        if not 0 <= axis < int_repr.ndim or scales.numel() != int_repr.size(axis) \
+                or zero_points.numel() != int_repr.size(axis):
+            raise StorageError(f"per-channel quantizer: axis {axis}, {scales.numel()} scales "
+                               f"and {zero_points.numel()} zero points do not fit shape "
+                               f"{tuple(int_repr.shape)}")
         return QuantizedTensor(int_repr, scheme.name, scales=scales, zero_points=zero_points,
                                axis=axis, requires_grad=bool(requires_grad), backward_hooks=hooks)
     raise UnsupportedFeatureError(f"quantizer {brief(quantizer_params, 100)}")
@@ -304,13 +335,47 @@ def rebuild_unsupported(*args: object) -> Any:
     )
 
 
+def _rebuild_function(func: object) -> Callable[..., Any] | None:
+    """The allowlisted tensor rebuilder ``func`` is, or None: the allowlist's functions come
+    wrapped against ``BUILD`` (a :class:`functools.partial`), a load's fast constructors
+    name their reference function as ``__wrapped__`` (:func:`functools.wraps`' attribute)."""
+    inner = func.func if isinstance(func, functools.partial) else func
+    if isinstance(inner, types.FunctionType):
+        inner = getattr(inner, "__wrapped__", inner)
+    return next((fn for fn in _REBUILD_FUNCTIONS if fn is inner), None)
+
+
+def check_state(state: object) -> dict[str, Any] | tuple[Any, Any] | None:
+    """A tensor's Python state as ``torch._utils._set_obj_state`` takes it: ``None``, the
+    ``__dict__`` (str keys), or ``(__dict__ or None, slot values or None)``.
+
+    Raises
+    ------
+    PickleStreamError
+        Anything else (torch: ``Invalid serialized state``, or a failing ``setattr``).
+    """
+    parts = state if type(state) is tuple else (state,)
+    if len(parts) not in (1, 2) or (type(state) is tuple and len(parts) != 2) or any(
+            part is not None and (not isinstance(part, dict)
+                                  or any(type(key) is not str for key in part))
+            for part in parts):
+        raise _fail("tensor Python state", state)
+    return state  # type: ignore[return-value]
+
+
 def rebuild_from_type_v2(func: object, new_type: object, args: object, state: object) -> Any:
-    """``torch._tensor._rebuild_from_type_v2``: a tensor with Python attributes or a subclass."""
-    if not callable(func) or func not in _REBUILD_FUNCTIONS or not isinstance(args, tuple):
+    """``torch._tensor._rebuild_from_type_v2``: a tensor with Python attributes or a subclass.
+
+    The attributes are kept as :attr:`Tensor.python_state`, as the pickle holds them
+    (:attr:`Tensor.attributes` reads them); they are recorded, never set on anything.
+    """
+    function = _rebuild_function(func)
+    if function is None or not isinstance(args, tuple):
         raise _fail("_rebuild_from_type_v2 function", func)
-    result = func(*args)
     if not isinstance(new_type, (TensorType, type)):
         raise _fail("_rebuild_from_type_v2 type", new_type)
+    state = check_state(state)
+    result = func(*args)  # type: ignore[operator]
     if isinstance(result, Tensor):
         result.type_name = f"{new_type.module}.{new_type.name}" \
             if isinstance(new_type, TensorType) else "torch.nn.parameter.Parameter"

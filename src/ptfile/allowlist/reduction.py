@@ -14,6 +14,9 @@ object                     pickled as
                            subclass goes through ``torch._tensor._rebuild_from_type_v2``
 :class:`~ptfile.Parameter` ``torch._utils._rebuild_parameter[_with_state]``
 ``numpy.ndarray``          as a Tensor of its base buffer (views share one storage)
+numpy scalar, ``np.dtype``  as numpy pickles them (:func:`numpy_value`), byte for byte what
+                           ``torch.save`` writes: ``numpy._core.multiarray.scalar(dtype,
+                           bytes)`` and ``numpy.dtype(descr, False, True)`` + ``BUILD``
 :class:`~ptfile.Storage`   the persistent id ``('storage', <storage class>, key, location,
                            numel)``, keys ``'0'``, ``'1'``… in first-encounter order
 quantized, sparse          ``_rebuild_qtensor``, ``_rebuild_sparse_tensor``
@@ -41,7 +44,7 @@ from ..model.tensor import Device, Parameter, QuantizedTensor, Size, SparseTenso
 from ..picklevm.pickler import Global, PersistentId, Reduce, ViewReduce, global_
 from .rebuild import Layout, QScheme, StorageType, TensorType
 
-__all__ = ["PERSISTENT_TYPES", "Reducer", "ordered_bytes"]
+__all__ = ["NUMPY_KINDS", "PERSISTENT_TYPES", "Reducer", "numpy_value", "ordered_bytes"]
 
 _V2: Final = global_("torch._utils", "_rebuild_tensor_v2")
 _V3: Final = global_("torch._utils", "_rebuild_tensor_v3")
@@ -179,7 +182,8 @@ class Reducer:
                                                       obj.backward_hooks))
         handler = _REDUCERS.get(type(obj))
         if handler is None:
-            return None
+            # numpy's scalar and dtype classes are many (one per dtype): asked by kind.
+            return numpy_value(obj) if isinstance(obj, (np.generic, np.dtype)) else None
         result: Reduce | ViewReduce | PersistentId | Global = handler(self, obj)
         return result
 
@@ -269,6 +273,35 @@ _STORAGE_TYPES: Final = {
 }
 #: The only objects Reducer.persistent_id may answer for (see Pickler's persistent_types).
 PERSISTENT_TYPES: Final = (Storage, bytes)
+
+
+#: The numpy dtype kinds :data:`ptfile.NUMPY_GLOBALS` reads back (bool, ints, floats,
+#: complex, bytes and str, datetime and timedelta): those ptfile writes.
+NUMPY_KINDS: Final = frozenset("biufcSUMm")
+
+
+def numpy_value(obj: np.generic | np.dtype[Any]) -> Reduce:
+    """A numpy scalar or dtype as numpy's own ``__reduce__`` gives it, so as ``torch.save``
+    pickles it: ``scalar(dtype, bytes)`` (the module numpy names: ``numpy._core.multiarray``
+    in numpy 2, ``numpy.core.multiarray`` in 1.x) and ``numpy.dtype(descr, False, True)``
+    with its state.  The parts are numpy's objects, so the memo sees what the C pickler
+    sees (one dtype object per dtype, its interned strs).
+
+    Raises
+    ------
+    SaveError
+        A dtype ptfile cannot read back: object, void or structured, with a subarray
+        or metadata.
+    """
+    dtype = obj if isinstance(obj, np.dtype) else obj.dtype
+    if dtype.kind not in NUMPY_KINDS or dtype.fields is not None \
+            or dtype.subdtype is not None or dtype.metadata is not None:
+        raise SaveError(f"cannot save the numpy {'dtype' if obj is dtype else 'scalar of'} "
+                        f"{dtype!r}: ptfile.NUMPY_GLOBALS reads plain numpy dtypes only")
+    reduced: tuple[Any, ...] = obj.__reduce__()  # type: ignore[assignment]
+    func, args = reduced[0], reduced[1]
+    state = reduced[2] if len(reduced) > 2 else None
+    return Reduce(global_(func.__module__, func.__name__), args, state)
 
 
 def _device(_: Reducer, d: Device) -> Reduce:

@@ -130,9 +130,41 @@ class StandIn(metaclass=StandInType):
         called.how, called.func = "call-instance", self
         return called
 
+    def tree_items(self) -> list[tuple[Any, Any]]:
+        """What a walk of the object tree names inside this stand-in
+        (:mod:`ptfile.model.tree`): a module's ``state_dict()``; else its arguments by
+        index, keywords by name, state (a dict's entries; both dicts of a ``(dict,
+        slots)`` pair; other state as ``state``), list items by index, dict items by key.
+
+        Examples
+        --------
+        >>> cls = make_stand_in("lightning.fabric.utilities.data", "AttributeDict")
+        >>> d = cls.__new__(cls)
+        >>> d["lr"] = 0.1
+        >>> d.tree_items()
+        [('lr', 0.1)]
+        """
+        if is_module(self):
+            return list(state_dict(self).items())
+        return [*enumerate(self.args), *self.kwargs.items(), *_state_items(self.state),
+                *enumerate(self.listitems), *self.dictitems]
+
     def __repr__(self) -> str:
         state = "" if self.state is NO_STATE else ", state=..."
         return f"<stand-in {self.module}.{self.name} {self.how}{brief(self.args, 60)}{state}>"
+
+
+def _state_items(state: Any) -> list[tuple[Any, Any]]:
+    """A ``BUILD`` state's entries: a dict's (an object's ``__dict__``), both dicts of a
+    ``(dict or None, slots dict)`` pair, else the state itself as ``state``."""
+    if state is NO_STATE or state is None:
+        return []
+    if isinstance(state, dict):
+        return list(state.items())
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) \
+            and isinstance(state[0], (dict, type(None))):
+        return [*(state[0] or {}).items(), *state[1].items()]
+    return [("state", state)]
 
 
 def make_stand_in(module: str, name: str) -> StandInType:

@@ -14,9 +14,9 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import ArchiveError
-from .records import EXTRA_HEADER_STRUCT, ZIP64_EXTRA_ID, Buffer, _tail, _unpack
+from .records import EXTRA_HEADER_STRUCT, U16_MAX, U32_MAX, ZIP64_EXTRA_ID, Buffer, _tail, _unpack
 
-__all__ = ["ExtraField", "parse_extra_fields", "zip64_values"]
+__all__ = ["ExtraField", "parse_extra_fields", "zip64_fields", "zip64_values"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +78,22 @@ def zip64_values(extra: Buffer, wanted: int, *, base: int = 0) -> tuple[int, ...
                 )
             return struct.unpack_from(f"<{wanted}Q", field.data)
     raise ArchiveError("header holds a ZIP64 sentinel but has no ZIP64 extra field", offset=base)
+
+
+def zip64_fields(extra: Buffer, usize: int, csize: int, offset: int, disk: int, at: int
+                 ) -> tuple[int, int, int]:
+    """A central header's size, compressed size and local header offset, each sentinel
+    replaced by its value from the ZIP64 extra ``extra`` (4.5.3, fixed order; ``at``: the
+    extra's file offset, for errors).
+
+    Raises
+    ------
+    ArchiveError
+        As :func:`zip64_values`.
+    """
+    wanted = [usize == U32_MAX, csize == U32_MAX, offset == U32_MAX, disk == U16_MAX]
+    values = list(zip64_values(extra, sum(wanted), base=at))
+    usize = values.pop(0) if wanted[0] else usize
+    csize = values.pop(0) if wanted[1] else csize
+    offset = values.pop(0) if wanted[2] else offset
+    return usize, csize, offset

@@ -61,6 +61,7 @@ from ..errors import ArchiveError
 
 __all__ = [
     "CENTRAL_DIRECTORY_SIGNATURE",
+    "COLUMNS",
     "DATA_DESCRIPTOR_SIGNATURE",
     "EOCD_SIGNATURE",
     "LOCAL_FILE_HEADER_SIGNATURE",
@@ -127,6 +128,10 @@ DESCRIPTOR64_STRUCT: Final = struct.Struct("<4sL2Q")
 EXTRA_HEADER_STRUCT: Final = struct.Struct("<2H")
 
 Buffer = bytes | bytearray | memoryview
+
+#: Column order of :attr:`ptfile.archive._entries.Entries.values`: the numeric fields of
+#: a central directory record, in its order.
+COLUMNS: Final = ("header_offset", "size", "compressed_size", "method", "crc32", "flags")
 
 
 def _unpack(layout: struct.Struct, data: Buffer, pos: int, base: int, what: str) -> tuple[Any, ...]:

@@ -36,21 +36,13 @@ range reader's own retries.  :func:`summarize` gives the closing record.
 
 Exit codes and verdicts
 -----------------------
-=========  ===========================================  ====  ===============
-command    verdict                                      code  constant
-=========  ===========================================  ====  ===============
-scan       ``allowed`` (clean)                          0     EXIT_OK
-scan       ``dangerous``                                1     EXIT_UNSAFE
-scan       ``unknown`` (0 with ``allow_unknown``)       3     EXIT_UNKNOWN
-verify     ``ok`` / ``damaged``                         0/1   EXIT_INVALID
-inspect    ``ok``                                       0
-convert    ``converted`` / ``skipped`` (output exists)  0
-any        ``error`` (could not read, write, scan)      2     EXIT_ERROR
-=========  ===========================================  ====  ===============
-
-Over many files the worst code wins, in the order of :data:`WORST_FIRST`: a
-failed check (1: dangerous, damaged) before an error (2) before unknown globals
-(3) before 0 — the order ``ptfile scan`` has always used over several files.
+Each record's ``verdict`` (``scan``: allowed, dangerous, unknown; ``verify``: ok,
+damaged; ``inspect``: ok; ``convert``: converted, skipped; any: ``error``) and its
+``exit_code`` are :mod:`ptfile.outcomes`' (:func:`ptfile.outcomes.exit_code`, the
+table there); over many files the worst code wins (:func:`worst`, from
+:mod:`ptfile.outcomes`): a failed check (1: dangerous, damaged) before an error (2)
+before unknown globals (3) before 0 — the order ``ptfile scan`` has always used
+over several files.
 
 Execution
 ---------
@@ -95,6 +87,7 @@ from typing import Any, Final
 from .._io.remote import StorageOptions
 from ..errors import UnsupportedFeatureError
 from ..limits import Limits
+from ..outcomes import worst
 from .execution import (
     PROCESS_MIN_BYTES,
     PROCESS_MIN_FILES,
@@ -272,17 +265,6 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
 
 
 # --------------------------------------------------------------------------- results
-
-
-def worst(codes: Iterable[int]) -> int:
-    """The exit code that wins over several files (:data:`WORST_FIRST`, then 0).
-
-    Examples
-    --------
-    >>> worst([0, 3, 2]), worst([2, 1]), worst([])
-    (2, 1, 0)
-    """
-    return min(set(codes) - {EXIT_OK}, key=WORST_FIRST.index, default=EXIT_OK)
 
 
 def ordered(records: Iterable[Record]) -> list[Record]:

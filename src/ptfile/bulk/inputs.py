@@ -18,7 +18,7 @@ from .._io.remote import StorageOptions, filesystem
 from ..errors import RemoteError
 from ..formats.detection import CHECKPOINT_SUFFIXES, InputKind, detect_input, folder_kind
 
-__all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expands", "output_for",
+__all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expands", "has_magic", "output_for",
            "outputs"]
 
 #: Schemes whose URLs have no folders to probe (a probe would be a GET of the page).
@@ -27,7 +27,7 @@ _FLAT_SCHEMES: Final = frozenset({"http", "https"})
 OUTPUT_SUFFIXES: Final = {"safetensors": ".safetensors", "npz": ".npz", "pt": ".pt"}
 
 
-def _has_magic(text: str) -> bool:
+def has_magic(text: str) -> bool:
     return any(c in text for c in "*?[")
 
 
@@ -48,7 +48,7 @@ def _walk_local(root: str) -> list[str]:
 
 
 def _expand_local(item: str) -> list[str]:
-    if _has_magic(item):
+    if has_magic(item):
         return [p for p in globbing.glob(item, recursive=True) if os.path.isfile(p)]
     if os.path.isdir(item):
         return _walk_local(os.path.normpath(item))
@@ -77,7 +77,7 @@ def _hidden(path: str, root: str) -> bool:
 def _expand_url(item: str, storage_options: StorageOptions) -> list[str]:
     fs, path = filesystem(item, storage_options)
     try:
-        if _has_magic(path):
+        if has_magic(path):
             matched = fs.glob(path, detail=True)
             paths = [p for p, info in matched.items() if info.get("type") != "directory"]
         elif url_scheme(item) not in _FLAT_SCHEMES and (
@@ -133,7 +133,7 @@ def expands(item: str, storage_options: StorageOptions = None, *, probe: bool = 
     >>> expands("models/*.pt"), expands("s3://bucket/models/"), expands("model.pt")
     (True, True, False)
     """
-    if _has_magic(item) or (is_url(item) and item.endswith("/")):
+    if has_magic(item) or (is_url(item) and item.endswith("/")):
         return True
     if not is_url(item):
         return detect_input(item) is InputKind.FOLDER
@@ -150,7 +150,7 @@ def _base(item: str) -> str:
     """The folder (in :func:`_key` form) an input's files are relative to: the directory
     or prefix itself, a glob's folder before its first wildcard, a file's folder."""
     key = _key(item)
-    if _has_magic(key):
+    if has_magic(key):
         return key[:min(key.index(c) for c in "*?[" if c in key)].rpartition("/")[0]
     folder = os.path.isdir(item) if not is_url(item) else \
         item.endswith("/") or _suffix(item) not in CHECKPOINT_SUFFIXES

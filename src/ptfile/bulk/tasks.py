@@ -15,6 +15,7 @@ from ..errors import PtfileError, RemoteError, UnsupportedFeatureError
 from ..limits import Limits
 from ..outcomes import (
     BACKOFF_SECONDS,
+    ERROR,
     EXIT_ERROR,
     EXIT_INVALID,
     EXIT_OK,
@@ -23,13 +24,15 @@ from ..outcomes import (
     RETRIES,
     SCAN_CODES,
     WORST_FIRST,
+    exit_code,
 )
 
 __all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_UNSAFE",
            "RETRIES", "SCAN_CODES", "WORST_FIRST", "Options", "Record", "error_of",
            "run_one"]
 
-# The exit-code table and the retry policy have one home: ptfile.outcomes.
+# The exit-code table, each verdict's code and the retry policy have one home:
+# ptfile.outcomes (exit_code).
 
 Record: TypeAlias = dict[str, Any]
 
@@ -50,42 +53,39 @@ class Options:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _scan(url: str, o: Options, _target: str | None) -> tuple[str, int, dict[str, Any]]:
+def _scan(url: str, o: Options, _target: str | None) -> tuple[str, dict[str, Any]]:
     from ..scanning import scan as scan_one
 
     result = scan_one(url, limits=o.limits, storage_options=o.storage_options).to_dict()
-    code = SCAN_CODES[result["verdict"]]
-    code = EXIT_OK if code == EXIT_UNKNOWN and o.allow_unknown else code
-    return result["verdict"], code, result
+    return result["verdict"], result
 
 
-def _inspect(url: str, o: Options, _target: str | None) -> tuple[str, int, dict[str, Any]]:
+def _inspect(url: str, o: Options, _target: str | None) -> tuple[str, dict[str, Any]]:
     from ..inspection import inspect as inspect_one
 
     ins = inspect_one(url, limits=o.limits, storage_options=o.storage_options,
                       structural=o.structural)
     if o.full:
-        return "ok", EXIT_OK, ins.to_dict()
-    return "ok", EXIT_OK, {"format": ins.format, "file_size": ins.file_size,
+        return "ok", ins.to_dict()
+    return "ok", {"format": ins.format, "file_size": ins.file_size,
                            "metadata": ins.metadata, "totals": ins.totals}
 
 
-def _verify(url: str, o: Options, _target: str | None) -> tuple[str, int, dict[str, Any]]:
+def _verify(url: str, o: Options, _target: str | None) -> tuple[str, dict[str, Any]]:
     from ..inspection import verify as verify_one
 
     report = verify_one(url, limits=o.limits, storage_options=o.storage_options)
-    verdict, code = ("ok", EXIT_OK) if report.ok else ("damaged", EXIT_INVALID)
-    return verdict, code, report.to_dict()
+    return "ok" if report.ok else "damaged", report.to_dict()
 
 
-def _convert(url: str, o: Options, target: str | None) -> tuple[str, int, dict[str, Any]]:
+def _convert(url: str, o: Options, target: str | None) -> tuple[str, dict[str, Any]]:
     if target is None:
         raise UnsupportedFeatureError(f"{url}: already {o.fmt}; nothing to convert")
     if _exists(target, o.storage_options):
-        return "skipped", EXIT_OK, {"output": target}
+        return "skipped", {"output": target}
     with _atomic_output(target) as staged:
         summary = _convert_one(url, staged, o)
-    return "converted", EXIT_OK, {**summary, "output": target}
+    return "converted", {**summary, "output": target}
 
 
 def _convert_one(url: str, target: str, o: Options) -> dict[str, Any]:
@@ -107,17 +107,17 @@ def _exists(target: str, storage_options: StorageOptions) -> bool:
 @contextlib.contextmanager
 def _atomic_output(target: str) -> Iterator[str]:
     """Where to write ``target``: a URL as it is (uploaded once written), a local path in
-    a temporary folder beside it, renamed into place on success and removed on failure."""
+    a temporary folder beside it (its folders made first), renamed into place on success
+    and removed on failure."""
     if is_url(target):
         yield target
         return
-    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     with atomic_path(target, same_name=True) as staged:  # same stem: the archive name
         yield staged
 
 
 COMMANDS: Final[dict[str, Callable[[str, Options, str | None],
-                                     tuple[str, int, dict[str, Any]]]]] = {
+                                     tuple[str, dict[str, Any]]]]] = {
     "scan": _scan, "inspect": _inspect, "verify": _verify, "convert": _convert}
 
 #: Errors a retry never cures.
@@ -141,16 +141,20 @@ def run_one(command: str, url: str, options: Options, target: str | None = None)
     """One file's record: the command run with retries on transient errors; never raises
     for the file's sake (a task of the local pool or of Dask)."""
     record: Record = {"path": url, "command": command}
+
+    def code(verdict: str) -> int:
+        return exit_code(command, verdict, allow_unknown=options.allow_unknown)
+
     start = time.perf_counter()
     for attempt in range(options.retries + 1):
         sources: list[Any] = []
         token = watched_sources.set(sources)
         try:
-            verdict, code, result = COMMANDS[command](url, options, target)
-            record.update(verdict=verdict, exit_code=code, error=None, result=result)
+            verdict, result = COMMANDS[command](url, options, target)
+            record.update(verdict=verdict, exit_code=code(verdict), error=None, result=result)
             break
         except Exception as exc:  # noqa: BLE001 - one bad file never stops the run: its record
-            record.update(verdict="error", exit_code=EXIT_ERROR, error=error_of(exc), result=None)
+            record.update(verdict=ERROR, exit_code=code(ERROR), error=error_of(exc), result=None)
             if attempt == options.retries or not _is_transient(exc):
                 break
         finally:

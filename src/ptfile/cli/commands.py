@@ -24,7 +24,9 @@ Over several files the code is the worst one: 1, then 2, then 3, then 0.
 
 ``scan``, ``inspect``, ``verify`` and ``convert`` also take globs, directories
 and URL prefixes (``s3://bucket/models/**/*.bin``) and run over every file on a
-local pool or Dask, printing JSON Lines: :mod:`ptfile.cli.bulk` says when.
+local pool or Dask, printing a table on a terminal and JSON Lines through a pipe
+(:mod:`ptfile.cli.bulk` says when; ``--format`` decides).  Text output shows every name
+from a file inert (:func:`ptfile.cli.text.shown`).
 
 Every read command takes ``--json`` and then prints one JSON document on
 stdout.  Long work (convert, verify, diff) shows a progress bar on stderr when
@@ -48,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 from .._io.progress import progress_bar as _progress
 from ..errors import PtfileError, PtfileWarning, UnsafeGlobalError
 from ..outcomes import (
+    ERROR,
     EXIT_CODES,
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -55,10 +58,12 @@ from ..outcomes import (
     EXIT_OK,
     EXIT_UNKNOWN,
     EXIT_UNSAFE,
-    SCAN_CODES,
     WORST_FIRST,
+    exit_code,
+    worst,
 )
 from . import bulk as _cli_bulk
+from .text import finding_line, shown, size, table, tally
 
 if TYPE_CHECKING:  # imported by the commands that need them: --help needs no numpy
     from ..inspection import Inspection
@@ -69,8 +74,8 @@ __all__ = ["EXIT_CODES", "EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_INVALID", "EXIT_O
 
 
 _EPILOG: Final = "exit codes (every command):\n" + "".join(
-    f"  {code}  {meaning}\n" for code, meaning in EXIT_CODES.items()) + """\
-  over several files the worst wins: 1, then 2, then 3
+    f"  {code}  {meaning}\n" for code, meaning in EXIT_CODES.items()) + \
+    f"  over several files the worst wins: {', then '.join(map(str, WORST_FIRST))}\n" + """\
 
 examples:
   ptfile inspect model.pt                  what is inside (reads no tensor data)
@@ -87,24 +92,9 @@ examples:
 # --------------------------------------------------------------------------- output helpers
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _print_json(doc: Any, out: TextIO) -> None:
     json.dump(doc, out, indent=2, default=str)
     out.write("\n")
-
-
-def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
-        out.write(indent + "  ".join(cells).rstrip() + "\n")
 
 
 # --------------------------------------------------------------------------- inspect
@@ -114,22 +104,23 @@ def _tensor_row(t: TensorInfo, shared: set[str]) -> list[str]:
     offset = "-" if t.data_offset is None else \
         f"{t.data_offset + t.storage_offset * t.dtype.itemsize:#x}"
     flags = ("param " if t.is_parameter else "") + ("shared" if t.storage_key in shared else "")
-    return [t.name or "(root)", t.dtype.name, str(list(t.shape)), str(t.stride),
-            str(t.storage_key), offset, _size(t.nbytes), flags.strip()]
+    return [shown(t.name) if t.name else "(root)", t.dtype.name, str(list(t.shape)), str(t.stride),
+            str(t.storage_key), offset, size(t.nbytes), flags.strip()]
 
 
 def _tree_lines(node: Any, by_name: dict[str, TensorInfo], prefix: str, limit: int,
                 out: list[str]) -> None:
     items = node.get("items", {})
     pairs = list(items.items()) if isinstance(items, dict) else list(enumerate(items))
-    shown = pairs if not limit else pairs[:limit]
-    for i, (key, child) in enumerate(shown):
-        last = i == len(shown) - 1 and len(shown) == len(pairs)
-        out.append(f"{prefix}{'└── ' if last else '├── '}{key}: {_node_label(child, by_name)}")
+    kept = pairs if not limit else pairs[:limit]
+    for i, (key, child) in enumerate(kept):
+        last = i == len(kept) - 1 and len(kept) == len(pairs)
+        out.append(f"{prefix}{'└── ' if last else '├── '}{shown(key)}: "
+                   f"{_node_label(child, by_name)}")
         if "items" in child:
             _tree_lines(child, by_name, prefix + ("    " if last else "│   "), limit, out)
-    if len(shown) < len(pairs):
-        out.append(f"{prefix}└── … {len(pairs) - len(shown)} more (--limit 0 shows all)")
+    if len(kept) < len(pairs):
+        out.append(f"{prefix}└── … {len(pairs) - len(kept)} more (--limit 0 shows all)")
 
 
 def _node_label(node: Any, by_name: dict[str, TensorInfo]) -> str:
@@ -140,14 +131,14 @@ def _node_label(node: Any, by_name: dict[str, TensorInfo]) -> str:
         kind = "Parameter " if t.is_parameter else ""
         return f"{kind}{t.dtype.name}{list(t.shape)}"
     if "items" in node:
-        return f"{node['type']} ({len(node['items'])})"
-    return f"{node['type']} = {node.get('value', node.get('repr'))!r}"[:100]
+        return f"{shown(node['type'])} ({len(node['items'])})"
+    return f"{shown(node['type'])} = {node.get('value', node.get('repr'))!r}"[:100]
 
 
 def _render_header(ins: Inspection, out: TextIO) -> None:
     meta = ins.metadata
-    out.write(f"{ins.path or '<stream>'}: {meta.get('format', ins.format)} checkpoint, "
-              f"{_size(ins.file_size)}\n")
+    out.write(f"{shown(ins.path or '<stream>')}: {meta.get('format', ins.format)} checkpoint, "
+              f"{size(ins.file_size)}\n")
     keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix")
     details = " · ".join(f"{k} {meta[k]}" for k in keys if k in meta)
     if details:
@@ -159,10 +150,10 @@ def _render_header(ins: Inspection, out: TextIO) -> None:
 def _render_totals(ins: Inspection, out: TextIO) -> None:
     totals = ins.totals
     out.write(f"\nTotals: {totals['tensors']:,} tensors · {totals['parameters']:,} parameters · "
-              f"{totals['storages']:,} storages · {_size(totals['storage_bytes'])}\n")
-    rows = [[dtype, _size(n)] for dtype, n in totals["bytes_by_dtype"].items()]
+              f"{totals['storages']:,} storages · {size(totals['storage_bytes'])}\n")
+    rows = [[dtype, size(n)] for dtype, n in totals["bytes_by_dtype"].items()]
     if rows:
-        _table(rows, out, "    ")
+        table(rows, out, "    ")
 
 
 def _render_parts(ins: Inspection, out: TextIO) -> None:
@@ -170,10 +161,11 @@ def _render_parts(ins: Inspection, out: TextIO) -> None:
     rows = [["part", "format", "tensors", "bytes", "files"]]
     for part in ins.parts:
         totals = part["totals"]
-        rows.append([part["role"], part["format"], f"{totals.get('tensors', 0):,}",
-                     _size(totals.get("storage_bytes", 0)), ", ".join(part["files"])])
+        rows.append([shown(part["role"]), part["format"], f"{totals.get('tensors', 0):,}",
+                     size(totals.get("storage_bytes", 0)),
+                     ", ".join(shown(f) for f in part["files"])])
     out.write(f"\nParts ({len(ins.parts)})\n")
-    _table(rows, out)
+    table(rows, out)
 
 
 def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
@@ -186,7 +178,7 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     tensors = ins.tensors if not limit else ins.tensors[:limit]
     out.write(f"\nTensors ({len(ins.tensors):,})\n")
     rows = [["name", "dtype", "shape", "stride", "storage", "offset", "bytes", ""]]
-    _table(rows + [_tensor_row(t, shared) for t in tensors], out)
+    table(rows + [_tensor_row(t, shared) for t in tensors], out)
     if len(tensors) < len(ins.tensors):
         out.write(f"  … {len(ins.tensors) - len(tensors):,} more (--limit 0 shows all)\n")
     lines: list[str] = []
@@ -198,8 +190,8 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
         out.write(f"\nRecords ({len(ins.records):,})\n")
         records = ins.records if not limit else ins.records[:limit]
         rows = [["data offset", "size", "crc32", "name"]]
-        rows += [[f"{r.data_offset:#x}", str(r.size), f"{r.crc32:08x}", r.name] for r in records]
-        _table(rows, out)
+        rows += [[f"{r.data_offset:#x}", str(r.size), f"{r.crc32:08x}", shown(r.name)] for r in records]
+        table(rows, out)
         if len(records) < len(ins.records):
             out.write(f"  … {len(ins.records) - len(records):,} more\n")
     if ins.chunks:
@@ -207,16 +199,16 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     _render_totals(ins, out)
     if ins.shared:
         out.write("\nShared storages\n")
-        out.writelines(f"  storage {key}: {', '.join(names)}\n" for key, names in list(ins.shared.items())[: limit or None])
+        out.writelines(f"  storage {key}: {', '.join(map(shown, names))}\n" for key, names in list(ins.shared.items())[: limit or None])
 
 
 def _render_chunks(chunks: dict[str, list[dict[str, Any]]], out: TextIO, limit: int) -> None:
     """A DCP checkpoint's chunks: where each tensor's pieces are stored."""
-    rows = [[name, str(c["offsets"]), str(c["sizes"]), c["file"], str(c["offset"]),
+    rows = [[shown(name), str(c["offsets"]), str(c["sizes"]), shown(c["file"]), str(c["offset"]),
              str(c["length"]), " ".join(c["transforms"])]
             for name, found in chunks.items() for c in found]
     out.write(f"\nChunks ({len(rows):,})\n")
-    _table([["tensor", "offsets", "sizes", "file", "offset", "length", ""],
+    table([["tensor", "offsets", "sizes", "file", "offset", "length", ""],
             *(rows if not limit else rows[:limit])], out)
     if limit and len(rows) > limit:
         out.write(f"  … {len(rows) - limit:,} more (--limit 0 shows all)\n")
@@ -225,12 +217,12 @@ def _render_chunks(chunks: dict[str, list[dict[str, Any]]], out: TextIO, limit: 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     from ..inspection import inspect
 
-    ins = inspect(args.file, storage_options=_options(args), structural=args.structural)
+    ins = inspect(_cli_bulk.record_of(args, args.file), structural=args.structural)
     if args.json:
         _print_json(ins.to_dict(), out)
     else:
         _render_inspection(ins, out, args.limit)
-    return EXIT_OK
+    return exit_code("inspect", "ok")
 
 
 # --------------------------------------------------------------------------- scan
@@ -242,20 +234,18 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     except (ImportError, AttributeError):
         raise PtfileError("this ptfile has no scanner (ptfile.scanning)") from None
     args.json = args.json or args.format == "json"
-    results, codes = [], {EXIT_OK}
+    results, codes = [], [EXIT_OK]
     for path in args.files:
         try:
-            result = scan(path, storage_options=_options(args))
+            result = scan(_cli_bulk.record_of(args, path))
         except (PtfileError, OSError) as exc:
-            codes.add(EXIT_ERROR)
+            codes.append(exit_code("scan", ERROR))
             results.append({"path": path, "error": f"{type(exc).__name__}: {exc}",
-                            "exit_code": EXIT_ERROR})
+                            "exit_code": codes[-1]})
             continue
-        code = _SCAN_CODES[result.verdict.value]
-        code = EXIT_OK if code == EXIT_UNKNOWN and args.allow_unknown else code
-        codes.add(code)
-        results.append({"path": path, **result.to_dict(), "exit_code": code})
-    code = min(codes - {EXIT_OK}, key=_SCAN_ORDER.index, default=EXIT_OK)
+        codes.append(exit_code("scan", result.verdict.value, allow_unknown=args.allow_unknown))
+        results.append({"path": path, **result.to_dict(), "exit_code": codes[-1]})
+    code = worst(codes)
     if args.format == "sarif":
         _print_json(_sarif(results, args, code), out)
     elif args.json:
@@ -274,42 +264,20 @@ def _sarif(docs: list[dict[str, Any]], args: argparse.Namespace, code: int) -> A
     return to_sarif(docs, version=__version__, verbose=args.verbose, exit_code=code)
 
 
-#: ``scan``'s exit code per verdict, and which code wins over several files (worst first).
-_SCAN_CODES: Final = SCAN_CODES
-_SCAN_ORDER: Final = WORST_FIRST
-
-
 #: How a file's overall scan verdict reads in text output.
 _VERDICTS: Final = {"allowed": "clean", "unknown": "UNKNOWN globals (not loadable as is)"}
 
 
 def _render_scan(doc: dict[str, Any], out: TextIO, verbose: bool) -> None:
     if "error" in doc:
-        out.write(f"{doc['path']}: ERROR {doc['error']}\n")
+        out.write(f"{shown(doc['path'])}: ERROR {shown(doc['error'])}\n")
         return
     findings = doc.get("findings", [])
     verdict = "DANGEROUS" if doc.get("is_dangerous") else _VERDICTS.get(
         str(doc.get("verdict")), str(doc.get("verdict")).upper())
-    out.write(f"{doc['path']}: {verdict} ({doc.get('format', '?')}; {_tally(findings)})\n")
-    for f in findings:
-        if verbose or f.get("verdict") != "allowed":
-            name = ".".join(x for x in (f.get("module"), f.get("name")) if x)
-            where, message = f.get("location", ""), str(f.get("message") or "")
-            note = "" if not message or (name and message.endswith(name)) else f" — {message}"
-            out.write(f"  {f.get('verdict', '?'):9} {f.get('kind', '')}: {name or '-'} at "
-                      f"{where or 'file'}{note}\n")
-
-
-def _tally(findings: list[dict[str, Any]]) -> str:
-    """How many findings of each verdict: ``3 globals, all allowed`` for a clean file,
-    ``1 dangerous, 2 allowed`` otherwise."""
-    counts = {v: sum(1 for f in findings if f.get("verdict") == v)
-              for v in ("dangerous", "unknown", "allowed")}
-    if not counts["dangerous"] and not counts["unknown"]:
-        n = counts["allowed"]
-        return "nothing referenced" if not n else \
-            f"{n} reference{'s' if n != 1 else ''}, all allowed"
-    return ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    out.write(f"{shown(doc['path'])}: {verdict} ({doc.get('format', '?')}; {tally(findings)})\n")
+    out.writelines(f"  {finding_line(f)}\n" for f in findings
+                   if verbose or f.get("verdict") != "allowed")
 
 
 # --------------------------------------------------------------------------- convert
@@ -317,10 +285,7 @@ def _tally(findings: list[dict[str, Any]]) -> str:
 
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from ..export import convert  # the safetensors package only when converting
-
-    from ..formats.inputs import resolve_input
-
-    record = resolve_input(args.input, _options(args))  # decided once, for both steps
+    record = _cli_bulk.record_of(args, args.input)  # decided once, for every step
     to = args.to or convert.target_kind(args.output, record)
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
         summary = convert.convert(record, args.output, to=to, shared=args.shared,
@@ -330,11 +295,14 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
         _print_json(summary, out)
     else:
         aliases = summary.get("aliases", {})
-        out.write(f"wrote {summary['output']} ({summary['kind']}, {summary['tensors']} tensors"
-                  f"{', ' + str(summary['shards']) + ' shards' if summary.get('shards') else ''})\n")
-        out.writelines(f"  {alias}: same data as {kept} (stored once)\n" for alias, kept in aliases.items())
-        out.writelines(convert.describe(summary))
-    return EXIT_OK
+        out.write(f"wrote {shown(summary['output'])} ({summary['kind']}, {summary['tensors']} "
+                  f"tensors{', ' + str(summary['shards']) + ' shards' if summary.get('shards') else ''})\n")
+        out.writelines(f"  {shown(alias)}: same data as {shown(kept)} (stored once)\n"
+                       for alias, kept in aliases.items())
+        # Its lines quote names from the file: one with anything unsafe is shown as a repr.
+        out.writelines(line if shown(line.strip()) == line.strip() else f"  {shown(line.strip())}\n"
+                       for line in convert.describe(summary))
+    return exit_code("convert", "converted")
 
 
 # --------------------------------------------------------------------------- verify / diff
@@ -344,17 +312,19 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from .._io.local import is_url
     from ..inspection import verify
 
-    size = 0 if is_url(args.file) else os.path.getsize(args.file)
-    with _progress(size, "verify", not args.no_progress) as step:
-        report = verify(args.file, progress=step, storage_options=_options(args))
+    record = _cli_bulk.record_of(args, args.file)
+    nbytes = 0 if is_url(args.file) or record.is_folder else os.path.getsize(args.file)
+    with _progress(nbytes, "verify", not args.no_progress) as step:
+        report = verify(record, progress=step)
     if args.json:
         _print_json(report.to_dict(), out)
     else:
         status = "OK" if report.ok else "DAMAGED"
-        out.write(f"{args.file}: {status} ({report.format}; {report.records_checked} records, "
-                  f"{_size(report.bytes_checked)} checked; {report.tensors_checked} tensors)\n")
-        out.writelines(f"  {p.severity}: {p.where}: {p.message}\n" for p in report.problems)
-    return EXIT_OK if report.ok else EXIT_INVALID
+        out.write(f"{shown(args.file)}: {status} ({report.format}; {report.records_checked} records, "
+                  f"{size(report.bytes_checked)} checked; {report.tensors_checked} tensors)\n")
+        out.writelines(f"  {p.severity}: {shown(p.where)}: {shown(p.message)}\n"
+                       for p in report.problems)
+    return exit_code("verify", "ok" if report.ok else "damaged")
 
 
 def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
@@ -367,7 +337,7 @@ def _cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
         _print_json(report.to_dict(), out)
     else:
         _render_diff(report, out, args.verbose)
-    return EXIT_OK if report.identical else EXIT_DIFFERENT
+    return exit_code("diff", "identical" if report.identical else "differs")
 
 
 def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
@@ -377,13 +347,14 @@ def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
         out.write(f"identical: same names, dtypes, shapes and values ({len(report.max_abs_diff)}"
                   f" tensors{values})\n")
         return
-    out.writelines(f"- {name}\n" for name in report.removed)
-    out.writelines(f"+ {name}\n" for name in report.added)
-    out.writelines(f"~ {name}: {change}\n" for name, change in report.changed.items())
-    out.writelines(f"~ {name}: {a} -> {b}\n" for name, (a, b) in report.values_changed.items())
+    out.writelines(f"- {shown(name)}\n" for name in report.removed)
+    out.writelines(f"+ {shown(name)}\n" for name in report.added)
+    out.writelines(f"~ {shown(name)}: {change}\n" for name, change in report.changed.items())
+    out.writelines(f"~ {shown(name)}: {a} -> {b}\n"  # reprs: escaped already
+                   for name, (a, b) in report.values_changed.items())
     for name, value in report.max_abs_diff.items():
         if value != 0 or verbose:
-            out.write(f"≠ {name}: max |a-b| = {value:.6g}\n")
+            out.write(f"≠ {shown(name)}: max |a-b| = {value:.6g}\n")
     same = sum(1 for v in report.max_abs_diff.values() if v == 0)
     out.write(f"{len(report.removed)} removed, {len(report.added)} added, "
               f"{len(report.changed)} changed, {len(report.max_abs_diff) - same} differ in "
@@ -445,19 +416,28 @@ _STRUCTURAL_HELP: Final = ("read a pickle that names globals outside torch's wei
 
 def _args_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", nargs="+", metavar="FILE",
-                   help="checkpoint to describe (several, globs, directories: JSON Lines)")
-    p.add_argument("--json", action="store_true", help="print one JSON document")
+                   help="checkpoint to describe (several, globs, directories: a table on a "
+                        "terminal, JSON Lines through a pipe; see --format)")
+    p.add_argument("--json", action="store_true", help="print one JSON document "
+                   "(folders, globs, several files: JSON Lines)")
     p.add_argument("--limit", type=int, default=40, metavar="N",
                    help="rows per table and items per container (0: all; default 40)")
     p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)
 
 
 def _args_scan(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE", help="checkpoints to scan")
-    p.add_argument("--json", action="store_true", help="print JSON (--format json)")
-    p.add_argument("--format", choices=("text", "json", "sarif"), default=None,
-                   help="text (default), json, or sarif: one SARIF 2.1.0 log for CI code "
-                        "scanning (one result per finding; rules by capability)")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="checkpoints to scan (globs, directories: a table on a terminal, JSON "
+                        "Lines through a pipe; see --format)")
+    p.add_argument("--json", action="store_true", help="print JSON (--format json; folders "
+                   "and globs: JSON Lines)")
+    p.add_argument("--format", choices=("text", "json", "jsonl", "sarif"), default=None,
+                   help="text (the default for files named; for folders and globs on a "
+                        "terminal: a table, the totals and the files that need attention), "
+                        "json, jsonl (JSON Lines: one record per file, then a summary; the "
+                        "default for folders and globs when stdout is not a terminal), or "
+                        "sarif: one SARIF 2.1.0 log for CI code scanning (one result per "
+                        "finding; rules by capability)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list allowed globals")
     p.add_argument("--allow-unknown", action="store_true",
                    help="exit 0, not 3, for files whose worst verdict is unknown")
@@ -469,7 +449,7 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
                         "directory, then the output file (or folder: for a sharded index, or "
                         "Hugging Face shards of a DCP directory); one input, or more than two, "
                         "or --out-prefix: each input converted beside it or under the prefix "
-                        "(JSON Lines)")
+                        "(a table on a terminal, JSON Lines through a pipe; see --format)")
     p.add_argument("--to", choices=("safetensors", "npz", "pt"),
                    help="output kind (default: from the output's suffix; in bulk, "
                         "safetensors)")
@@ -479,15 +459,18 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("--npz-upcast", action="store_true",
                    help=".npz: widen bfloat16/float8 to float32 (default: their raw bits as "
                         "uint16/uint8, the dtype noted in the __ptfile__ member)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (in bulk, "
+                   "as PATH says: JSON Lines)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)
 
 
 def _args_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", nargs="+", metavar="FILE",
-                   help="checkpoint to check (several, globs, directories: JSON Lines)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+                   help="checkpoint to check (several, globs, directories: a table on a "
+                        "terminal, JSON Lines through a pipe; see --format)")
+    p.add_argument("--json", action="store_true", help="print JSON (folders, globs, several "
+                   "files: JSON Lines)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -594,4 +577,7 @@ def _error_message(args: argparse.Namespace, exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
         text = f"no such file or directory: {exc.filename}"
         path = None
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        # The file it names (an output, its folder) may be none of the inputs: as mkdir says.
+        text, path = f"{exc.filename}: {exc.strerror}", None
     return f"{path}: {text}" if path is not None and not text.startswith(path) else text

@@ -53,6 +53,7 @@ import numpy as np
 from .. import config
 from .._io.directory import DirectoryFiles
 from .._io.local import FileSource, atomic_file
+from ..allowlist.policy import reads_numpy_values
 from ..archive import ZipReader
 from ..archive.records import METHOD_STORED
 from ..errors import FormatError, UnsupportedFeatureError, brief
@@ -67,10 +68,9 @@ from ..formats.inputs import Input
 from ..formats.safetensors import CODES
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.tensor import Storage, Tensor
+from ..model.tensor import Storage, Tensor, contiguous_stride
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
-    contiguous_stride,
     dcp_files,
     load_metadata,
     object_path,
@@ -292,7 +292,8 @@ def _write_pt(reader: _Reader, dst: str) -> int:
             value: Any = _placeholder(item)
             fqn_of[id(value.storage)] = fqn
         else:
-            value = read_value(meta, reader.files, fqn, limits=reader.limits)
+            value = read_value(meta, reader.files, fqn, limits=reader.limits,
+                               numpy_values=reads_numpy_values(None))
         place(root, object_path(meta, fqn), value)
 
     def fill(storage: Storage) -> Iterator[memoryview]:

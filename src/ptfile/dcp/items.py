@@ -46,7 +46,7 @@ from .._io.directory import DirectoryFiles
 from .._io.local import BytesSource, damage_as_format_error
 from ..archive import ZipReader
 from ..errors import FormatError, PtfileError, UnsupportedFeatureError, brief
-from ..formats import ReadOptions, policies, read
+from ..formats import ReadOptions, read
 from ..formats.dcp_metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -54,6 +54,7 @@ from ..formats.dcp_metadata import (
     StorageInfo,
     TensorStorageMetadata,
 )
+from ..formats.options import Policy
 from ..formats.safetensors import CODES, header_json
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Tensor
@@ -265,13 +266,15 @@ def _blob_chunk(fqn: str, chunk: ChunkStorageMetadata, item: TensorStorageMetada
 
 
 def load_item(data: bytes | memoryview, what: str, limits: Limits, *,
-              kind: ItemKind = ItemKind.VALUE, structural: bool = False) -> Any:
+              kind: ItemKind = ItemKind.VALUE, structural: bool = False,
+              numpy_values: bool = False) -> Any:
     """A torch.save item's object, from its bytes (transforms undone).  A
     :attr:`~ItemKind.TORCH_SAVE` chunk MUST be a ZIP; a ZIP MUST end with its end record
     (torch writes no comment): else the metadata's length disagrees with the item (a ZIP
     reader would accept trailing bytes, or find a later item's end record).  Read as
     :func:`ptfile.load` reads a file: torch's weights-only allowlist and the user's safe
-    globals, or ``structural``'s stand-ins.
+    globals, or ``structural``'s stand-ins; with ``numpy_values``, numpy values as data
+    (:func:`ptfile.formats.policies.numpy_values`) too.
 
     Raises
     ------
@@ -290,8 +293,8 @@ def load_item(data: bytes | memoryview, what: str, limits: Limits, *,
                           "record: the length in the metadata disagrees with the item")
     try:
         with damage_as_format_error():  # the bytes are read in place (a view of the map)
-            find_class = policies.structural() if structural else policies.strict()
-            return read(BytesSource(data), ReadOptions(limits=limits, find_class=find_class))
+            policy = Policy.of(structural=structural, numpy_values=numpy_values)
+            return read(BytesSource(data), ReadOptions(limits=limits, policy=policy))
     except PtfileError as exc:
         if type(exc) is FormatError:
             raise FormatError(f"{what}: {exc}") from exc

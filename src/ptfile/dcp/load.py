@@ -55,7 +55,7 @@ from typing import Any, Final
 import numpy as np
 
 from .._io.directory import DirectoryFiles
-from ..allowlist.policy import loads_structurally
+from ..allowlist.policy import loads_structurally, reads_numpy_values
 from ..errors import FormatError, brief
 from ..formats import policies
 from ..formats.dcp_metadata import (
@@ -69,12 +69,11 @@ from ..formats.dcp_metadata import (
 )
 from ..formats.inputs import Input, InputKind, folder_kind
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.tensor import Storage, Tensor
+from ..model.tensor import Storage, Tensor, contiguous_stride
 from ..picklevm.unpickler import unpickle
 from .items import item_bytes, item_kind, load_item, read_chunk
 
 __all__ = [
-    "contiguous_stride",
     "load_dcp",
     "load_metadata",
     "object_path",
@@ -281,20 +280,13 @@ def region_tensor(values: np.ndarray, item: TensorStorageMetadata) -> Tensor:
     return Tensor(storage, 0, shape, contiguous_stride(shape), dtype=item.dtype)
 
 
-def contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
-    """torch's contiguous strides: a size-0 dimension counts as 1."""
-    stride, step = [], 1
-    for dim in reversed(size):
-        stride.append(step)
-        step *= max(dim, 1)
-    return tuple(reversed(stride))
-
-
 def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
-               limits: Limits = DEFAULT_LIMITS, structural: bool = False) -> Any:
+               limits: Limits = DEFAULT_LIMITS, structural: bool = False,
+               numpy_values: bool = False) -> Any:
     """The whole tensor, or the object, that ``fqn`` names (a non-tensor item read with
     torch's weights-only allowlist and :func:`ptfile.add_safe_globals`, or with
-    ``structural=True`` as :func:`ptfile.load` reads it).
+    ``structural=True`` as :func:`ptfile.load` reads it; with ``numpy_values``, numpy
+    values as data too: :func:`ptfile.allowlist.policy.reads_numpy_values`).
 
     Raises
     ------
@@ -310,7 +302,8 @@ def read_value(meta: Metadata, files: DirectoryFiles, fqn: str, *,
     kind = item_kind(item, info)
     # A copy: the value is the caller's, and must not pin (or view) the mapped file.
     return load_item(bytes(item_bytes(files, fqn, info, limits.max_pickle_bytes)),
-                     f"item {fqn!r}", limits, kind=kind, structural=structural)
+                     f"item {fqn!r}", limits, kind=kind, structural=structural,
+                     numpy_values=numpy_values)
 
 
 def value_info(meta: Metadata, fqn: str) -> StorageInfo:
@@ -379,10 +372,12 @@ def load_dcp(directory: str | os.PathLike[str] | Input, *, weights_only: bool | 
     weights_only, structural
         How non-tensor items (pickled ``torch.save`` values) are read, as :func:`load`
         reads a file (:mod:`ptfile.allowlist.policy`, torch's environment variables included):
-        torch's weights-only allowlist and the user's :func:`safe_globals` (with
-        ``ptfile.NUMPY_GLOBALS``, a ``np.random.get_state()`` item loads), or, with
+        torch's weights-only allowlist and the user's :func:`safe_globals`, or, with
         ``structural=True`` or ``weights_only=False``, unknown globals as inert
-        stand-ins.  (torch's own DCP loader unpickles them with ``weights_only=False``.)
+        stand-ins; and numpy values (``np.random.get_state()``, numpy scalars) as data,
+        with ``ptfile.NUMPY_GLOBALS``'s inert rebuilders, as torch's own DCP loader reads
+        them (it unpickles these items with ``weights_only=False``), unless
+        ``weights_only=True`` is passed or ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` is set.
         The ``.metadata`` is always read with its own policy, and tensor chunks strictly.
     limits
         Ceilings for untrusted input, applied to the metadata and every item.
@@ -422,6 +417,7 @@ def load_dcp(directory: str | os.PathLike[str] | Input, *, weights_only: bool | 
     ...         print("not a DCP checkpoint")
     not a DCP checkpoint
     """
+    numpy_values = reads_numpy_values(weights_only)
     structural = loads_structurally(weights_only, structural)
     limits = DEFAULT_LIMITS if limits is None else limits
     root: dict[str, Any] = {}
@@ -429,7 +425,8 @@ def load_dcp(directory: str | os.PathLike[str] | Input, *, weights_only: bool | 
         meta = load_metadata(files, limits)
         for fqn in meta.state_dict_metadata:
             place(root, object_path(meta, fqn),
-                  read_value(meta, files, fqn, limits=limits, structural=structural))
+                  read_value(meta, files, fqn, limits=limits, structural=structural,
+                             numpy_values=numpy_values))
     return root
 
 

@@ -42,11 +42,10 @@ from ..formats.inputs import Input
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DType
 from ..model.selection import expand
-from ..model.tensor import Tensor
+from ..model.tensor import Tensor, contiguous_stride
 from ..reader import SliceNames, TensorInfo
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
-    contiguous_stride,
     dcp_files,
     is_shards,
     load_metadata,
@@ -158,12 +157,14 @@ class DCPReader(Mapping[str, Tensor]):
     format: Format = Format.DCP
 
     def __init__(self, files: DirectoryFiles, meta: Metadata, limits: Limits, *,
-                 structural: bool = False, label: str = "dcp") -> None:
+                 structural: bool = False, numpy_values: bool = False,
+                 label: str = "dcp") -> None:
         self.files, self.meta, self._limits = files, meta, limits
         #: What the folder is, in words (metadata's ``format``): ``dcp`` for torch's
         #: FileSystemWriter, ``safetensors shards`` for a safetensors folder.
         self.label = label
-        self._structural = structural  # how non-tensor items are read (read_value)
+        # how non-tensor items are read (read_value)
+        self._structural, self._numpy_values = structural, numpy_values
         items = meta.state_dict_metadata
         self._items = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
         self._closed = False
@@ -225,13 +226,14 @@ class DCPReader(Mapping[str, Tensor]):
             No item has that FQN.
         UnsafeGlobalError
             A non-tensor item names a global outside the policy the reader was opened
-            with (:func:`ptfile.open`'s ``weights_only``/``structural``, and
+            with (:func:`ptfile.open`'s ``weights_only``/``structural``, numpy values
+            as :func:`ptfile.load_dcp` reads them, and
             :func:`ptfile.safe_globals` in force when this is called).
         """
         if self._closed:
             raise ValueError("I/O operation on a closed DCPReader")
         return read_value(self.meta, self.files, fqn, limits=self._limits,
-                          structural=self._structural)
+                          structural=self._structural, numpy_values=self._numpy_values)
 
     def metadata(self) -> dict[str, str]:
         """Format, DCP version, item and chunk counts, as strings."""
@@ -369,11 +371,13 @@ def _chunk_info(chunk: ChunkStorageMetadata, file: str, offset: int, length: int
 
 def open_dcp(directory: str | Input | DirectoryFiles, *, limits: Limits | None = None,
              storage_options: Mapping[str, Any] | None = None,
-             structural: bool = False, label: str | None = None) -> DCPReader:
+             structural: bool = False, numpy_values: bool = False,
+             label: str | None = None) -> DCPReader:
     """A :class:`DCPReader` on a DCP directory (path or URL, the input's record, or its
     files); reads its metadata only.  ``structural``: non-tensor items are read with
-    :func:`ptfile.load`'s structural policy.  ``label`` names what the folder is
-    (default: from the record's kind).
+    :func:`ptfile.load`'s structural policy; ``numpy_values``: with numpy values as data
+    (:func:`ptfile.load_dcp`).  ``label`` names what the folder is (default: from its
+    files).
 
     Raises
     ------
@@ -386,7 +390,7 @@ def open_dcp(directory: str | Input | DirectoryFiles, *, limits: Limits | None =
         label = "safetensors shards" if is_shards(files) else "dcp"
     try:
         return DCPReader(files, load_metadata(files, limits), limits, structural=structural,
-                         label=label)
+                         numpy_values=numpy_values, label=label)
     except BaseException:
         files.close()
         raise

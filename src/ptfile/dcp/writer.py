@@ -62,7 +62,7 @@ from .._io.local import atomic_path
 from ..errors import SaveError
 from ..formats.zipped import write_zip
 from ..model import dtypes
-from ..model.tensor import Parameter, Storage, Tensor
+from ..model.tensor import Parameter, Storage, Tensor, contiguous_stride
 from ..picklevm.pickler import Global, Reduce, dumps, global_
 
 __all__ = ["DATA_FILE", "save_dcp"]
@@ -172,7 +172,7 @@ def _item_tensor(value: Tensor | np.ndarray) -> Tensor:
         order = sorted(range(len(shape)), key=lambda d: -stride[d]) if dense else []
         copy = raw.transpose(order).copy(order="C") if order else raw.copy(order="C")
         laid = copy.transpose(np.argsort(order)) if order else copy
-        stride = tuple(s // item for s in laid.strides) if copy.size else _contiguous(shape)
+        stride = tuple(s // item for s in laid.strides) if copy.size else contiguous_stride(shape)
         storage = Storage(copy.reshape(-1).view(np.uint8).data, tensor.dtype,
                           untyped=tensor.dtype.is_v3, byteorder=storage.byteorder)
     return Tensor(storage, 0, shape, stride, dtype=tensor.dtype, metadata=tensor.metadata)
@@ -192,16 +192,8 @@ def _array_tensor(array: np.ndarray) -> Tensor:
         flat = array.reshape(-1)
     storage = Storage(flat.view(np.uint8).data, dtype, untyped=dtype.is_v3)
     stride = tuple(s // array.itemsize for s in array.strides) if array.size else \
-        _contiguous(array.shape)
+        contiguous_stride(array.shape)
     return Tensor(storage, 0, array.shape, stride, dtype=dtype)
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, step = [], 1
-    for dim in reversed(shape):
-        stride.append(step)
-        step *= max(dim, 1)
-    return tuple(reversed(stride))
 
 
 # --------------------------------------------------------------------------- metadata

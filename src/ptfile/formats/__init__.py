@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): detecting a format needs n
     #: each ``(source, detected, options) -> Opened``.
     OPENERS: dict[Format, Opener]
 
-__all__ = ["OPENERS", "READERS", "TABLE", "Detected", "Format", "FormatEntry", "InputKind",
+__all__ = ["OPENERS", "READERS", "REFUSALS", "TABLE", "Detected", "Format", "FormatEntry", "InputKind",
            "ReadOptions", "detect", "detect_input", "detect_source", "open_detected", "read",
            "read_detected", "refuse"]
 
@@ -124,6 +124,17 @@ def __getattr__(name: str) -> Any:
     return _lazy.load(__name__, {"ReadOptions": "options"}, name)
 
 
+#: Why a recognised format without an entry in :data:`TABLE` is refused, where there is
+#: more to say than that it is not supported.
+REFUSALS: Final[Mapping[Format, str]] = MappingProxyType({
+    Format.TORCHSCRIPT_JSON: (
+        "TorchScript model.json layout (torch 1.0/1.1) is not supported: the archive's "
+        "model.json describes a module in torch.jit.save's first layout, which torch 2.13 "
+        "refuses too (torch.jit.load: 'Legacy model format is not supported'); load it "
+        "with an older torch and save its state_dict()"),
+})
+
+
 def refuse(detected: Detected) -> NoReturn:
     """Raise the error for a format that has no entry in :data:`TABLE`.
 
@@ -140,7 +151,8 @@ def refuse(detected: Detected) -> NoReturn:
             f"not a PyTorch checkpoint: the file {start}; "
             "expected a ZIP (PK 03 04), a legacy pickle stream, a tar archive or a "
             "safetensors file")
-    raise UnsupportedFeatureError(f"the {detected.format.value} format is not supported yet")
+    raise UnsupportedFeatureError(REFUSALS.get(detected.format)
+                                  or f"the {detected.format.value} format is not supported yet")
 
 
 def read_detected(source: Source, detected: Detected, options: ReadOptions) -> Any:
@@ -184,7 +196,7 @@ def read(source: Source, options: ReadOptions) -> Any:
     FormatError
         The source is damaged or in no known format.
     UnsafeGlobalError
-        ``options.find_class`` refused a global.
+        ``options.policy`` refused a global.
     LimitExceededError, UnsupportedFeatureError
     """
     return read_detected(source, detect_source(source, options.limits), options)

@@ -6,6 +6,8 @@ format           leading bytes / records                              reader
 ``zip``          ``PK\\x03\\x04`` (torch ≥ 1.6) with a ``data.pkl``     :mod:`.zipped`
 ``torchscript``  a ZIP with a ``constants.pkl`` record                :mod:`.torchscript`
 ``pt2``          a ZIP with an ``archive_format`` record              :mod:`.pt2`
+``torchscript-   a ZIP with a ``model.json`` record (and no           refused
+json``           ``data.pkl``): TorchScript of torch 1.0/1.1
 ``legacy``       pickle of the magic number ``0x1950A86A20F9469CFC6C``  :mod:`.legacy_pickle`
 ``tar``          a POSIX tar header (``ustar`` at offset 257)          :mod:`.legacy_tar`
 ``safetensors``  8 bytes (the header length), then ``{`` after any   :mod:`.safetensors`
@@ -26,6 +28,14 @@ in the first :data:`HEAD_BYTES`, not for a plausible length: a header length bey
 the file or over ``Limits.max_safetensors_header_bytes`` is reported as that
 (FormatError, LimitExceededError) by the one header reader, not as an unknown format.
 A file under 9 bytes is no safetensors file (safetensors refuses it too).
+
+TorchScript's first layout (``torch.jit.save`` of torch 1.0/1.1: ``<name>/version``
+1, ``<name>/model.json`` describing the module and its tensors, ``<name>/tensors/<n>``,
+``<name>/code/…``, later ``attributes.pkl``) is :attr:`Format.TORCHSCRIPT_JSON`: torch
+2.13's ``torch.jit.load`` refuses it ("Legacy model format is not supported"), as it
+checks for ``model.json`` before anything else, and ``torch.load`` finds no
+``data.pkl``; ptfile's front doors refuse it by name
+(:class:`~ptfile.errors.UnsupportedFeatureError`), ``scan`` names it.
 
 What an *input* is (a file, a URL, a checkpoint folder of some kind, a folder of many
 files) is decided before, once, by :func:`ptfile.formats.inputs.resolve_input`, whose
@@ -86,6 +96,8 @@ class Format(enum.Enum):
     TAR = "tar"
     #: A safetensors file (:mod:`.safetensors`).
     SAFETENSORS = "safetensors"
+    #: TorchScript's ``model.json`` layout (torch 1.0/1.1), which torch 2.13 refuses.
+    TORCHSCRIPT_JSON = "torchscript-json"
     #: A ``torch.distributed.checkpoint`` directory, of either writer (:func:`detect_input`).
     DCP = "dcp"
     #: A checkpoint set: a Hugging Face ``.bin`` model folder or a trainer folder
@@ -114,10 +126,18 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
     (Format.SAFETENSORS, lambda head: head[8:].lstrip(b" \t\n\r")[:1] == b"{"),
 )
 
-#: A torch ZIP's kind, by the record that marks it (first match wins).
-_ZIP_KINDS: Final = (("archive_format", Format.PT2), ("constants.pkl", Format.TORCHSCRIPT))
+#: A torch ZIP's kind, by the records that mark it (first match wins): ``model.json``
+#: sends ``torch.jit.load`` (which ``torch.load`` calls for ``constants.pkl``) to the
+#: TorchScript layout torch 2.13 refuses; ``torch.load`` reads a ``data.pkl`` beside it.
+_ZIP_KINDS: Final = (
+    (("archive_format",), Format.PT2),
+    (("constants.pkl", "model.json"), Format.TORCHSCRIPT_JSON),
+    (("constants.pkl",), Format.TORCHSCRIPT),
+    (("data.pkl",), Format.ZIP),
+    (("model.json",), Format.TORCHSCRIPT_JSON),
+)
 #: The records (under the archive folder) that tell what torch's loaders read a ZIP as.
-ZIP_MARKERS: Final = ("archive_format", "constants.pkl", "data.pkl")
+ZIP_MARKERS: Final = ("archive_format", "constants.pkl", "data.pkl", "model.json")
 
 
 def detect(head: bytes) -> Format:
@@ -165,7 +185,9 @@ def kind_of_markers(found: Collection[str], exact: Collection[str]) -> Format:
     """The kind of a torch ZIP by its marker records: ``found`` as torch's case-folding
     lookups find them, ``exact`` those present in exactly that case.
 
-    PT2 (``archive_format``) first, then TORCHSCRIPT (``constants.pkl``), else ZIP.
+    PT2 (``archive_format``) first, then TORCHSCRIPT (``constants.pkl``), else ZIP; the
+    ``model.json`` of TorchScript's first layout makes a TORCHSCRIPT_JSON of an archive
+    ``torch.jit.load`` reads (``constants.pkl``) or ``torch.load`` cannot (no ``data.pkl``).
     One reading or none: a file torch's loaders read as two things is refused.
 
     Raises
@@ -180,6 +202,8 @@ def kind_of_markers(found: Collection[str], exact: Collection[str]) -> Format:
     --------
     >>> kind_of_markers({"data.pkl", "constants.pkl"}, {"data.pkl", "constants.pkl"})
     <Format.TORCHSCRIPT: 'torchscript'>
+    >>> kind_of_markers({"model.json"}, {"model.json"})
+    <Format.TORCHSCRIPT_JSON: 'torchscript-json'>
     """
     if "archive_format" in found and ("data.pkl" in found or "constants.pkl" in found):
         raise FormatError("the archive is both a torch.export program (archive_format) and a "
@@ -188,7 +212,8 @@ def kind_of_markers(found: Collection[str], exact: Collection[str]) -> Format:
     if "constants.pkl" in found and "constants.pkl" not in exact:
         raise FormatError("the archive's constants.pkl differs in case: torch.jit.load reads "
                           "it as TorchScript, torch.load unpickles its data.pkl")
-    return next((fmt for record, fmt in _ZIP_KINDS if record in found), Format.ZIP)
+    return next((fmt for records, fmt in _ZIP_KINDS if all(r in found for r in records)),
+                Format.ZIP)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,7 @@ from ..picklevm import check_stream, unpickle
 from ..picklevm.pickler import Pickler
 from .detection import Detected
 from .options import ReadOptions
-from .policies import plain
+from .policies import make, plain
 
 __all__ = ["LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION", "LegacyInfo", "read_legacy",
            "write_legacy"]
@@ -317,7 +317,7 @@ def read_legacy(source: Source, detected: Detected, options: ReadOptions) -> Any
     info = read_header(source, limits)
     storages = LegacyStorages(options.map_location)
     obj, pos = unpickle_at(source, info.object_offset, source.size, limits,
-                           find_class=options.find_class, persistent_load=storages,
+                           find_class=make(options.policy), persistent_load=storages,
                            encoding=encoding)
     keys, pos = unpickle_at(source, pos, source.size, limits, find_class=plain,
                             persistent_load=None, encoding=encoding)

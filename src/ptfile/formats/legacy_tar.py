@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from .._io.local import Source
-from ..allowlist.policy import find_strict_class
 from ..allowlist.rebuild import StorageType
 from ..archive.tar import TarMember, read_members
 from ..errors import FormatError, LimitExceededError, PtfileError, StorageError, brief
@@ -42,9 +41,9 @@ from ..model.tensor import Storage, Tensor
 from .detection import Detected
 from .legacy_pickle import LEGACY_MAGIC, unpickle_at
 from .options import ReadOptions
-from .policies import plain
+from .policies import make, plain
 
-__all__ = ["TarMember", "list_members", "pickle_offsets", "read_tar"]
+__all__ = ["TarMember", "list_members", "read_tar"]
 
 _INT32: Final = struct.Struct("<i")
 _INT64: Final = struct.Struct("<q")
@@ -84,8 +83,6 @@ class _Member:
         self.source, self.member, self.limits = source, member, limits
         self.find_class, self.encoding = find_class, encoding
         self.pos = 0
-        #: The file offset of every pickle read, in order (where the loader unpickles).
-        self.starts: list[int] = []
 
     def _take(self, n: int, what: str) -> int:
         """The absolute offset of the next ``n`` bytes, which must lie in the member."""
@@ -97,7 +94,6 @@ class _Member:
 
     def pickle(self, persistent_load: Callable[[Any], Any] | None = None) -> Any:
         start = self.member.offset + self.pos
-        self.starts.append(start)
         obj, end = unpickle_at(self.source, start, self.member.offset + self.member.size,
                                self.limits, find_class=self.find_class,
                                persistent_load=persistent_load, encoding=self.encoding)
@@ -206,38 +202,6 @@ def _member(members: dict[str, TarMember], name: str) -> TarMember:
     return found
 
 
-def pickle_offsets(source: Source, limits: Limits) -> dict[str, list[int]]:
-    """Where the loader unpickles in the ``storages`` and ``tensors`` members (file offsets).
-
-    Those members interleave pickles with raw integers and storage bytes, so
-    only a reader that follows the counts and sizes finds every pickle (a
-    scanner must look where the loader looks).  The members are read as
-    :func:`read_tar` reads them (default policy, no storage data), as far as
-    they can be read; a member it cannot read has the offsets found until then.
-
-    Examples
-    --------
-    >>> from ptfile._io.local import BytesSource
-    >>> from ptfile.limits import DEFAULT_LIMITS
-    >>> pickle_offsets(BytesSource(bytes(1024)), DEFAULT_LIMITS)
-    {}
-    """
-    try:
-        members = list_members(source, limits)
-    except PtfileError:
-        return {}
-    objects, found = _TarObjects(None, skip_data=True), {}
-    for name, read in (("storages", objects.read_storages), ("tensors", objects.read_tensors)):
-        if name in members:
-            member = _Member(source, members[name], limits, find_strict_class, "utf-8")
-            try:
-                read(member)
-            except PtfileError:
-                pass
-            found[name] = member.starts
-    return found
-
-
 #: Bytes of a tar's start read for a legacy stream's magic pickle (one is ~40 bytes).
 _STREAM_HEAD: Final = 4096
 
@@ -268,7 +232,7 @@ def read_tar(source: Source, detected: Detected, options: ReadOptions) -> Any:
     UnsafeGlobalError
         ``find_class`` refused a global.
     """
-    limits, find_class, encoding = options.limits, options.find_class, options.encoding
+    limits, find_class, encoding = options.limits, make(options.policy), options.encoding
     _refuse_stream_at_start(source, limits)
     members = list_members(source, limits)
     objects = _TarObjects(options.map_location, options.skip_data)

@@ -10,11 +10,12 @@ the object; an opener (the format-level part of :func:`ptfile.open`) returns an
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from ..allowlist.policy import FindClass, find_strict_class
+from ..allowlist.policy import FindClass
 from ..config import Settings, current
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.location import MapLocation, has_packages
@@ -26,7 +27,38 @@ if TYPE_CHECKING:
     from .detection import Format
     from .zipinfo import ZipInfo
 
-__all__ = ["FindClass", "Opened", "ReadOptions"]
+__all__ = ["FindClass", "Opened", "Policy", "ReadOptions"]
+
+
+class Policy(enum.Enum):
+    """The ``find_class`` policy a read asks for, by name: a reader makes it, fresh for
+    the read, with :func:`ptfile.formats.policies.make` (the one home of the policies)."""
+
+    #: torch's weights-only allowlist and :func:`ptfile.add_safe_globals`, else
+    #: ``UnsafeGlobalError`` (a reader may serve it with its fast tensor constructors).
+    STRICT = "strict"
+    #: The allowlist and registry, else an inert per-load stand-in.
+    STRUCTURAL = "structural"
+    #: STRICT, and numpy values read as data (:data:`ptfile.NUMPY_GLOBALS`'s rebuilders):
+    #: a DCP checkpoint's non-tensor items, which torch's DCP loader reads.
+    STRICT_NUMPY = "strict, numpy values"
+    #: STRUCTURAL, and numpy values read as data.
+    STRUCTURAL_NUMPY = "structural, numpy values"
+
+    @classmethod
+    def of(cls, *, structural: bool, numpy_values: bool = False) -> Policy:
+        """The policy a read's two switches name.
+
+        Examples
+        --------
+        >>> Policy.of(structural=False, numpy_values=True)
+        <Policy.STRICT_NUMPY: 'strict, numpy values'>
+        """
+        return _POLICIES[structural, numpy_values]
+
+
+_POLICIES: Final = {(False, False): Policy.STRICT, (True, False): Policy.STRUCTURAL,
+                    (False, True): Policy.STRICT_NUMPY, (True, True): Policy.STRUCTURAL_NUMPY}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +74,9 @@ class ReadOptions:
     settings
         The serialization settings in force (:mod:`ptfile.config`); by default
         the current context's when the options are made.
-    find_class
-        The global-resolution policy (:mod:`ptfile.allowlist.policy`); by default
-        torch's weights-only allowlist.
+    policy
+        Which ``find_class`` policy resolves the pickle's globals
+        (:mod:`ptfile.formats.policies`); by default torch's weights-only allowlist.
     skip_data
         Build tensors without reading storage bytes.
     encoding
@@ -55,16 +87,16 @@ class ReadOptions:
     map_location: MapLocation = None
     limits: Limits = DEFAULT_LIMITS
     settings: Settings = field(default_factory=current)
-    find_class: FindClass = find_strict_class
+    policy: Policy = Policy.STRICT
     skip_data: bool = False
     encoding: str = "utf-8"
 
     @property
     def is_plain(self) -> bool:
-        """Nothing remaps storages and the default policy resolves globals: the case the
+        """Nothing remaps storages and the strict policy resolves globals: the case the
         ZIP reader's bulk path (:class:`~ptfile.formats.storages.FastStorages`) serves."""
         return (self.map_location is None and not has_packages()
-                and self.find_class is find_strict_class)
+                and self.policy is Policy.STRICT)
 
 
 @dataclass(frozen=True, slots=True)

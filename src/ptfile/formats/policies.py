@@ -4,7 +4,8 @@ The restricted unpickler (:mod:`ptfile.picklevm.unpickler`) resolves every
 ``GLOBAL``/``STACK_GLOBAL``/``INST`` name through the ``find_class`` its caller
 gives it.  Which one is a policy decision, and every policy is made here, from
 one mechanism (:class:`Overlay`: exact names, then handlers by module root,
-then a base policy) over the allowlist and registry of :mod:`ptfile.allowlist.policy`:
+then a base policy) over the allowlist and registry of :mod:`ptfile.allowlist.policy`
+(which holds the lookups, not the policies):
 
 ==================  ==========================================================  ======================
 policy              resolves                                                    used by
@@ -20,12 +21,19 @@ policy              resolves                                                    
 :func:`structural`  the allowlist and registry, else an inert per-load          ``load(structural=True)``
                     stand-in class (:mod:`ptfile.allowlist.structural`)
 :func:`plain`       nothing: any global is damage                               legacy header pickles
+:func:`numpy_values` :data:`ptfile.NUMPY_GLOBALS` (numpy values as data), then a   a DCP checkpoint's
+                    base policy                                                 non-tensor items
 :func:`dcp`         exactly the names a DCP ``.metadata`` holds                 ``ptfile.load_dcp``
                     (:mod:`.dcp_metadata`: torch's dataclasses as per-load
                     records, ``torch.Size``, dtypes, the layout,
                     the path classes of every Python); else
                     ``UnsafeGlobalError``
 ==================  ==========================================================  ======================
+
+A front door asks for a policy by name (:class:`~.options.Policy`, the ``policy`` of
+:class:`~.options.ReadOptions`: strict or structural); a reader makes it with :func:`make`,
+which also chooses the fast form of the strict policy for the ZIP bulk path
+(``bulk=True``).  No reader tells policies apart by the identity of a function.
 
 Whatever a policy returns, a stream can call and ``BUILD`` on it: policies only
 hand out allowlisted objects wrapped against ``BUILD`` (:class:`ptfile.allowlist.policy.CallOnly`),
@@ -36,20 +44,20 @@ outlives the load.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
-from ..allowlist.policy import CallOnly, find_allowed, find_strict_class
+from ..allowlist.policy import NUMPY_GLOBALS, CallOnly, find_allowed, find_strict_class
 from ..allowlist.rebuild import StorageType
 from ..allowlist.structural import StandInType, make_stand_in
 from ..errors import FormatError, PickleStreamError, UnsafeGlobalError, UnsupportedFeatureError
 from ..model import dtypes
 from . import dcp_metadata
-from .options import FindClass
+from .options import FindClass, Policy
 from .script_model import JIT_GLOBALS, ScriptObject
 from .storages import fast_tensor_builders
 
-__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "plain", "script",
-           "strict", "structural"]
+__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "make", "numpy_values", "plain",
+           "script", "strict", "structural"]
 
 #: A handler for the names of one module root: an object, or None to defer to the base.
 RootHandler = Callable[[str, str], Any]
@@ -205,6 +213,24 @@ def structural() -> FindClass:
     return StructuralFindClass()
 
 
+#: :data:`ptfile.NUMPY_GLOBALS` by ``(module, name)``, as :class:`Overlay` looks names up.
+_NUMPY_NAMES: Final = {(qualified.rpartition(".")[0], qualified.rpartition(".")[2]): value
+                       for qualified, value in NUMPY_GLOBALS.items()}
+
+
+def numpy_values(base: FindClass) -> FindClass:
+    """``base``'s policy with numpy values read as data (:data:`ptfile.NUMPY_GLOBALS`'s inert
+    rebuilders, never numpy's pickle code): how a DCP checkpoint's non-tensor items are
+    read, which torch's DCP loader unpickles with ``weights_only=False``.
+
+    Examples
+    --------
+    >>> numpy_values(strict())("numpy", "dtype") is NUMPY_GLOBALS["numpy.dtype"]
+    True
+    """
+    return Overlay(base, names=_NUMPY_NAMES)
+
+
 
 def _not_dcp(module: str, name: str) -> Any:
     raise UnsafeGlobalError(
@@ -239,3 +265,28 @@ def dcp() -> FindClass:
     })
     names.update({(p.module, p.name): CallOnly(p.join) for p in dcp_metadata.PATH_CLASSES})
     return Overlay(_not_dcp, names=names)
+
+
+#: Each named policy: its ``find_class`` maker, and the maker of its bulk form (the ZIP
+#: reader's fast tensor constructors; the structural policy has none).
+_MAKERS: dict[Policy, tuple[Callable[[], FindClass], Callable[[], FindClass]]] = {
+    Policy.STRICT: (strict, fast),
+    Policy.STRUCTURAL: (structural, structural),
+    Policy.STRICT_NUMPY: (lambda: numpy_values(strict()), lambda: numpy_values(strict())),
+    Policy.STRUCTURAL_NUMPY: (lambda: numpy_values(structural()),
+                              lambda: numpy_values(structural())),
+}
+
+
+def make(policy: Policy, *, bulk: bool = False) -> FindClass:
+    """The ``find_class`` of the named ``policy``, fresh for one read; ``bulk``: its form
+    for the ZIP reader's bulk path (:func:`fast` for the strict policy).
+
+    Examples
+    --------
+    >>> make(Policy.STRICT) is strict()
+    True
+    >>> isinstance(make(Policy.STRUCTURAL, bulk=True), StructuralFindClass)
+    True
+    """
+    return _MAKERS[policy][bulk]()

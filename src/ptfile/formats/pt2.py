@@ -329,7 +329,7 @@ def read_pt2(source: Source, detected: Detected, options: ReadOptions) -> dict[s
         Several models, a legacy ``<model>.pt`` weights file, a pickled object
         constant, a symbolic size, a non-strided layout, or an unknown archive version.
     UnsafeGlobalError
-        A pickled tensor names a global ``options.find_class`` refuses.
+        A pickled tensor names a global ``options.policy`` refuses.
     """
     reader = detected.zip_reader()
     archive = _Archive(source, reader, read_info(reader, options.settings), options)

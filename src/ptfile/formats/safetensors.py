@@ -76,7 +76,7 @@ from ..errors import FormatError, LimitExceededError, UnsupportedFeatureError, b
 from ..limits import DEFAULT_LIMITS, Limits, applied
 from ..model.dtypes import DType, by_name
 from ..model.location import restore_location
-from ..model.tensor import Storage, Tensor, check_rank
+from ..model.tensor import Storage, Tensor, check_rank, contiguous_stride
 from .detection import Format
 
 if TYPE_CHECKING:
@@ -264,14 +264,6 @@ def read_header(source: Source, limits: Limits = DEFAULT_LIMITS) -> Header:
     return check_header(header, start, source.size, limits)
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
 def to_tensors(header: Header, data: memoryview | None,
             map_location: Any = None) -> dict[str, Tensor]:
     """Each entry as a contiguous tensor on a storage of its own, keyed by its name:
@@ -281,7 +273,7 @@ def to_tensors(header: Header, data: memoryview | None,
         storage = Storage(None if data is None else data[e.begin:e.end], e.dtype, key=name,
                           untyped=e.dtype.is_v3, nbytes=e.nbytes)
         storage = restore_location(storage, "cpu", map_location)
-        out[name] = Tensor(storage, 0, e.shape, _contiguous(e.shape), dtype=e.dtype)
+        out[name] = Tensor(storage, 0, e.shape, contiguous_stride(e.shape), dtype=e.dtype)
     return out
 
 

@@ -411,7 +411,10 @@ def fast_tensor_builders() -> dict[tuple[str, str], Callable[..., Tensor]]:
             storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype,
             metadata)
 
-    # Named as the allowlist's own, so errors and reprs read the same on both paths.
+    # Named as the allowlist's own, so errors and reprs read the same on both paths; each
+    # names its reference as __wrapped__, as functools.wraps does (_rebuild_from_type_v2
+    # accepts either).
     for fast_fn, reference in ((v2, rebuild_tensor_v2), (v3, rebuild_tensor_v3)):
         fast_fn.__name__ = fast_fn.__qualname__ = reference.__name__
+        fast_fn.__wrapped__ = reference  # type: ignore[union-attr]
     return {("torch._utils", "_rebuild_tensor_v2"): v2, ("torch._utils", "_rebuild_tensor_v3"): v3}

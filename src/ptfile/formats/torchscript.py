@@ -44,7 +44,7 @@ from ..errors import FormatError
 from ..picklevm import unpickle
 from .detection import Detected
 from .options import FindClass, ReadOptions
-from .policies import script
+from .policies import make, script
 from .script_model import ScriptClass, ScriptObject, TorchScriptArchive, parse_classes
 from .storages import StorageLoader
 from .zipinfo import read_info
@@ -95,11 +95,11 @@ def read_torchscript(source: Source, detected: Detected,
     StorageError
         A storage record disagrees with its persistent id.
     UnsafeGlobalError
-        A global is neither TorchScript's nor allowed by ``options.find_class``.
+        A global is neither TorchScript's nor allowed by ``options.policy``.
     """
     reader = detected.zip_reader()
     info = read_info(reader, options.settings)
-    policy = script(options.find_class)
+    policy = script(make(options.policy))
     pickles = {}
     for name, folder in (("data.pkl", "data"), ("constants.pkl", "constants")):
         storages = StorageLoader(reader, source, info, map_location=options.map_location,

@@ -33,7 +33,7 @@ from typing import Any
 
 from .._gc import paused_gc
 from .._io.local import Source, is_path, is_url
-from ..allowlist.policy import FindClass, find_strict_class
+from ..allowlist.policy import FindClass
 from ..allowlist.reduction import PERSISTENT_TYPES, Reducer, ordered_bytes
 from ..archive import ZipReader, ZipWriter
 from ..config import Settings
@@ -43,7 +43,7 @@ from ..picklevm import unpickle
 from ..picklevm.pickler import Pickler
 from .detection import Detected, Format
 from .options import Opened, ReadOptions
-from .policies import fast
+from .policies import make
 from .storages import FastStorages, StorageLoader
 from .zipinfo import ZipInfo, read_info
 
@@ -78,18 +78,17 @@ def read_zip(source: Source, detected: Detected, options: ReadOptions) -> Any:
     StorageError
         A storage record disagrees with its persistent id.
     UnsafeGlobalError
-        ``options.find_class`` refused a global.
+        ``options.policy`` refused a global.
     """
     reader = detected.zip_reader()
     with paused_gc():  # the records' table and the objects: no garbage
         info = read_info(reader, options.settings)
         calculate = options.settings.calculate_storage_offsets
         loader: Callable[[object], Storage]
-        find_class = options.find_class
+        find_class = make(options.policy, bulk=options.is_plain)
         if options.is_plain:
             loader = FastStorages(reader, source, info, skip_data=options.skip_data,
                                   calculate_offsets=calculate)
-            find_class = fast()
         else:
             loader = StorageLoader(reader, source, info, map_location=options.map_location,
                                    skip_data=options.skip_data, calculate_offsets=calculate)
@@ -112,7 +111,7 @@ def open_zip(source: Source, detected: Detected, options: ReadOptions) -> Opened
     with paused_gc():  # the records' table and the objects: no garbage
         info = read_info(reader, options.settings)
         loader = FastStorages(reader, source, info, skip_data=True)
-        find_class = fast() if options.find_class is find_strict_class else options.find_class
+        find_class = make(options.policy, bulk=True)
         obj = _unpickle_data(reader, info, options, find_class, loader)
     return Opened(source, Format.ZIP, obj, zip_meta(info), archive=reader, info=info,
                   by_row=loader.by_row)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "SparseTensor",
     "Storage",
     "Tensor",
+    "state_attributes",
 ]
 
 #: The most dimensions a numpy array has (numpy 2's ``NPY_MAXDIMS``; torch 2.13 loads
@@ -190,6 +192,20 @@ def view_extent(shape: Sequence[int], stride: Sequence[int]) -> int:
     return extent
 
 
+def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    """torch's contiguous strides for ``shape``, in elements: the one home every format
+    asks (a size-0 dimension counts as 1, as ``torch.empty(3, 0).stride() == (1, 1)``).
+
+    >>> contiguous_stride((2, 3, 4)), contiguous_stride((3, 0)), contiguous_stride(())
+    ((12, 4, 1), (1, 1), ())
+    """
+    stride, step = [], 1
+    for dim in reversed(shape):
+        stride.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(stride))
+
+
 def check_rank(ndim: int, what: str = "tensor rank") -> None:
     """Raise unless ``ndim`` is within the active ``Limits.max_ndim`` and numpy's 64.
 
@@ -270,6 +286,20 @@ def _swapped(array: np.ndarray, dtype: DType) -> np.ndarray:
     raw = array.view(f"<u{dtype.swap}")
     swapped: np.ndarray = raw.byteswap().view(array.dtype)
     return swapped
+
+
+def state_attributes(state: object) -> dict[str, Any]:
+    """The attributes a pickled Python state sets (``torch._utils._set_obj_state``): the
+    ``__dict__``, then the slot values of a ``(__dict__, slots)`` pair; ``{}`` for None.
+
+    Examples
+    --------
+    >>> state_attributes(({"a": 1}, {"b": 2})), state_attributes(None)
+    ({'a': 1, 'b': 2}, {})
+    """
+    parts = state if type(state) is tuple else (state,)
+    return {key: value for part in parts if isinstance(part, dict)
+            for key, value in part.items()}
 
 
 class Tensor:
@@ -386,6 +416,39 @@ class Tensor:
         """True for ``torch.nn.Parameter`` tensors."""
         return False
 
+    # -- Python attributes ---------------------------------------------------------------
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        """The Python attributes the tensor was saved with, read-only (empty when none).
+
+        ``t.extra = 5; torch.save(t, f)`` pickles the tensor through
+        ``torch._tensor._rebuild_from_type_v2`` with its ``__dict__`` (DeepSpeed's ZeRO-3
+        files: ``ds_id``, ``ds_shape``…); a ``Parameter``'s go through
+        ``_rebuild_parameter_with_state``.  ptfile records them, never sets them on
+        anything: ``python_state`` (``Parameter.state``) keeps the pickled form, a dict
+        or a ``(__dict__, slot values)`` pair, and this mapping joins both.  Assigning a
+        mapping replaces them (an empty one removes them); :func:`ptfile.save` writes
+        them as torch does.
+
+        Examples
+        --------
+        >>> import numpy as np, ptfile
+        >>> t = ptfile.Tensor(ptfile.Storage(np.zeros(4, np.uint8).data, ptfile.DTYPES["uint8"]),
+        ...                   0, (4,), (1,))
+        >>> t.attributes = {"ds_id": 3}
+        >>> dict(t.attributes)
+        {'ds_id': 3}
+        """
+        return MappingProxyType(state_attributes(self.python_state))
+
+    @attributes.setter
+    def attributes(self, values: Mapping[str, Any]) -> None:
+        self.python_state = dict(values) or None
+        if self.python_state is not None and self.type_name is None:
+            self.type_name = "torch.Tensor"  # what torch pickles a plain tensor's attributes with
+        elif self.python_state is None and self.type_name == "torch.Tensor":
+            self.type_name = None
+
     # -- data ------------------------------------------------------------------------
     def _raw_view(self, np_dtype: np.dtype) -> np.ndarray:
         storage = self.storage
@@ -465,17 +528,27 @@ class Parameter(Tensor):
 
     def __init__(self, data: Tensor, requires_grad: bool = True,
                  backward_hooks: OrderedDict[Any, Any] | None = None,
-                 state: dict[str, Any] | None = None) -> None:
+                 state: Any = None) -> None:
         super().__init__(data.storage, data._offset, data._shape, data._stride, dtype=data.dtype,
                          requires_grad=requires_grad, backward_hooks=backward_hooks,
                          metadata=data.metadata)
         self.data_requires_grad = data.requires_grad
         self.data_hooks = data.backward_hooks
-        self.state = state
+        self.state: Any = state
 
     @property
     def is_parameter(self) -> bool:
         return True
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        """The parameter's Python attributes (``state``), as :attr:`Tensor.attributes`."""
+        return MappingProxyType({**state_attributes(self.python_state),
+                                 **state_attributes(self.state)})
+
+    @attributes.setter
+    def attributes(self, values: Mapping[str, Any]) -> None:
+        self.state = dict(values) or None
 
     @property
     def data(self) -> Tensor:

@@ -103,9 +103,11 @@ class _ToTorch:
         if t.metadata:
             torch._C._set_tensor_metadata(out, t.metadata)  # type: ignore[attr-defined]
         if isinstance(t, Parameter):
-            return torch.nn.Parameter(out, requires_grad=t.requires_grad)
-        if t.requires_grad:
+            out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
+        elif t.requires_grad:
             out.requires_grad_(True)
+        for name, value in t.attributes.items():  # what torch's _set_obj_state sets
+            setattr(out, name, self.convert(value))
         return out
 
     def quantized(self, q: QuantizedTensor) -> torch.Tensor:
@@ -244,8 +246,12 @@ class _FromTorch:
         data = Tensor(storage, int(t.storage_offset()), tuple(t.shape), t.stride(), dtype=dtype,
                       requires_grad=False if isinstance(t, torch.nn.Parameter) else
                       t.requires_grad, metadata=metadata)
+        # The Python attributes, as torch.save pickles them (Tensor/Parameter.__reduce_ex__).
+        state = torch._utils._get_obj_state(t) or None  # type: ignore[no-untyped-call]
         if isinstance(t, torch.nn.Parameter):
-            return Parameter(data, t.requires_grad)
+            return Parameter(data, t.requires_grad, state=self.convert(state))
+        if state is not None and type(t) is torch.Tensor:
+            data.python_state, data.type_name = self.convert(state), "torch.Tensor"
         return data
 
     def convert(self, obj: Any) -> Any:

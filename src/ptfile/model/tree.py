@@ -10,6 +10,32 @@ What is neither a tensor nor a dict, list or tuple (``step``, ``lr``, a string,
 None) is a value, named the same way by :func:`values`: what ``diff`` compares
 and ``convert`` reports beside the tensors.  Both, and ``convert``'s own sorting of the
 values (:func:`ptfile.export.values.split_values`), are one :func:`walk`.
+
+Objects of a structural load
+----------------------------
+A pickle read with ``structural=True`` holds *stand-ins* for the classes ptfile did not
+import (:mod:`ptfile.allowlist.structural`), and they may hold tensors: Lightning keeps
+``hyper_parameters``, an ``AttributeDict`` (a ``dict`` subclass), holding a whole
+``nn.Module``.  :func:`flatten` names a tensor reached only through a stand-in too (the
+walk asks the object for its items: a ``tree_items()`` method, :data:`ITEMS_METHOD`, so this
+layer needs no knowledge of the layer above); the name continues the stand-in's own:
+
+==========================  =============================================================
+the stand-in                its items, named after the stand-in's name and ``.``
+==========================  =============================================================
+a module (``nn.Module``:    its ``state_dict()`` names: its parameters, persistent buffers,
+``_parameters`` and         then each submodule's (``hyper_parameters.net.bn.running_mean``);
+``_modules`` in its state)  a non-persistent buffer is not named, as ``state_dict()`` skips it
+any other                   its call's arguments by index (``cfg.0``) and keywords by name,
+                            its state's entries by name when a dict (its attributes,
+                            ``__dict__``; both dicts of a ``(dict, slots)`` pair), other state
+                            as ``state``, its list items by index, its dict items by key
+                            (``hyper_parameters.net``)
+==========================  =============================================================
+
+A name reached twice keeps its first tensor, as everywhere in :func:`flatten`.
+:func:`values` does not walk into stand-ins (a stand-in is a value of its own), nor
+does ``convert``, which lists a stand-in as dropped after converting the tensors in it.
 """
 
 from __future__ import annotations
@@ -20,14 +46,19 @@ from typing import Any, Final
 from ..errors import FormatError, brief
 from .tensor import Parameter, Tensor
 
-__all__ = ["flatten", "values", "walk"]
+__all__ = ["ITEMS_METHOD", "flatten", "values", "walk"]
+
+#: The method of an object of a layer above (a structural stand-in) that gives the items a
+#: walk with ``into_objects`` names in it: ``(key, value)`` pairs, or None for none.
+ITEMS_METHOD: Final = "tree_items"
 
 
 def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
     """Tensors of an object tree by dotted state-dict name (``model.layers.0.weight``).
 
     Dict keys and list/tuple indices are joined with ``.``; a bare tensor is
-    named ``""``.  A container reached twice is listed under its first path.
+    named ``""``.  A container reached twice is listed under its first path.  Tensors
+    inside a structural stand-in are named too (the module docstring).
 
     Raises
     ------
@@ -52,7 +83,7 @@ def flatten(obj: object, *, max_depth: int = 1000) -> dict[str, Tensor]:
             return False
         return True
 
-    walk(obj, visit, max_depth=max_depth)
+    walk(obj, visit, max_depth=max_depth, into_objects=True)
     return out
 
 
@@ -89,9 +120,10 @@ def values(obj: object, *, max_depth: int = 1000) -> dict[str, object]:
 
 
 def walk(obj: object, visit: Callable[[str, object, int], bool], *,
-         max_depth: int = 1000) -> None:
+         max_depth: int = 1000, into_objects: bool = False) -> None:
     """Call ``visit(name, node, depth)`` for each node of an object tree, depth first in
-    order, and walk into the children of a dict, list or tuple when it returns True.
+    order, and walk into the children of a dict, list or tuple when it returns True (with
+    ``into_objects``, of an object with a :data:`ITEMS_METHOD` too: a structural stand-in).
 
     Names are :func:`flatten`'s (dict keys and indices joined with ``.``; the root is
     ``""``).  A container reached twice is visited each time but walked into only under
@@ -115,7 +147,7 @@ def walk(obj: object, visit: Callable[[str, object, int], bool], *,
         name, node, depth = stack.pop()
         if not visit(name, node, depth):
             continue
-        items = _children(node)
+        items = _children(node) if not into_objects else _object_children(node)
         if items is None or id(node) in seen:
             continue
         if depth >= max_depth:
@@ -140,3 +172,12 @@ def _children(node: object) -> list[tuple[object, object]] | None:
     if isinstance(node, (list, tuple)):
         return list(enumerate(node))
     return None
+
+
+def _object_children(node: object) -> list[tuple[object, object]] | None:
+    """A container's children, or those an object of a layer above gives (a stand-in)."""
+    items = _children(node)
+    if items is not None:
+        return items
+    method = getattr(type(node), ITEMS_METHOD, None)
+    return None if method is None else method(node)

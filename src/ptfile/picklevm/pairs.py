@@ -11,8 +11,9 @@ runs only where the one-step :class:`~ptfile.picklevm.nodes.ViewReduce`
 writer may (no persistent_id hook is asked about the parts it writes).
 
 How: a state dict is 10^5-10^6 ``str -> tensor`` pairs, so this is the hot
-loop of ``ptfile.save``, one function of local names with no Python call per
-pair but the reducer's.  Inline, once memo indices have reached 256 (every
+loop of ``ptfile.save``: one loop of local names, with one Python call per pair
+besides the reducer's (the view's writer: :meth:`PairWriter.write_alike`, else
+:meth:`PairWriter.write_common_view`).  Once memo indices have reached 256 (every
 PUT is then LONG_BINPUT):
 
 * a str key: ``BINUNICODE <u32> <utf-8> LONG_BINPUT <u32>`` in one pack of a
@@ -150,14 +151,12 @@ class PairWriter(ViewWriter):
     save_reduced: Callable[[object, object], None]
 
     def write_pairs(self, chunk: Sequence[tuple[object, object]]) -> None:
-        """Write ``<key> <value>`` for every pair of ``chunk``, in few writes."""
-        memo, refs, reducer, shapes, layouts, templates = (
-            self.memo, self.refs, self.reducer, self.shapes, self.layouts, self.templates)
-        claim, known, ref, lookup, keep = (
-            memo.setdefault, memo.get, refs.get, self.lookup, self.keep.append)
-        strs, referents = _STR_LAYOUTS, get_referents
-        od = ref(id(_ORDERED_DICT))
-        func = head = None
+        """Write ``<key> <value>`` for every pair of ``chunk``, in few writes: each str key
+        here, then its value: a view alike an earlier one (:meth:`write_alike`), another
+        common view (:meth:`write_common_view`), or the generic way."""
+        memo, reducer, templates = self.memo, self.reducer, self.templates
+        claim, known, lookup, keep = memo.setdefault, memo.get, self.lookup, self.keep.append
+        strs = _STR_LAYOUTS
         parts: list[bytes] = []
         add = parts.append
         for key, value in chunk:
@@ -177,8 +176,7 @@ class PairWriter(ViewWriter):
                     BINUNICODE, size, data, LONG_BINPUT, index))
             else:
                 add(get_code(found))
-            vid = id(value)
-            if lookup(type(value)) is not None or known(vid) is not None:
+            if lookup(type(value)) is not None or known(id(value)) is not None:
                 self.write_value(key, value, parts)
                 continue
             try:
@@ -189,87 +187,98 @@ class PairWriter(ViewWriter):
             if type(view) is not ViewReduce:
                 self.write_reduced(key, value, view, parts)
                 continue
-            f, pid, offset, size_, stride, flag, tail = view
-            like = templates.get(id(size_))
-            if (like and type(pid) is tuple and len(pid) == _LIKE_PID_ITEMS
-                    and type(tail) is OrderedDict and not referents(tail)):  # fmt: skip
-                (_, t_stride, t_func, t_offset, t_flag, at, i0, o0, i1, o1, i2, o2, i3, o3,
-                 segments, by_size) = like
-                item = pid[at]
-                if (stride is t_stride and f is t_func and offset is t_offset and flag is t_flag
-                        and pid[i0] is o0 and pid[i1] is o1 and pid[i2] is o2 and pid[i3] is o3
-                        and type(item) is str):  # fmt: skip
-                    index = len(memo) + self.unkeyed
-                    if claim(id(item), index) == index:  # a fresh str: the view is alike
-                        try:
-                            data = item.encode()
-                        except UnicodeEncodeError:
-                            data = _utf8(item)
-                        keep(item)
-                        memo[vid] = index + 6  # nothing but the str was saved: no cycle
-                        keep(value)
-                        self.unkeyed += 5  # the pid tuple, size, stride, the OrderedDict, args
-                        size = len(data)
-                        pre, close, size_put, stride_put, middle = segments
-                        add((by_size.get(size) or _like_layout(segments, by_size, size)).pack(
-                            pre, BINUNICODE, size, data, LONG_BINPUT, index, close, index + 1,
-                            size_put, index + 2, stride_put, index + 3, middle, index + 4,
-                            _TUPLE_PUT, index + 5, _REDUCE_PUT, index + 6))
-                        continue
-            if f is not func:
-                func = f
-                head = ref(id(func))
-            if (head is None or od is None or type(pid) is not tuple or not pid
-                    or type(offset) is not int or type(flag) is not bool
-                    or type(tail) is not OrderedDict or referents(tail)):  # fmt: skip
-                self.write_reduced(key, value, view, parts)
-                od, func = ref(id(_ORDERED_DICT)), None  # either may be met now
-                continue
-            count = len(pid)
-            add(head)
-            add(_PID_OPEN[count] if count < 4 else _PID_OPEN[4])
-            for item in pid:  # ViewWriter.add_pid's items, inlined
-                code = ref(id(item))
-                if code is not None:
-                    add(code)
-                elif type(item) is int:
-                    add(BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
-                elif type(item) is str:
-                    index = len(memo) + self.unkeyed
-                    found = claim(id(item), index)
-                    if found != index:
-                        add(self.note_str(item, found))
-                        continue
-                    try:
-                        data = item.encode()
-                    except UnicodeEncodeError:
-                        data = _utf8(item)
-                    keep(item)
-                    size = len(data)
-                    add((strs.get(size) or _str_layout(size)).pack(
-                        BINUNICODE, size, data, LONG_BINPUT, index))
-                else:
-                    self.save_part(item, parts)
-            size_put = shapes.get(id(size_)) or self.shape_put(size_)
-            stride_put = shapes.get(id(stride)) or self.shape_put(stride)
-            index = len(memo) + self.unkeyed
-            if not size_put or not stride_put or claim(id(value), index + 5) != index + 5:
-                self.close_pid(count, parts)
-                self.write_rest(view, value, parts)
-                continue
-            self.unkeyed += 5  # the pid tuple, size, stride, the OrderedDict, the args tuple
-            keep(value)
-            persid = _PERSID_INT1[offset] if 0 <= offset < 0x100 else BINPERSID + encode_int(offset)
-            layout = layouts.get((persid, size_put, stride_put))
-            if layout is None:
-                layout = self.view_layout(persid, size_put, stride_put, od)
-            add(layout.pack(
-                _PID_CLOSE_PUTS[count] if count < 4 else _PID_CLOSE_PUTS[0], index,
-                persid, size_put, index + 1, stride_put, index + 2, _FLAG[flag], od,
-                _EMPTY_REDUCE_PUT, index + 3, _TUPLE_PUT, index + 4, _REDUCE_PUT, index + 5))
-            if like is None and len(templates) < _INT_TUPLE_CACHE_SIZE:
-                templates[id(size_)] = self.like(view, persid + size_put, stride_put, od)
+            like = templates.get(id(view[3]))
+            if not (like and self.write_alike(like, view, value, parts)):
+                self.write_common_view(key, value, view, like, parts)
         self.flush(parts)
+
+    def write_alike(self, like: tuple[Any, ...], view: ViewReduce, value: object,
+                    parts: list[bytes]) -> bool:
+        """Write ``view`` by the template ``like`` (:meth:`like`) when it is alike: the
+        template's bytes around its one fresh str and the memo indices, in one pack;
+        False (nothing written) when it is not."""
+        f, pid, offset, _, stride, flag, tail = view
+        if (type(pid) is not tuple or len(pid) != _LIKE_PID_ITEMS
+                or type(tail) is not OrderedDict or get_referents(tail)):  # fmt: skip
+            return False
+        (_, t_stride, t_func, t_offset, t_flag, at, i0, o0, i1, o1, i2, o2, i3, o3,
+         segments, by_size) = like
+        item = pid[at]
+        if not (stride is t_stride and f is t_func and offset is t_offset and flag is t_flag
+                and pid[i0] is o0 and pid[i1] is o1 and pid[i2] is o2 and pid[i3] is o3
+                and type(item) is str):  # fmt: skip
+            return False
+        memo = self.memo
+        index = len(memo) + self.unkeyed
+        if memo.setdefault(id(item), index) != index:  # a str met before: not alike
+            return False
+        try:
+            data = item.encode()
+        except UnicodeEncodeError:
+            data = _utf8(item)
+        keep = self.keep.append
+        keep(item)
+        memo[id(value)] = index + 6  # nothing but the str was saved: no cycle
+        keep(value)
+        self.unkeyed += 5  # the pid tuple, size, stride, the OrderedDict, args
+        size = len(data)
+        pre, close, size_put, stride_put, middle = segments
+        parts.append((by_size.get(size) or _like_layout(segments, by_size, size)).pack(
+            pre, BINUNICODE, size, data, LONG_BINPUT, index, close, index + 1,
+            size_put, index + 2, stride_put, index + 3, middle, index + 4,
+            _TUPLE_PUT, index + 5, _REDUCE_PUT, index + 6))
+        return True
+
+    def write_common_view(self, key: object, value: object, view: ViewReduce,
+                          like: tuple[Any, ...] | None, parts: list[bytes]) -> None:
+        """Write a common view (module docstring): its head and pid items, then the rest in
+        one pack; any other view the generic way.  The first common view of a size tuple
+        leaves its template (``like`` None: none yet)."""
+        f, pid, offset, size_, stride, flag, tail = view
+        ref = self.refs.get
+        head, od = ref(id(f)), ref(id(_ORDERED_DICT))
+        if (head is None or od is None or type(pid) is not tuple or not pid
+                or type(offset) is not int or type(flag) is not bool
+                or type(tail) is not OrderedDict or get_referents(tail)):  # fmt: skip
+            self.write_reduced(key, value, view, parts)
+            return
+        count = len(pid)
+        parts.append(head)
+        parts.append(_PID_OPEN[count] if count < 4 else _PID_OPEN[4])
+        self.write_pid_items(pid, parts)
+        size_put = self.shapes.get(id(size_)) or self.shape_put(size_)
+        stride_put = self.shapes.get(id(stride)) or self.shape_put(stride)
+        index = len(self.memo) + self.unkeyed
+        if not size_put or not stride_put or self.memo.setdefault(id(value), index + 5) != index + 5:
+            self.close_pid(count, parts)
+            self.write_rest(view, value, parts)
+            return
+        self.unkeyed += 5  # the pid tuple, size, stride, the OrderedDict, the args tuple
+        self.keep.append(value)
+        persid = _PERSID_INT1[offset] if 0 <= offset < 0x100 else BINPERSID + encode_int(offset)
+        layout = self.layouts.get((persid, size_put, stride_put))
+        if layout is None:
+            layout = self.view_layout(persid, size_put, stride_put, od)
+        parts.append(layout.pack(
+            _PID_CLOSE_PUTS[count] if count < 4 else _PID_CLOSE_PUTS[0], index,
+            persid, size_put, index + 1, stride_put, index + 2, _FLAG[flag], od,
+            _EMPTY_REDUCE_PUT, index + 3, _TUPLE_PUT, index + 4, _REDUCE_PUT, index + 5))
+        if like is None and len(self.templates) < _INT_TUPLE_CACHE_SIZE:
+            self.templates[id(size_)] = self.like(view, persid + size_put, stride_put, od)
+
+    def write_pid_items(self, pid: tuple[object, ...], parts: list[bytes]) -> None:
+        """A pid's items, as :meth:`~ptfile.picklevm.views.ViewWriter.add_pid` writes them."""
+        ref, add = self.refs.get, parts.append
+        for item in pid:
+            code = ref(id(item))
+            if code is not None:
+                add(code)
+            elif type(item) is int:
+                add(BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
+            elif type(item) is str:
+                add(self.code_str(item))
+            else:
+                self.save_part(item, parts)
 
     def like(self, view: ViewReduce, size_put: bytes, stride_put: bytes,
              od: bytes) -> tuple[Any, ...]:
@@ -307,11 +316,6 @@ class PairWriter(ViewWriter):
                     b"".join(codes[at:]) + _PID_CLOSE_PUTS[0], size_put, stride_put,
                     _FLAG[flag] + od + _EMPTY_REDUCE_PUT)
         return (size, stride, func, offset, flag, at, *fixed, segments, {})
-
-    def note_str(self, item: str, index: int) -> bytes:
-        """The GET of a str memoised at ``index``, kept in ``refs``."""
-        code = self.refs[id(item)] = get_code(index)
-        return code
 
     def view_layout(self, persid: bytes, size_put: bytes, stride_put: bytes,
                     od: bytes) -> struct.Struct:

@@ -37,144 +37,46 @@ rule sees:
   total, an upper bound on the peak (objects popped and freed are counted).
   :attr:`Trace.objects` counts the objects built.
 
+The values the machine pushes and the :class:`Trace` it returns are in :mod:`.symbols`;
+what each object and key costs CPython, in :mod:`.costs`.
+
 The walk stops at the first stack or memo error (the real unpickler would
 raise there too) and reports it in :attr:`Trace.error`.
 """
 
 from __future__ import annotations
 
-import struct
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from ..errors import PickleStreamError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 from ._walk import Buffer
+from .costs import (
+    HASH_COST,
+    MEMO_START,
+    SATURATE,
+    SIZE_BASE,
+    SIZE_BYTEARRAY,
+    SIZE_CALL,
+    SIZE_DICT,
+    SIZE_DICT_ENTRY,
+    SIZE_LIST,
+    SIZE_OBJECT,
+    SIZE_SET,
+    SIZE_SET_ENTRY,
+    SIZE_TUPLE,
+    call_size,
+    claimed_length,
+    hash_and_canon,
+    hash_cost,
+    literal_size,
+)
 from .decoder import Op, genops
+from .symbols import Container, GlobalRef, NameUse, Result, Trace, Tup, Unresolved
 
 __all__ = ["Container", "GlobalRef", "NameUse", "Result", "Trace", "Tup", "trace"]
-
-#: Tuples nested deeper than this are not hashed by the walk (it would recurse).
-HASH_DEPTH: Final = 64
-#: Keys whose hash takes more tuple hashes than this are not hashed by the walk (a key of
-#: shared tuples costs exponentially more than its size): their work is counted instead.
-HASH_COST: Final = 4096
-#: Counts saturate here (a hash cost doubles per level of shared tuples).
-_SATURATE: Final = 1 << 62
-#: Bytes CPython's unpickler allocates per byte of pickle, at most, from opcodes alone
-#: (``EMPTY_SET``: one byte, a 216-byte set, its 16-byte GC header and a stack slot; a
-#: memo index costs 16 bytes of table per index, and each needs 2 bytes): the bound the
-#: scanner's fast path relies on (``len(stream) * MAX_BYTES_PER_BYTE``).  A fact of
-#: CPython's unpickler, not a ceiling (the ceiling is ``Limits.max_unpickled_bytes``).
-MAX_BYTES_PER_BYTE: Final = 256
-
-
-@dataclass(frozen=True, slots=True)
-class GlobalRef:
-    """A global named by ``GLOBAL``, ``STACK_GLOBAL`` or ``INST``."""
-
-    module: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class Unresolved:
-    """A ``STACK_GLOBAL`` whose operands are not both strings."""
-
-    module: object
-    name: object
-
-
-class Tup(tuple):  # type: ignore[type-arg]
-    """A symbolic tuple that knows how deeply tuples nest in it, and what hashing it costs
-    (``cost``: tuples hashed, shared items counted once per reference)."""
-
-    depth: int = 1
-    cost: int = 1
-
-
-@dataclass(eq=False, slots=True)
-class Result:
-    """What a call or a persistent id returns: ``func(*args)`` or ``persistent_load(pid)``."""
-
-    func: object
-    args: object
-    opcode: str
-    pos: int
-
-
-@dataclass(eq=False, slots=True)
-class Container:
-    """A list, dict, set or frozenset under construction (``kind``); ``items`` for lists/sets."""
-
-    kind: str
-    items: list[object] = field(default_factory=list)
-    #: Entries of a dict (its keys are not kept).
-    entries: int = 0
-    #: Items already counted as keys (a list handed to ``set()`` again is not recounted),
-    #: and the tuple hashes they cost.
-    hashed: int = 0
-    key_cost: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class NameUse:
-    """One use of a global name: which opcode, where, and whether the name is known."""
-
-    module: str
-    name: str
-    opcode: str
-    pos: int
-    resolved: bool = True
-
-
-@dataclass(slots=True)
-class Trace:
-    """Everything :func:`trace` saw.
-
-    Attributes
-    ----------
-    names : list of NameUse
-        Every ``GLOBAL``/``STACK_GLOBAL``/``INST`` (and unresolved ones).
-    calls : list of Result
-        Every call, in stream order.
-    exts : list of (code, pos)
-        ``EXT1``/``EXT2``/``EXT4`` codes.
-    blobs : list of (bytes, pos)
-        Byte-string literals (and latin-1 text literals that start like a
-        pickle or a ZIP, or are ASCII and long enough to be base64 or hex of
-        one): where nested pickles hide.
-    persistent_ids : list of (object, pos)
-        Persistent ids handed to ``persistent_load``.
-    global_builds : list of NameUse
-        ``BUILD`` applied to a global itself (sets attributes on an imported
-        object: how names get smuggled past scanners, and how shared objects
-        get changed for later loads).
-    max_collisions, max_tuple_depth, hash_steps : int
-        The hazards described in the module docstring.
-    alloc_bytes, objects : int
-        What CPython's unpickler would allocate, estimated (module docstring).
-    end : int
-        Offset after ``STOP``.
-    error : str or None
-        Why the walk stopped early.
-    """
-
-    names: list[NameUse] = field(default_factory=list)
-    calls: list[Result] = field(default_factory=list)
-    exts: list[tuple[int, int]] = field(default_factory=list)
-    blobs: list[tuple[bytes, int]] = field(default_factory=list)
-    persistent_ids: list[tuple[object, int]] = field(default_factory=list)
-    global_builds: list[NameUse] = field(default_factory=list)
-    max_collisions: int = 0
-    max_tuple_depth: int = 0
-    hash_steps: int = 0
-    alloc_bytes: int = 0
-    objects: int = 0
-    end: int = -1
-    error: str | None = None
 
 
 class _StackError(Exception):
@@ -187,87 +89,6 @@ _BLOB_HEADS: Final = ("\x80", "PK\x03\x04", *"c(iSVIN]}")
 _ENCODED_CHARS: Final = 24
 
 
-#: Object sizes on 64-bit CPython 3.11 (``sys.getsizeof``, GC header included): the
-#: empty tuple is a singleton; a tuple of n items is ``_TUPLE + 8 * n``.
-_TUPLE: Final = 40
-_LIST: Final = 56
-_DICT: Final = 64
-_SET: Final = 232  # 216, and the list slot of the 8-entry table tracemalloc sees
-_ORDERED_DICT: Final = 128
-_BYTES: Final = 33
-_BYTEARRAY: Final = 57
-#: An object a call returns, whatever it is (a tensor's Python object, a stand-in).
-_OBJECT: Final = 64
-#: Bytes per entry of a dict (index, entry, growth) and of a set (its table), measured
-#: on dicts and sets of 10**5 keys: 38 and 42.
-_DICT_ENTRY: Final = 42
-_SET_ENTRY: Final = 42
-#: An ``OrderedDict`` entry: the dict's, and its node in the linked order.
-_ORDERED_ENTRY: Final = 100
-#: What one call costs besides its result (allocator rounding of a large result, the
-#: temporaries of the call), measured on 200 ``_codecs.encode`` calls: ~40 bytes.
-_CALL: Final = 64
-#: The unpickler's own structures (its stack, mark stack and memo to start with).
-_BASE: Final = 1024
-#: CPython's unpickler starts with a memo table of this many slots.
-_MEMO_START: Final = 32
-
-
-def _literal_size(value: object) -> int:
-    """Bytes CPython allocates for a literal the stream decodes (0 for cached ones)."""
-    kind = type(value)
-    if kind is int:
-        return 0 if -5 <= value <= 256 else sys.getsizeof(value)  # type: ignore[operator]
-    if kind is str or kind is bytes or kind is float:
-        return sys.getsizeof(value)
-    return 0
-
-
-def _length(value: object) -> int:
-    """How many items (or characters, or bytes) a call would copy out of ``value``."""
-    if isinstance(value, (str, bytes)):
-        return len(value)
-    if isinstance(value, Container):
-        return max(len(value.items), value.entries)
-    if isinstance(value, tuple):
-        return len(value)
-    return 0
-
-
-#: Constructors of the weights-only allowlist that copy their argument, and what one
-#: item of it costs in the result: ``(bytes per item, fixed bytes)``.  ``bytearray(n)``
-#: of an int allocates (and zeroes) ``n`` bytes.
-COPIERS: Final[dict[tuple[str, str], tuple[int, int]]] = {
-    ("_codecs", "encode"): (3, _BYTES),  # UTF-8 takes up to 3 bytes per BMP character
-    ("builtins", "bytearray"): (1, _BYTEARRAY),
-    ("builtins", "set"): (_SET_ENTRY, _SET),
-    ("builtins", "frozenset"): (_SET_ENTRY, _SET),
-    ("collections", "Counter"): (_DICT_ENTRY, _DICT),
-    ("collections", "OrderedDict"): (_ORDERED_ENTRY, _ORDERED_DICT),
-    ("torch", "Size"): (8, _TUPLE),
-}
-
-
-def _call_size(func: object, args: object) -> int:
-    """Bytes a call allocates: an object, plus what a copying constructor copies."""
-    if not isinstance(func, GlobalRef):
-        return _OBJECT
-    qual = (func.module, func.name)
-    if func.module == "__builtin__":
-        qual = ("builtins", func.name)
-    per, fixed = COPIERS.get(qual, (0, _OBJECT))
-    if not per or not isinstance(args, tuple) or not args:
-        return fixed
-    first = args[0]
-    if qual == ("builtins", "bytearray") and type(first) is int:
-        return fixed + max(first, 0)
-    if qual == ("_codecs", "encode") and isinstance(first, str) and len(args) > 1 \
-            and isinstance(args[1], str) and args[1].lower().replace("-", "_") in (
-                "latin1", "latin_1", "iso_8859_1", "l1"):
-        per = 1
-    return fixed + per * _length(first)
-
-
 @dataclass(slots=True)
 class _Machine:
     out: Trace
@@ -276,7 +97,7 @@ class _Machine:
     memo: dict[int, object] = field(default_factory=dict)
     seen_keys: set[bytes] = field(default_factory=set)
     per_hash: dict[int, int] = field(default_factory=dict)
-    memo_size: int = _MEMO_START
+    memo_size: int = MEMO_START
     deepest: int = 0
 
     def alloc(self, size: int, objects: int = 1) -> None:
@@ -314,11 +135,11 @@ class _Machine:
         nested = [i for i in t if isinstance(i, Tup)]
         if nested:
             t.depth = 1 + max(i.depth for i in nested)
-            t.cost = min(1 + sum(i.cost for i in nested), _SATURATE)
+            t.cost = min(1 + sum(i.cost for i in nested), SATURATE)
             self.out.max_tuple_depth = max(self.out.max_tuple_depth, t.depth)
         else:
             self.out.max_tuple_depth = max(self.out.max_tuple_depth, 1)
-        self.alloc(_TUPLE + 8 * len(t))
+        self.alloc(SIZE_TUPLE + 8 * len(t))
         return t
 
     def add_keys(self, target: object, keys: Iterable[object], grow: bool = True) -> int:
@@ -331,16 +152,16 @@ class _Machine:
                 cost += self.count_key(key)
             target.entries += n
             if grow:
-                self.alloc(n * (_DICT_ENTRY if target.kind == "dict" else _SET_ENTRY), 0)
+                self.alloc(n * (SIZE_DICT_ENTRY if target.kind == "dict" else SIZE_SET_ENTRY), 0)
         return cost
 
     def count_key(self, key: object) -> int:
-        cost = _hash_cost(key)
+        cost = hash_cost(key)
         if cost:
-            self.out.hash_steps = min(self.out.hash_steps + cost, _SATURATE)
+            self.out.hash_steps = min(self.out.hash_steps + cost, SATURATE)
         if cost > HASH_COST:
             return cost  # hashing it here would take as long as in CPython
-        found = _hash_and_canon(key)
+        found = hash_and_canon(key)
         if found is None:
             return cost
         h, canon = found
@@ -350,67 +171,6 @@ class _Machine:
         n = self.per_hash[h] = self.per_hash.get(h, 0) + 1
         self.out.max_collisions = max(self.out.max_collisions, n)
         return cost
-
-
-def _canon(value: object, depth: int = 0) -> bytes | None:
-    """Bytes that identify a hashable literal key (compared by SipHash, never by its hash)."""
-    if isinstance(value, bool) or value is None:
-        return repr(value).encode()
-    if isinstance(value, int):
-        return b"i" + value.to_bytes(value.bit_length() // 8 + 1, "little", signed=True)
-    if isinstance(value, float):
-        return b"f" + struct.pack("<d", value)
-    if isinstance(value, complex):
-        return b"c" + struct.pack("<dd", value.real, value.imag)
-    if isinstance(value, (str, bytes)):
-        return None  # randomised hashes: no flooding
-    if isinstance(value, tuple) and depth < HASH_DEPTH:
-        parts: list[bytes] = []
-        for item in value:
-            part = _canon(item, depth + 1)
-            if part is None:
-                return None
-            parts.append(len(part).to_bytes(4, "little") + part)
-        return b"t" + b"".join(parts)
-    return None
-
-
-def _literal_key(key: object) -> object:
-    """The value a key would have: ``complex``/``torch.Size`` calls on literals are evaluated."""
-    if isinstance(key, Result) and isinstance(key.func, GlobalRef) and isinstance(key.args, tuple):
-        qual = (key.func.module, key.func.name)
-        args = key.args
-        if qual in (("builtins", "complex"), ("__builtin__", "complex")) and len(args) <= 2 \
-                and all(type(a) in (int, float) for a in args):
-            try:
-                return complex(*args)
-            except OverflowError:
-                return key
-        if qual == ("torch", "Size") and len(args) == 1 and isinstance(args[0], tuple):
-            return tuple(args[0])
-    return key
-
-
-def _hash_cost(key: object) -> int:
-    """Tuples CPython hashes to hash ``key`` (a ``torch.Size`` or tuple key; else 0)."""
-    if isinstance(key, Tup):
-        return key.cost if key else 0
-    if isinstance(key, Result) and isinstance(key.args, tuple):
-        return sum(a.cost for a in key.args if isinstance(a, Tup))
-    return 0
-
-
-def _hash_and_canon(key: object) -> tuple[int, bytes] | None:
-    key = _literal_key(key)
-    if isinstance(key, Tup) and key.depth > HASH_DEPTH:
-        return None
-    canon = _canon(key)
-    if canon is None:
-        return None
-    try:
-        return hash(key), canon
-    except (TypeError, OverflowError):
-        return None
 
 
 # --------------------------------------------------------------------------- opcode handlers
@@ -429,14 +189,14 @@ def _push_arg(m: _Machine, op: Op) -> None:
         except UnicodeEncodeError:
             pass
     m.stack.append(arg)
-    m.alloc(_literal_size(arg))
+    m.alloc(literal_size(arg))
 
 
 def _bytearray(m: _Machine, op: Op) -> None:
     _push_arg(m, op)
     size = m.stack[-1]
     m.stack[-1] = Container("bytearray")
-    m.alloc(_BYTEARRAY + (len(size) if isinstance(size, bytes) else 0))
+    m.alloc(SIZE_BYTEARRAY + (len(size) if isinstance(size, bytes) else 0))
 
 
 def _pusher(value: Callable[[], object]) -> _Handler:
@@ -453,7 +213,7 @@ def _new(kind: str, size: int) -> _Handler:
 def _list(m: _Machine, op: Op) -> None:
     items = m.pop_mark()
     m.stack.append(Container("list", items))
-    m.alloc(_LIST + 8 * len(items))
+    m.alloc(SIZE_LIST + 8 * len(items))
 
 
 def _names(op: Op) -> tuple[str, str]:
@@ -489,7 +249,7 @@ def _describe(value: object) -> str:
 
 
 def _call(m: _Machine, func: object, args: object, op: Op) -> None:
-    m.alloc(_call_size(func, args) + _CALL)
+    m.alloc(call_size(func, args) + SIZE_CALL)
     result = Result(func, args, op.opcode.name, op.pos)
     m.out.calls.append(result)
     m.stack.append(result)
@@ -522,7 +282,7 @@ def _obj(m: _Machine, op: Op) -> None:
 def _persid(m: _Machine, op: Op) -> None:
     pid = op.arg if op.opcode.name == "PERSID" else m.pop()
     m.out.persistent_ids.append((pid, op.pos))
-    m.alloc(_OBJECT)
+    m.alloc(SIZE_OBJECT)
     m.stack.append(Result("persistent_load", pid, op.opcode.name, op.pos))
 
 
@@ -573,7 +333,7 @@ def _additems(m: _Machine, op: Op) -> None:
 def _frozenset(m: _Machine, op: Op) -> None:
     items = m.pop_mark()
     target = Container("frozenset", items)
-    m.alloc(_SET)
+    m.alloc(SIZE_SET)
     m.add_keys(target, items)
     m.stack.append(target)
 
@@ -581,7 +341,7 @@ def _frozenset(m: _Machine, op: Op) -> None:
 def _dict(m: _Machine, op: Op) -> None:
     items = m.pop_mark()
     target = Container("dict")
-    m.alloc(_DICT)
+    m.alloc(SIZE_DICT)
     m.add_keys(target, items[0::2])
     m.stack.append(target)
 
@@ -620,7 +380,7 @@ def _set_from_list(m: _Machine) -> None:
             and isinstance(call.args[0], Container):
         source = call.args[0]  # handed over again and again: its keys are counted once
         source.key_cost += m.add_keys(Container("set"), source.items[source.hashed:], False)
-        m.out.hash_steps = min(m.out.hash_steps + source.key_cost, _SATURATE)
+        m.out.hash_steps = min(m.out.hash_steps + source.key_cost, SATURATE)
         source.hashed = len(source.items)
 
 
@@ -656,6 +416,7 @@ _LITERALS: Final = (
     "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
 )
 
+
 _HANDLERS: Final[dict[str, _Handler]] = {
     **dict.fromkeys(_LITERALS, _push_arg),
     "BYTEARRAY8": _bytearray,
@@ -663,9 +424,9 @@ _HANDLERS: Final[dict[str, _Handler]] = {
     "NEWTRUE": _pusher(lambda: True),
     "NEWFALSE": _pusher(lambda: False),
     "EMPTY_TUPLE": _pusher(lambda: Tup()),
-    "EMPTY_LIST": _new("list", _LIST),
-    "EMPTY_DICT": _new("dict", _DICT),
-    "EMPTY_SET": _new("set", _SET),
+    "EMPTY_LIST": _new("list", SIZE_LIST),
+    "EMPTY_DICT": _new("dict", SIZE_DICT),
+    "EMPTY_SET": _new("set", SIZE_SET),
     "MARK": _mark,
     "TUPLE": lambda m, op: m.stack.append(m.tuple_of(m.pop_mark())),
     "TUPLE1": _tuple_n(1), "TUPLE2": _tuple_n(2), "TUPLE3": _tuple_n(3),
@@ -735,36 +496,10 @@ def trace(data: Buffer, start: int = 0, *, limits: Limits = DEFAULT_LIMITS) -> T
         machine.out.error = f"{exc} at offset {pos:#x}"
     except PtfileError as exc:  # what came before the damage still counts
         if isinstance(exc, PickleStreamError):
-            machine.out.alloc_bytes += _claimed(data, exc.offset)
+            machine.out.alloc_bytes += claimed_length(data, exc.offset)
         if not machine.out.names and not machine.out.calls \
                 and machine.out.alloc_bytes <= limits.max_unpickled_bytes:
             raise
         machine.out.error = str(exc)
-    machine.out.alloc_bytes += 9 * peak + _BASE  # the stack's slots, with over-allocation
+    machine.out.alloc_bytes += 9 * peak + SIZE_BASE  # the stack's slots, with over-allocation
     return machine.out
-
-
-#: Counted literals, by opcode byte: the size and format of their length field.
-_COUNTED: Final = {ord("T"): "<i", ord("B"): "<I", ord("X"): "<I", 0x8D: "<Q", 0x8E: "<Q",
-                   0x96: "<Q", 0x95: "<Q"}
-
-
-def _claimed(data: Buffer, offset: int | None) -> int:
-    """The length a counted literal (or ``FRAME``) at ``offset`` claims, when the stream
-    ends before it: CPython allocates it before reading (``bytes``, ``bytearray``; and
-    any of them read from a file, as torch's legacy loader and ``pickle.load`` do)."""
-    if offset is None or not 0 <= offset < len(data):
-        return 0
-    fmt = _COUNTED.get(data[offset])
-    size = struct.calcsize(fmt) if fmt else 0
-    if fmt is None or offset + 1 + size > len(data):
-        return 0
-    claimed: int = struct.unpack_from(fmt, data, offset + 1)[0]
-    return max(claimed, 0)
-
-
-def hazards(info: Trace) -> dict[str, Any]:
-    """The hazard measures of a trace, for messages and reports."""
-    return {"max_collisions": info.max_collisions, "max_tuple_depth": info.max_tuple_depth,
-            "hash_steps": info.hash_steps, "alloc_bytes": info.alloc_bytes,
-            "objects": info.objects}

@@ -13,8 +13,8 @@ header) whose docstring lists the anomaly codes, with the checks only a
 scanner asks for (``shadow-record``, ``local-header-mismatch``,
 ``outside-prefix``, ``bytes-before-first-record``, ``scan-limit``...).
 
-tar (:func:`walk_tar`): :func:`ptfile.archive.tar.read_members`, the loader's
-tar reader, whose docstring lists its anomaly codes.
+tar: the scanner calls :func:`ptfile.archive.tar.read_members` itself, the loader's
+tar reader in its tolerant mode, whose docstring lists its anomaly codes.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from .._io.local import Source
 from ..archive.anomalies import Anomaly
 from ..archive.inflate import inflate_bound, inflate_prefix
 from ..archive.records import METHOD_DEFLATED, METHOD_STORED
-from ..archive.tar import TarMember, read_members
+from ..archive.tar import TarMember
 from ..archive.walk import ZipEntry
 from ..archive.walk import walk_zip as _walk_zip
 from ..errors import ArchiveError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "read_member", "walk_tar", "walk_zip"]
+__all__ = ["Anomaly", "TarMember", "Window", "ZipEntry", "read_member", "walk_zip"]
 
 
 def walk_zip(source: Source, limits: Limits = DEFAULT_LIMITS, eocd: int | None = None,
@@ -121,13 +121,3 @@ class Window:
 
     def close(self) -> None:
         return
-
-
-def walk_tar(source: Source, limits: Limits) -> tuple[list[TarMember], list[Anomaly]]:
-    """The members of a tar archive, as the loader reads them, and its anomalies.
-
-    The tolerant mode of :func:`ptfile.archive.tar.read_members` (the loader's
-    reader): the same headers, member types and PAX/GNU extensions.
-    """
-    anomalies: list[Anomaly] = []
-    return read_members(source, limits, anomalies), anomalies

@@ -21,8 +21,8 @@ Resources (``Limits.max_unpickled_bytes``): streams shorter than :data:`MIN_BYTE
 left to the walk (it costs little there, and it counts what hashing each key costs:
 CPython would hash a key of shared tuples for ``2**levels`` steps here too); longer ones
 are only cleared when the opcodes alone cannot allocate the limit
-(:data:`~ptfile.picklevm.symbolic.MAX_BYTES_PER_BYTE` per byte) and the copying
-constructors (:data:`~ptfile.picklevm.symbolic.COPIERS`, called through a recorder)
+(:data:`~ptfile.picklevm.costs.MAX_BYTES_PER_BYTE` per byte) and the copying
+constructors (:data:`~ptfile.picklevm.costs.COPIERS`, called through a recorder)
 copy too little to reach it with them.
 """
 
@@ -35,8 +35,8 @@ from ..allowlist.structural import StandIn, make_stand_in
 from ..errors import PtfileError
 from ..limits import Limits
 from ..picklevm import unpickle
+from ..picklevm.costs import COPIERS, MAX_BYTES_PER_BYTE
 from ..picklevm.hazards import tuple_height
-from ..picklevm.symbolic import COPIERS, MAX_BYTES_PER_BYTE
 from .nested import MIN_ENCODED_CHARS, starts_in_alphabet
 from .verdicts import codec_is_standard
 

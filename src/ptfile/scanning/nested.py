@@ -13,7 +13,7 @@ of at least :data:`MIN_ENCODED_CHARS` characters are decoded, only when every
 character is of the base64 (standard or URL-safe) or hex alphabet, and only
 after the first few decoded bytes look like a pickle or a ZIP
 (:func:`looks_like_payload`).  The scanner then scans what it returns
-(:mod:`ptfile.scanning.scanner`), and reports it only when it reads as one:
+(:mod:`ptfile.scanning.stream`), and reports it only when it reads as one:
 random bytes that happen to start with a pickle opcode are no finding.
 """
 

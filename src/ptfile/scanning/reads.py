@@ -2,9 +2,6 @@
 
 * :func:`stream_head`: the bytes a stream scan reads (a URL's: a window that
   holds the first pickles, grown while a pickle runs past it);
-* :func:`stored_payload`: whether a stored ZIP record's first and last bytes
-  look like a pickle or a ZIP (:func:`.nested.ends_look_like_payload`), read
-  without reading the record;
 * :func:`next_head`: where a pickle (``PROTO``, or a protocol 0/1 ``GLOBAL``
   line) or a ZIP local header starts in bytes after a record's ``STOP``;
 * :func:`holds_zip`: whether a file holds a ZIP archive with records.
@@ -19,11 +16,9 @@ from .._io.local import Source
 from ..errors import PtfileError
 from ..limits import Limits
 from ..picklevm import check_stream
-from .containers import Window, ZipEntry, walk_zip
-from .nested import ends_look_like_payload
+from .containers import Window, walk_zip
 
-__all__ = ["FIRST_STREAM_WINDOW", "holds_pickles", "holds_zip", "next_head", "stored_payload",
-           "stream_head"]
+__all__ = ["FIRST_STREAM_WINDOW", "holds_pickles", "holds_zip", "next_head", "stream_head"]
 
 #: Where a pickle or a ZIP may start in the bytes after STOP.
 _TRAILING_HEADS: Final = (b"PK\x03\x04", *(bytes([0x80, p]) for p in range(1, 6)))
@@ -38,17 +33,6 @@ def next_head(data: bytes, start: int) -> int:
     if line is not None:
         found.append(line.start())
     return min(found, default=-1)
-
-
-def stored_payload(source: Source, entry: ZipEntry) -> bool:
-    """Whether a stored record's first and last bytes look like a pickle or a ZIP."""
-    try:
-        head = source.pread(entry.data_offset, min(4, entry.size), "record head")
-        tail = source.pread(entry.data_offset + max(0, entry.size - 8), min(8, entry.size),
-                            "record tail")
-    except PtfileError:
-        return False
-    return ends_look_like_payload(head, tail)
 
 
 #: The first window of a stream read from a source that reads on demand (a URL).

@@ -15,7 +15,7 @@ torch and CPython raise on them.  Ambiguities that make readers read different
 bytes (names that collide exactly or by case, opcodes that straddle a frame,
 a central directory that ends before the end records, a ZIP that starts
 otherwise, local headers the directory never names or that disagree with it:
-:data:`ptfile.scanning.scanner.DIVERGENT_ANOMALIES`) are ``dangerous``; other
+:data:`ptfile.scanning.zip.DIVERGENT_ANOMALIES`) are ``dangerous``; other
 anomalies (data after ``STOP``, archive oddities every reader reads alike) are
 ``unknown``.  Nested payloads (:mod:`ptfile.scanning.nested`) are judged by
 what they hold.

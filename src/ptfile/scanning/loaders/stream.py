@@ -56,11 +56,11 @@ from ...picklevm.decoder import genops
 from . import PICKLE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 
 __all__ = ["CANNOT_TELL", "LEGACY_MAGIC", "LEGACY_PICKLES", "LEGACY_PROTOCOL_VERSION",
-           "Region", "evaluate", "legacy_stream", "next_starts", "pickle_load"]
+           "Region", "evaluate", "legacy_stream", "next_starts"]
 
 #: The pickles ``_legacy_load`` reads in a row: magic, protocol, sys_info, object, keys.
 #: A fact of torch, not a ceiling: the scanner reads as many at the start of a legacy
-#: stream and after a record's ``STOP`` (:mod:`ptfile.scanning.scanner`).
+#: stream and after a record's ``STOP`` (:mod:`ptfile.scanning.stream`).
 LEGACY_PICKLES: Final = 5
 #: ``torch.serialization.MAGIC_NUMBER`` and ``PROTOCOL_VERSION``.
 LEGACY_MAGIC: Final = 0x1950A86A20F9469CFC6C
@@ -213,9 +213,3 @@ def legacy_stream(data: bytes, limits: Limits) -> list[Region]:
 
     return _stream(data, limits, LEGACY_PICKLES, loaders,
                    {0: LEGACY_MAGIC, 1: LEGACY_PROTOCOL_VERSION})
-
-
-def pickle_load(data: bytes, limits: Limits) -> list[Region]:
-    """What ``pickle.load`` of the file unpickles: the pickle at byte 0."""
-    del limits
-    return [Region(0, "#0", (PICKLE_LOAD,))] if data else []

@@ -70,10 +70,8 @@ from ...limits import Limits
 from . import TORCH_LOAD_UNSAFE
 from .stream import CANNOT_TELL, evaluate, next_starts
 
-__all__ = ["TORCH_TAR_MEMBERS", "TarReading", "TarRegion", "legacy_tar", "tarfile_header"]
+__all__ = ["TarReading", "TarRegion", "legacy_tar", "tarfile_header"]
 
-#: The members ``legacy_load`` reads, in its order.
-TORCH_TAR_MEMBERS: Final = ("storages", "tensors", "pickle")
 #: Anomalies of the tolerant walk on which ``tarfile`` raises ``ReadError`` (torch then
 #: reads the file as a stream).
 FALLBACK_ANOMALIES: Final = frozenset({"truncated-tar-member", "tar-orphan-extended-header"})

@@ -397,8 +397,8 @@ def detect_format(f: FileLike | Input, *, limits: Limits | None = None,
     record = resolve_input(f, storage_options)
     kind = record.kind
     if kind.is_folder:
-        return Format.DCP if kind.is_dcp_readable else \
-            Format.SET if kind.is_checkpoint_folder else Format.UNKNOWN
+        return Format.DCP if kind.is_dcp_readable else Format.ZERO if kind is InputKind.ZERO \
+            else Format.SET if kind.is_checkpoint_folder else Format.UNKNOWN
     target: Any = record.location
     position = None if isinstance(target, (str, os.PathLike, bytes, bytearray, memoryview)) \
         else target.tell()

@@ -191,6 +191,10 @@ def _load_folder(record: Input, map_location: MapLocation, mmap: bool | str | No
         from .dcp.load import load_dcp
 
         return load_dcp(record, weights_only=weights_only, structural=structural, limits=limits)
+    if record.kind is InputKind.ZERO:  # DeepSpeed's consolidated state dict
+        from .zero import load_zero
+
+        return load_zero(record, structural=structural, limits=limits)
     from .sets import load_set
 
     def load_file(path: str, part_structural: bool) -> Any:
@@ -537,6 +541,10 @@ def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None
 
         return open_dcp(record, limits=limits, structural=structural,
                         numpy_values=numpy_values)
+    if record.kind is InputKind.ZERO:
+        from .zero import open_zero
+
+        return open_zero(record, limits=limits, structural=structural)
     if record.is_folder:
         from .sets import open_set
 

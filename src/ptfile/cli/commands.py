@@ -139,7 +139,8 @@ def _render_header(ins: Inspection, out: TextIO) -> None:
     meta = ins.metadata
     out.write(f"{shown(ins.path or '<stream>')}: {meta.get('format', ins.format)} checkpoint, "
               f"{size(ins.file_size)}\n")
-    keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix")
+    keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix", "stage",
+            "world_size", "tag", "optimizer", "model_dtype", "ds_version")
     details = " · ".join(f"{k} {meta[k]}" for k in keys if k in meta)
     if details:
         out.write(f"  {details}\n")
@@ -168,10 +169,26 @@ def _render_parts(ins: Inspection, out: TextIO) -> None:
     table(rows, out)
 
 
+def _render_zero(zero: dict[str, Any], out: TextIO) -> None:
+    """A ZeRO checkpoint's flat groups (the elements each rank saved) and special names."""
+    rows = [["group", "params", "elements", "per rank"]]
+    rows += [[str(g["index"]), str(len(g["params"])), f"{g['numel']:,}",
+              " ".join(f"{n:,}" for n in g["rank_numels"])] for g in zero["groups"]]
+    out.write(f"\nZeRO-{zero['stage']} flat groups ({len(zero['groups'])}, "
+              f"{zero['world_size']} ranks)\n")
+    table(rows, out)
+    for label, names in (("buffers", zero["buffers"]), ("frozen", zero["frozen"]),
+                         ("tied", [f"{a} -> {t}" for a, t in zero["tied"].items()])):
+        if names:
+            out.write(f"  {label}: {', '.join(shown(n) for n in names)}\n")
+
+
 def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     _render_header(ins, out)
     if ins.parts:
         _render_parts(ins, out)
+    if ins.zero:
+        _render_zero(ins.zero, out)
     if ins.program is not None:
         out.write("\n" + "".join(line + "\n" for line in ins.program.lines()))
     shared = set(ins.shared)

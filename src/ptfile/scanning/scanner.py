@@ -170,6 +170,12 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
 
         return scan_directory(record, lambda data: scan(data, limits=limits),
                               limits=limits)
+    if record.kind is InputKind.ZERO:  # every rank file, DeepSpeed's classes as data
+        from .dcp import scan_zero
+
+        return scan_zero(record, lambda path: scan(path, limits=limits,
+                                                   storage_options=storage_options),
+                         limits=limits)
     if record.is_folder:  # a checkpoint set: every checkpoint file in it
         from .dcp import scan_set
 

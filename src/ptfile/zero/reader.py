@@ -28,7 +28,9 @@ import numpy as np
 
 from .._io.local import Source, is_url
 from .._io.remote import open_any
+from ..archive import ZipReader
 from ..errors import FormatError, PtfileError
+from ..dcp.reader import ChunkInfo
 from ..formats import Format
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DTYPES, DType
@@ -86,7 +88,7 @@ class Assembler:
 
     def __init__(self, layout: Layout, *, storage_options: Mapping[str, Any] | None = None,
                  limits: Limits = DEFAULT_LIMITS) -> None:
-        self.layout, self._options, self._limits = layout, storage_options, limits
+        self.layout, self.options, self.limits = layout, storage_options, limits
         self.remote = is_url(layout.folder)
         self._fds: dict[str, int] = {}
         self._sources: dict[str, Source] = {}
@@ -112,8 +114,8 @@ class Assembler:
             source = self._sources.get(piece.file)
             if source is None:
                 source = self._sources[piece.file] = open_any(
-                    self._path(piece.file), storage_options=self._options,
-                    limits=self._limits, lazy=True)
+                    self._path(piece.file), storage_options=self.options,
+                    limits=self.limits, lazy=True)
             into[:] = source.pread(piece.offset, len(into), f"{piece.file}@{piece.offset}")
             return
         fd = self._fds.get(piece.file)
@@ -211,6 +213,7 @@ class ZeroReader(Mapping[str, Tensor]):
         self.assembler = Assembler(layout, storage_options=storage_options,
                                    limits=limits or DEFAULT_LIMITS)
         self._closed = False
+        self._skeleton: dict[str, Tensor] | None = None
 
     def dtype_of(self, entry: Entry) -> DType:
         """The dtype ``entry`` is read as."""
@@ -288,14 +291,55 @@ class ZeroReader(Mapping[str, Tensor]):
         return sum(self.layout.sizes.values())
 
     def tensors(self) -> dict[str, Tensor]:
-        """Every tensor by name, without data; tied names share their target's object."""
-        out: dict[str, Tensor] = {}
-        for name, entry in self.layout.entries.items():
-            dtype = self.dtype_of(entry)
-            out[name] = Tensor(None, 0, entry.shape, contiguous_stride(entry.shape), dtype=dtype)
-        for alias, target in self.layout.aliases.items():
-            out[alias] = out[target]
+        """Every tensor by name, without data; tied names share their target's object
+        (the same objects as in :attr:`object`)."""
+        if self._skeleton is None:
+            out: dict[str, Tensor] = {}
+            for name, entry in self.layout.entries.items():
+                out[name] = Tensor(None, 0, entry.shape, contiguous_stride(entry.shape),
+                                   dtype=self.dtype_of(entry))
+            for alias, target in self.layout.aliases.items():
+                out[alias] = out[target]
+            self._skeleton = out
+        return dict(self._skeleton)
+
+    def summary(self) -> dict[str, Any]:
+        """What :func:`ptfile.inspect` shows of the ZeRO layout: stage, world size, tag,
+        optimizer, the training dtype, each flat group (its parameters, elements, and the
+        elements each rank saved), the frozen, tied and buffer names, and the files."""
+        lay = self.layout
+        roles: dict[str, list[str]] = {"buffer": [], "frozen": [], "parameter": []}
+        for name, entry in lay.entries.items():
+            roles[entry.role].append(name)
+        return {"stage": lay.stage, "world_size": lay.world_size, "tag": lay.tag,
+                "optimizer": lay.optimizer, "ds_version": lay.ds_version,
+                "model_dtype": lay.model_dtype,
+                "groups": [{"index": g.index, "params": list(g.params), "numel": g.numel,
+                            "rank_numels": list(g.rank_numels)} for g in lay.groups],
+                "buffers": roles["buffer"], "frozen": roles["frozen"],
+                "excluded_frozen": list(lay.excluded), "tied": dict(lay.aliases),
+                "model_files": list(lay.model_files), "optim_files": list(lay.optim_files)}
+
+    def chunks(self, name: str) -> list[ChunkInfo]:
+        """The pieces of ``name`` as DCP chunks are described: the first element each
+        holds in the flattened tensor (``offsets``), its element count (``sizes``), its
+        file, byte offset and length."""
+        out, at = [], 0
+        for p in self.layout.entry(name).pieces:
+            out.append(ChunkInfo((at,), (p.count,), p.file, p.offset,
+                                 p.count * p.dtype.itemsize, ()))
+            at += p.count
         return out
+
+    def archives(self) -> Iterator[tuple[str, ZipReader]]:
+        """Each rank file's ZIP, opened in turn (and closed after), for CRC checks."""
+        for name in (*self.layout.model_files, *self.layout.optim_files):
+            source = open_any(self.assembler._path(name), storage_options=self.assembler.options,
+                              limits=self.assembler.limits, lazy=True)
+            try:
+                yield name, ZipReader(source, limits=self.assembler.limits)
+            finally:
+                source.close()
 
     def info(self, name: str) -> TensorInfo:
         """dtype, shape, (contiguous) stride and byte size of one tensor; reads no data.

@@ -44,8 +44,9 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import IO, Any, Final
 
 import numpy as np
@@ -68,6 +69,7 @@ from ..formats.inputs import Input
 from ..formats.safetensors import CODES
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
+from ..model.dtypes import DType
 from ..model.tensor import Storage, Tensor, contiguous_stride
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
@@ -81,7 +83,7 @@ from .load import (
     tensor_item,
 )
 
-__all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp"]
+__all__ = ["SHARD_BYTES", "SLAB_BYTES", "Spec", "convert_dcp", "write_hf", "write_safetensors"]
 
 #: The most bytes read from a data file at once, into one reused buffer.
 SLAB_BYTES: Final = 16 << 20
@@ -92,6 +94,9 @@ SAFETENSORS_ORDER: Final = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF
                             "U16", "I16", "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3",
                             "F8_E5M2", "I8", "U8", "BOOL")
 _CODE_OF: Final = {name: code for code, name in CODES.items()}
+#: The metadata of every safetensors file written (torch's, as ``save_file`` of
+#: ``safetensors.torch`` is usually given).
+_PT_METADATA: Final = MappingProxyType({"format": "pt"})
 
 
 # --------------------------------------------------------------------------- reading
@@ -305,92 +310,104 @@ def _write_pt(reader: _Reader, dst: str) -> int:
     return len(fqn_of)
 
 
-def _safetensors_header(meta: Metadata, fqns: list[str]) -> tuple[bytes, list[str]]:
-    """The safetensors header of ``fqns`` and the order their data follows in."""
+#: One tensor to write: its name, dtype and shape.
+Spec = tuple[str, DType, tuple[int, ...]]
+#: The tensor of a spec's name, as raw elements (any dtype of the right itemsize).
+TensorOf = Callable[[str], np.ndarray]
+
+
+def _safetensors_header(specs: list[Spec], metadata: Mapping[str, str]
+                        ) -> tuple[bytes, list[str]]:
+    """The safetensors header of ``specs`` and the order their data follows in."""
     entries = []
-    for fqn in fqns:
-        item = meta.state_dict_metadata[fqn]
-        assert isinstance(item, TensorStorageMetadata)
-        code = _CODE_OF.get(item.dtype.name)
+    for name, dtype, shape in specs:
+        code = _CODE_OF.get(dtype.name)
         if code is None:
-            raise UnsupportedFeatureError(f"tensor {fqn!r}: safetensors cannot hold "
-                                          f"{item.dtype!r}")
-        entries.append((SAFETENSORS_ORDER.index(code), fqn, code, item))
+            raise UnsupportedFeatureError(f"tensor {name!r}: safetensors cannot hold {dtype!r}")
+        entries.append((SAFETENSORS_ORDER.index(code), name, code, dtype, shape))
     entries.sort(key=lambda e: (e[0], e[1]))
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
     at = 0
-    for _, fqn, code, item in entries:
-        nbytes = math.prod(item.size) * item.dtype.itemsize
-        header[fqn] = {"dtype": code, "shape": list(item.size), "data_offsets": [at, at + nbytes]}
+    for _, name, code, dtype, shape in entries:
+        nbytes = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [at, at + nbytes]}
         at += nbytes
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text, [e[1] for e in entries]
 
 
-def _write_safetensors(reader: _Reader, dst: str, fqns: list[str]) -> int:
-    head, order = _safetensors_header(reader.meta, fqns)
+def write_safetensors(dst: str, specs: list[Spec], tensor_of: TensorOf,
+                      metadata: Mapping[str, str] = _PT_METADATA) -> int:
+    """One ``.safetensors`` file of ``specs``, each tensor asked of ``tensor_of`` in data
+    order, written and freed; return the tensors written."""
+    head, order = _safetensors_header(specs, metadata)
     with atomic_file(dst, fsync=False) as fp:
         fp.write(head)
-        for fqn in order:
-            _write_all(fp, reader.tensor(fqn))
+        for name in order:
+            _write_all(fp, tensor_of(name))
     return len(order)
 
 
 def _write_all(fp: IO[bytes], values: np.ndarray) -> None:
     if values.size:
-        fp.write(values.reshape(-1).view(np.uint8).data)
+        fp.write(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data)
 
 
 def _tensor_fqns(meta: Metadata) -> list[str]:
     return [f for f, i in meta.state_dict_metadata.items() if isinstance(i, TensorStorageMetadata)]
 
 
-def _shards(meta: Metadata, fqns: list[str], most: int) -> list[list[str]]:
-    """huggingface_hub's split: in order, a new shard when the next tensor would tip it over
-    ``most`` bytes; a tensor larger than that alone in its own."""
-    shards: list[list[str]] = []
-    current: list[str] = []
-    size = 0
+def _specs(meta: Metadata, fqns: list[str]) -> list[Spec]:
+    out: list[Spec] = []
     for fqn in fqns:
         item = meta.state_dict_metadata[fqn]
         assert isinstance(item, TensorStorageMetadata)
-        nbytes = math.prod(item.size) * item.dtype.itemsize
+        out.append((fqn, item.dtype, tuple(item.size)))
+    return out
+
+
+def _shards(specs: list[Spec], most: int) -> list[list[Spec]]:
+    """huggingface_hub's split: in order, a new shard when the next tensor would tip it over
+    ``most`` bytes; a tensor larger than that alone in its own."""
+    shards: list[list[Spec]] = []
+    current: list[Spec] = []
+    size = 0
+    for spec in specs:
+        nbytes = math.prod(spec[2]) * spec[1].itemsize
         if nbytes > most:
-            shards.append([fqn])
+            shards.append([spec])
             continue
         if size + nbytes > most:
             shards.append(current)
             current, size = [], 0
-        current.append(fqn)
+        current.append(spec)
         size += nbytes
     if current or not shards:
         shards.append(current)
     return shards
 
 
-def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, int]:
-    """The sharded folder; return the index (or only file), tensors and shards written."""
-    meta = reader.meta
-    fqns = _tensor_fqns(meta)
-    shards = _shards(meta, fqns, shard_bytes)
+def write_hf(out: str, specs: list[Spec], tensor_of: TensorOf, shard_bytes: int,
+             metadata: Mapping[str, str] = _PT_METADATA) -> tuple[str, int, int]:
+    """Hugging Face's sharded folder of ``specs``; return the index (or only file), the
+    tensors and the shards written."""
+    shards = _shards(specs, shard_bytes)
     os.makedirs(out, exist_ok=True)
     if len(shards) == 1:
         target = os.path.join(out, "model.safetensors")
-        return target, _write_safetensors(reader, target, shards[0]), 1
+        return target, write_safetensors(target, shards[0], tensor_of, metadata), 1
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        _write_safetensors(reader, os.path.join(out, name), shard)
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(math.prod(item.size) * item.dtype.itemsize for item in
-                (meta.state_dict_metadata[f] for f in fqns)
-                if isinstance(item, TensorStorageMetadata))
+        write_safetensors(os.path.join(out, name), shard, tensor_of, metadata)
+        weight_map.update(dict.fromkeys((spec[0] for spec in shard), name))
+    total = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in specs)
     index = os.path.join(out, "model.safetensors.index.json")
     with atomic_file(index, fsync=False) as fp:
         fp.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                             indent=2).encode())
-    return index, len(fqns), len(shards)
+    return index, len(specs), len(shards)
 
 
 def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str], *,
@@ -447,9 +464,11 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
                 out, count, shards = target, _write_pt(reader, target), 0
             elif kind == "safetensors":
                 out, shards = target, 0
-                count = _write_safetensors(reader, target, _tensor_fqns(meta))
+                count = write_safetensors(target, _specs(meta, _tensor_fqns(meta)),
+                                          reader.tensor)
             elif kind == "hf":
-                out, count, shards = _write_hf(reader, target, shard_bytes)
+                out, count, shards = write_hf(target, _specs(meta, _tensor_fqns(meta)),
+                                              reader.tensor, shard_bytes)
             else:
                 raise UnsupportedFeatureError(f"cannot convert a DCP checkpoint to {kind!r}")
         finally:

@@ -307,7 +307,9 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
         summary = convert.convert(record, args.output, to=to, shared=args.shared,
                                   on_step=step, storage_options=_options(args),
-                                  structural=args.structural, npz_upcast=args.npz_upcast)
+                                  structural=args.structural, npz_upcast=args.npz_upcast,
+                                  zero={"tag": args.tag, "exclude_frozen": args.exclude_frozen,
+                                        "dtype": args.dtype})
     if args.json:
         _print_json(summary, out)
     else:
@@ -480,6 +482,13 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
                    "as PATH says: JSON Lines)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)
+    zero = p.add_argument_group("DeepSpeed ZeRO folders (as zero_to_fp32.py)")
+    zero.add_argument("--tag", help="the tag folder to read (default: the one 'latest' names)")
+    zero.add_argument("--exclude-frozen", action="store_true",
+                      help="leave out the frozen parameters")
+    zero.add_argument("--dtype", choices=("fp32", "fp16", "bf16"),
+                      help="floating tensors' output dtype (default fp32; integer and bool "
+                           "buffers keep theirs)")
 
 
 def _args_verify(p: argparse.ArgumentParser) -> None:

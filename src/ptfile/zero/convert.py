@@ -1,0 +1,154 @@
+"""Consolidate a ZeRO checkpoint into one ``.pt``, one ``.safetensors`` or an HF folder, streaming.
+
+``ptfile convert ZERO_DIR out.pt | out.safetensors | hf-dir/`` writes what DeepSpeed's
+``zero_to_fp32.py`` (``convert_zero_checkpoint_to_state_dict``) writes, tensor by tensor:
+each tensor is assembled from its rank pieces (:class:`~.reader.Assembler`), cast to the
+output dtype (float32 by default, as the script; ``dtype`` as ``zero_to_torch.py
+--dtype``; integer and bool buffers keep theirs), written and freed, so the memory held is
+the largest tensor plus the files' pickles.  The writers are the DCP consolidation's
+(:mod:`ptfile.dcp.consolidate`):
+
+* ``.pt``: the state dict pickled first (every tensor a storage without data, tied names
+  the same tensor as their target: one storage), then each ``data/<key>`` record filled in
+  turn (:func:`ptfile.formats.zipped.write_zip`'s ``fill``).  ``torch.load`` returns what
+  ``zero_to_fp32.py``'s ``pytorch_model.bin`` holds, key for key, in its order.
+* ``.safetensors`` and a folder (Hugging Face's shards and index): every tensor by name.
+  DeepSpeed's script cannot write tied weights there (safetensors refuses shared memory);
+  ptfile writes them as ``shared`` says, as ``ptfile convert`` does for any file
+  (``dedupe``: once, the alias listed under ``ptfile.aliases`` in the metadata; ``copy``:
+  each name; ``error``: refused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from .._io.local import atomic_file
+from ..dcp.consolidate import SHARD_BYTES, Spec, write_hf, write_safetensors
+from ..errors import SaveError, UnsupportedFeatureError
+from ..formats.inputs import Input
+from ..formats.zipped import archive_prefix, write_zip
+from ..limits import Limits
+from ..model.dtypes import DType
+from ..model.tensor import Storage, Tensor, contiguous_stride
+from . import open_zero
+from .reader import ZeroReader
+
+__all__ = ["convert_zero"]
+
+
+def _write_pt(ck: ZeroReader, dst: str) -> int:
+    """The consolidated ``.pt``; return the number of tensors."""
+    root: dict[str, Any] = {}
+    name_of: dict[int, str] = {}
+    for name, entry in ck.layout.entries.items():
+        dtype = ck.dtype_of(entry)
+        storage = Storage(None, dtype, nbytes=entry.numel * dtype.itemsize)
+        root[name] = Tensor(storage, 0, entry.shape, contiguous_stride(entry.shape), dtype=dtype)
+        name_of[id(storage)] = name
+    for alias, target in ck.layout.aliases.items():
+        root[alias] = root[target]
+
+    def fill(storage: Storage) -> Iterator[memoryview]:
+        values = ck.get_tensor(name_of[id(storage)])
+        yield np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
+
+    with atomic_file(dst, fsync=False) as fp:
+        write_zip(root, fp.write, archive_prefix(dst), config.current(),
+                  byteorder=sys.byteorder, fill=fill)
+    return len(root)
+
+
+def _specs(ck: ZeroReader, shared: str) -> tuple[list[Spec], dict[str, str]]:
+    """The tensors a safetensors output holds, and the aliases it leaves out."""
+    aliases = dict(ck.layout.aliases)
+    if aliases and shared == "error":
+        alias, target = next(iter(aliases.items()))
+        raise SaveError(f"{alias!r} and {target!r} share one tensor (tied weights): use "
+                        "shared='dedupe' or 'copy'")
+    names = ck.layout.names() if shared == "copy" else list(ck.layout.entries)
+    specs = []
+    for name in names:
+        entry = ck.layout.entry(name)
+        specs.append((name, ck.dtype_of(entry), entry.shape))
+    return specs, ({} if shared == "copy" else aliases)
+
+
+def convert_zero(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str], *,
+                 to: str, tag: str | None = None, exclude_frozen: bool = False,
+                 dtype: str | DType | None = "float32", shard_bytes: int = SHARD_BYTES,
+                 shared: str = "dedupe", limits: Limits | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Consolidate the ZeRO checkpoint ``src`` into ``dst``, one tensor at a time.
+
+    Parameters
+    ----------
+    src
+        The run folder (``latest`` names the tag) or a tag folder; a path or a URL.
+    dst
+        ``*.pt`` (``.bin``...), ``*.safetensors``, or a folder (Hugging Face's shards).
+    to
+        ``"pt"``, ``"safetensors"`` or ``"hf"``.
+    tag, exclude_frozen
+        As :func:`ptfile.zero.load_zero`.
+    dtype
+        The floating tensors' output dtype: ``"fp32"`` (default, as ``zero_to_fp32.py``),
+        ``"fp16"``, ``"bf16"``, or None to keep each tensor's (frozen parameters stay in
+        the model's dtype, as ``get_fp32_state_dict_from_zero_checkpoint`` returns them).
+    shard_bytes
+        The largest shard of a folder output.
+    shared
+        Tied names in a safetensors output (module docstring).
+
+    Returns
+    -------
+    dict
+        A summary: output, kind, tensors, shards, aliases (tied names left out of a
+        safetensors output), dropped, changed.
+
+    Raises
+    ------
+    FormatError, UnsupportedFeatureError, UnsafeGlobalError
+        As :func:`ptfile.zero.load_zero`.
+    SaveError
+        ``shared="error"`` and the model has tied weights.
+
+    Examples
+    --------
+    >>> convert_zero("no-such-folder", "out.pt", to="pt")  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    ptfile.errors.FormatError: 'no-such-folder' is not a folder
+    """
+    target = os.fspath(dst)
+    with open_zero(src, tag=tag, exclude_frozen=exclude_frozen, dtype=dtype, limits=limits,
+                   storage_options=storage_options) as ck:
+        aliases: dict[str, str] = {}
+        shards = 0
+        if to == "pt":
+            out, count = target, _write_pt(ck, target)
+            return {"output": out, "kind": to, "tensors": count, "shards": 0, "aliases": {},
+                    "dropped": [], "changed": []}
+        if to not in ("safetensors", "hf"):
+            raise UnsupportedFeatureError(f"a ZeRO checkpoint converts to .pt, .safetensors or "
+                                          f"a folder, not {to!r}")
+        specs, aliases = _specs(ck, shared)
+        metadata = {"format": "pt"}
+        if aliases:
+            metadata["ptfile.aliases"] = json.dumps(aliases, sort_keys=True)
+
+        def tensor_of(name: str) -> np.ndarray:
+            return ck.get_tensor(name)
+
+        if to == "safetensors":
+            out, count = target, write_safetensors(target, specs, tensor_of, metadata)
+        else:
+            out, count, shards = write_hf(target, specs, tensor_of, shard_bytes, metadata)
+    return {"output": out, "kind": to, "tensors": count, "shards": shards,
+            "aliases": aliases, "dropped": [], "changed": []}

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .dcp.reader import DCPReader
     from .reader import CheckpointReader
     from .sets import SetReader
+    from .zero import ZeroReader
 
 __all__ = ["detect_format", "load", "load_torchscript", "open", "save"]
 
@@ -481,7 +482,7 @@ def load_torchscript(
 
 def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None,
          storage_options: StorageOptions = None, weights_only: bool | None = None,
-         structural: bool = False) -> CheckpointReader | DCPReader | SetReader:
+         structural: bool = False) -> CheckpointReader | DCPReader | SetReader | ZeroReader:
     """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
 
     A file (path, file object or URL) opens as :func:`ptfile.reader.open` describes, as a

@@ -149,7 +149,7 @@ def _program(ck: Any, limits: Limits) -> ProgramSignature | None:
     return read_program(ck.zip_reader, ck.metadata()["prefix"], limits)
 
 
-def _inspection(ck: CheckpointReader | DCPReader | SetReader, path: str | None, size: int,
+def _inspection(ck: CheckpointReader | DCPReader | SetReader | ZeroReader, path: str | None, size: int,
                 limits: Limits = DEFAULT_LIMITS) -> Inspection:
     tensors = list(ck.infos())
     by_storage: dict[str, list[str]] = {}
@@ -647,7 +647,7 @@ def _named(f: FileLike) -> str | None:
 
 @contextlib.contextmanager
 def _opened(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
-            structural: bool) -> Iterator[CheckpointReader | DCPReader | SetReader]:
+            structural: bool) -> Iterator[CheckpointReader | DCPReader | SetReader | ZeroReader]:
     """:func:`ptfile.open`, with the input's name added to the error it raises: a diff
     reads two inputs, and the user must know which one failed."""
     try:

@@ -64,7 +64,7 @@ class Record:
         return f"{self.name}({brief(built(self) or {}, 200)})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and built(other) == built(self)  # type: ignore[arg-type]
+        return type(other) is type(self) and built(other) == built(self)
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -53,7 +53,8 @@ from ..allowlist.rebuild import StorageType
 from ..allowlist.structural import StandInType, make_stand_in
 from ..errors import FormatError, PickleStreamError, UnsafeGlobalError, UnsupportedFeatureError
 from ..model import dtypes
-from . import dcp_metadata, deepspeed as deepspeed_classes
+from . import dcp_metadata
+from . import deepspeed as deepspeed_classes
 from .options import FindClass, Policy
 from .script_model import JIT_GLOBALS, ScriptObject
 from .storages import fast_tensor_builders

@@ -29,8 +29,8 @@ import numpy as np
 from .._io.local import Source, is_url
 from .._io.remote import open_any
 from ..archive import ZipReader
-from ..errors import FormatError, PtfileError
 from ..dcp.reader import ChunkInfo
+from ..errors import FormatError, PtfileError
 from ..formats import Format
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DTYPES, DType
@@ -194,7 +194,8 @@ class ZeroSlice(SliceNames):
         flat = self._reader.assembler.flat(entry, first * row, last * row)
         region = cast(flat.reshape((last - first, *shape[1:])), entry.source,
                       self._reader.dtype_of(entry))
-        region = region[(slice(None), *(slice(lo, hi) for lo, hi in rest))]
+        within: tuple[slice, ...] = (slice(None), *[slice(lo, hi) for lo, hi in rest])
+        region = region[within]
         return np.asarray(region[relative])
 
 

@@ -305,3 +305,33 @@ def test_a_folder_url_is_listed_once(zoo: dict[str, Any], monkeypatch: pytest.Mo
         assert calls == []
     finally:
         fs.rm("/zoo", recursive=True)
+
+
+def test_a_converted_folder_reads_back_whole(zoo: dict[str, Any], tmp_path: Path) -> None:
+    """``.bin`` shards → a safetensors folder (the tie stored once, declared) → every
+    front door sees every name again, the tie one tensor; and back to ``.pt`` for torch."""
+    out = tmp_path / "st"
+    summary = json.loads(_cli("convert", zoo["bin_sharded"], f"{out}/", "--json").stdout)
+    assert summary["aliases"]  # the tied pair, stored once
+    state = zoo["state"]
+    sd = ptfile.load(out)
+    assert sorted(sd) == sorted(state)
+    for alias, kept in summary["aliases"].items():
+        assert sd[alias] is sd[kept]
+    with ptfile.open(out) as ck:
+        assert sorted(ck) == sorted(state)
+        for name, t in state.items():
+            assert np.array_equal(ck.get_tensor(name), t.numpy())
+    assert "identical" in _cli("diff", zoo["bin_sharded"], out).stdout
+    back = tmp_path / "back.pt"
+    again = json.loads(_cli("convert", out, back, "--json").stdout)
+    assert again["aliases"] == summary["aliases"]
+    loaded = torch.load(back, weights_only=True)
+    assert sorted(loaded) == sorted(state)
+    for alias, kept in summary["aliases"].items():
+        assert loaded[alias].untyped_storage().data_ptr() == \
+            loaded[kept].untyped_storage().data_ptr()
+    single = tmp_path / "one.safetensors"
+    _cli("convert", out, single)
+    with ptfile.open(single) as ck:
+        assert sorted(ck) == sorted(state)

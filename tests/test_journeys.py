@@ -182,13 +182,20 @@ def test_diff_sees_values_beside_tensors(zoo: Path, tmp_path: Path) -> None:
     assert (doc["a"], doc["b"]) == (str(a), str(b))
     same = ptfile("diff", a, a)
     assert same.returncode == 0 and same.stdout.startswith("identical")
-    # a .pt against its .safetensors conversion: the tensors agree; the values only the
-    # .pt holds are listed unless --tensors-only
+    # a .pt against its .safetensors conversion: the values come back from its metadata
     st = tmp_path / "a.safetensors"
     assert ptfile("convert", a, st).returncode == 0
-    full = ptfile("diff", a, st)
+    converted = ptfile("diff", a, st)
+    assert converted.returncode == 0, converted.stdout + converted.stderr
+    # against a foreign .safetensors of the same tensors: the values only the .pt holds
+    # are listed unless --tensors-only
+    from safetensors.torch import save_file
+
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"w": w}, str(foreign))
+    full = ptfile("diff", a, foreign)
     assert full.returncode == 1 and "- step" in full.stdout, full.stdout + full.stderr
-    tensors = ptfile("diff", "--tensors-only", a, st)
+    tensors = ptfile("diff", "--tensors-only", a, foreign)
     assert tensors.returncode == 0, tensors.stdout + tensors.stderr
 
 

@@ -14,6 +14,7 @@ import torch
 CHILD = textwrap.dedent("""
     import sys
     sys.modules["torch"] = None  # any `import torch` now raises ImportError
+    sys.modules["safetensors"] = None  # nor is the safetensors package needed
     import numpy as np
     import ptfile
     from ptfile.export import dump
@@ -32,10 +33,17 @@ CHILD = textwrap.dedent("""
     ptfile.load_torchscript(f"{folder}/script.pt")
     ptfile.save(ptfile.load(f"{folder}/zip.pt"), f"{folder}/resaved.pt")
     dump(ptfile.load(f"{folder}/zip.pt"), f"{folder}/out.safetensors")
+    from ptfile.export.convert import convert
+    ptfile.save({"model": ptfile.load(f"{folder}/zip.pt"), "epoch": 3}, f"{folder}/nested.pt")
+    convert(f"{folder}/nested.pt", f"{folder}/nested.safetensors", to="safetensors")
+    assert ptfile.load(f"{folder}/nested.safetensors")["epoch"] == 3
+    assert ptfile.diff(f"{folder}/nested.pt", f"{folder}/nested.safetensors").identical
     ptfile.save_dcp(ptfile.load(f"{folder}/zip.pt"), f"{folder}/dcp")
     assert np.array_equal(ptfile.load_dcp(f"{folder}/dcp")["w"].numpy(), np.arange(6.0).reshape(2, 3))
     from ptfile.dcp.consolidate import convert_dcp
     convert_dcp(f"{folder}/dcp", f"{folder}/from_dcp.pt", to="pt")
+    convert_dcp(f"{folder}/dcp", f"{folder}/from_dcp.safetensors", to="safetensors")
+    assert list(ptfile.load(f"{folder}/from_dcp.safetensors")) == ["w"]
     assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
     print("ok")
 """)

@@ -185,9 +185,8 @@ def _load_folder(record: Input, map_location: MapLocation, mmap: bool | str | No
     """:func:`load` of a folder: a DCP or safetensors folder as :func:`ptfile.load_dcp`
     reads it, a checkpoint set part by part (:func:`ptfile.sets.load_set`)."""
     if record.kind is InputKind.FOLDER:
-        raise FormatError(f"{record.label!r} is a folder of many files, not one checkpoint: "
-                          f"load each file ({', '.join(record.names[:4]) or 'none'}"
-                          f"{', ...' if len(record.names) > 4 else ''})")
+        raise record.many_files(f"load each file ({', '.join(record.names[:4]) or 'none'}"
+                                f"{', ...' if len(record.names) > 4 else ''})")
     if record.kind.is_dcp_readable:
         from .dcp.load import load_dcp
 
@@ -535,8 +534,7 @@ def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None
     structural = loads_structurally(weights_only, structural)
     record = resolve_input(f, storage_options, limits=limits or DEFAULT_LIMITS)
     if record.kind is InputKind.FOLDER:
-        raise FormatError(f"{record.label!r} is a folder of many files, not one checkpoint: "
-                          "open each file, or inspect/scan/verify the folder in bulk")
+        raise record.many_files("open each file, or inspect/scan/verify the folder in bulk")
     if record.kind.is_dcp_readable:  # a DCP folder of either writer
         from .dcp.reader import open_dcp  # each reader imported when it is the one needed
 

@@ -36,6 +36,7 @@ from .formats.inputs import Input, InputKind, resolve_input
 from .formats.pt2_program import ProgramSignature, read_program
 from .limits import DEFAULT_LIMITS, Limits
 from .model.tensor import Tensor
+from .model.tree import containers
 from .model.tree import values as values_of
 from .reader import CheckpointReader, TensorInfo
 from .sets import SetReader
@@ -404,14 +405,7 @@ def _checked_parts(ck: Any) -> list[tuple[str, Any]]:
     (``.bin`` shards each), named by file."""
     if not isinstance(ck, SetReader):
         return [("", ck)]
-    out = []
-    for role, part in ck.parts.items():
-        shards = getattr(part, "readers", None)
-        if isinstance(shards, dict):
-            out += [(name, shard) for name, shard in shards.items()]
-        elif hasattr(part, "info"):
-            out.append((str(getattr(part, "set_file", role)), part))
-    return out
+    return ck.readers()
 
 
 def _check_part(ck: Any, where: str, report: VerifyReport, progress: Progress | None) -> None:
@@ -475,6 +469,10 @@ class DiffReport:
     values_changed: dict[str, list[str]] = field(default_factory=dict)
     #: Non-tensor values compared (0 with ``tensors_only``).
     values_compared: int = 0
+    #: Containers (non-empty dicts, lists, tuples) whose kind differs or that only one
+    #: side has: name -> [kind in a, kind in b], None where absent (``{"model": {"w": t}}``
+    #: against ``{"model.w": t}``: ``{"model": ["dict", None]}``).
+    structure: dict[str, list[str | None]] = field(default_factory=dict)
     #: The two inputs, as given (None for file objects).
     a: str | None = None
     b: str | None = None
@@ -484,7 +482,7 @@ class DiffReport:
         """True when both hold the same names, dtypes, shapes and values, tensors and
         other values alike."""
         return not (self.added or self.removed or self.changed or self.values_changed
-                    or any(v != 0 for v in self.max_abs_diff.values()))
+                    or self.structure or any(v != 0 for v in self.max_abs_diff.values()))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN differences as the string ``"nan"``)."""
@@ -492,7 +490,7 @@ class DiffReport:
         return {"a": self.a, "b": self.b, "identical": self.identical, "added": self.added,
                 "removed": self.removed, "changed": self.changed, "max_abs_diff": values,
                 "values_changed": self.values_changed,
-                "values_compared": self.values_compared}
+                "values_compared": self.values_compared, "structure": self.structure}
 
 
 #: Characters of a value's ``repr`` a diff report keeps.
@@ -517,6 +515,17 @@ def _values(ck: Any) -> dict[str, object]:
     # A structural load's stand-ins are no values (a fresh class per load): their tensors
     # are compared by state-dict name, the rest of the object is not.
     return {k: v for k, v in values_of(ck.object).items() if not isinstance(v, StandIn)}
+
+
+def _compare_structure(left: Any, right: Any, report: DiffReport) -> None:
+    """Containers that differ in kind or that one side lacks (files only: a DCP folder's
+    nesting is rebuilt from its planner data, tuples as lists)."""
+    if isinstance(left, DCPReader) or isinstance(right, DCPReader):
+        return
+    a, b = containers(left.object), containers(right.object)
+    for name in dict.fromkeys([*a, *b]):
+        if a.get(name) != b.get(name):
+            report.structure[name] = [a.get(name), b.get(name)]
 
 
 def _same(x: object, y: object) -> bool:
@@ -588,7 +597,8 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
          tensors_only: bool = False, structural: bool = False) -> DiffReport:
     """Compare two checkpoints: tensor by tensor (dotted names, as :func:`ptfile.open`),
     then every other value (``step``, a config dict's entries, as :func:`ptfile.model.tree.values`
-    names them).  Any two inputs :func:`ptfile.open` reads compare: a ``.pt`` with its
+    names them), then the nesting (the containers by name and kind: a nested object and
+    its flattening differ).  Any two inputs :func:`ptfile.open` reads compare: a ``.pt`` with its
     ``.safetensors`` conversion, a DCP folder with the file consolidated from it.
 
     Parameters
@@ -600,8 +610,9 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
     progress
         Called with 1 after each common tensor.
     tensors_only
-        Compare tensors only: values other than tensors are neither compared nor listed
-        as added or removed (a ``.safetensors`` file holds no ``step``).
+        Compare tensors only: values other than tensors and the nesting are neither
+        compared nor listed as added or removed (a foreign ``.safetensors`` file holds no
+        ``step``, and its names are flat).
     structural
         Open pickles that name globals outside the weights-only allowlist with inert
         stand-ins (:func:`ptfile.open`'s ``structural``).
@@ -638,6 +649,7 @@ def diff(a: FileLike, b: FileLike, *, limits: Limits | None = None,
                     progress(1)
         if not tensors_only:
             _compare_values(_values(left), _values(right), report)
+            _compare_structure(left, right, report)
     return report
 
 

@@ -29,7 +29,7 @@ from ..limits import DEFAULT_LIMITS, Limits
 from .local import is_url
 from .remote import RemoteSource, filesystem, local_path
 
-__all__ = ["DirectoryFiles", "local_names", "remote_names"]
+__all__ = ["DirectoryFiles", "file_names", "local_names", "remote_names"]
 
 
 def local_names(folder: str) -> list[str]:
@@ -62,6 +62,12 @@ def remote_names(fs: Any, path: str, url: str) -> list[str]:
         raise
     except Exception as exc:
         raise RemoteError(f"{url}: cannot list the directory: {exc}", url=url) from exc
+    return file_names(entries)
+
+
+def file_names(entries: list[dict[str, Any]]) -> list[str]:
+    """The names of the files among an fsspec listing's ``entries`` (detail form), sorted
+    (subfolders left out)."""
     return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
                   if e.get("type") == "file")
 

@@ -137,8 +137,8 @@ def _node_label(node: Any, by_name: dict[str, TensorInfo]) -> str:
 
 def _render_header(ins: Inspection, out: TextIO) -> None:
     meta = ins.metadata
-    out.write(f"{shown(ins.path or '<stream>')}: {meta.get('format', ins.format)} checkpoint, "
-              f"{size(ins.file_size)}\n")
+    kind = meta.get("format", ins.format) if ins.format in ("dcp", "set") else ins.format
+    out.write(f"{shown(ins.path or '<stream>')}: {kind} checkpoint, {size(ins.file_size)}\n")
     keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix", "stage",
             "world_size", "tag", "optimizer", "model_dtype", "ds_version")
     details = " · ".join(f"{k} {meta[k]}" for k in keys if k in meta)
@@ -371,6 +371,9 @@ def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
     out.writelines(f"~ {shown(name)}: {change}\n" for name, change in report.changed.items())
     out.writelines(f"~ {shown(name)}: {a} -> {b}\n"  # reprs: escaped already
                    for name, (a, b) in report.values_changed.items())
+    out.writelines(f"~ {shown(name) or '(the whole object)'}: {a or 'no container'} -> "
+                   f"{b or 'no container'} (nesting)\n"
+                   for name, (a, b) in report.structure.items())
     for name, value in report.max_abs_diff.items():
         if value != 0 or verbose:
             out.write(f"≠ {shown(name)}: max |a-b| = {value:.6g}\n")
@@ -378,7 +381,8 @@ def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
     out.write(f"{len(report.removed)} removed, {len(report.added)} added, "
               f"{len(report.changed)} changed, {len(report.max_abs_diff) - same} differ in "
               f"value, {same} equal; {len(report.values_changed)} of "
-              f"{report.values_compared} other values differ\n")
+              f"{report.values_compared} other values differ"
+              f"{f'; {len(report.structure)} containers differ' if report.structure else ''}\n")
 
 
 # --------------------------------------------------------------------------- parser

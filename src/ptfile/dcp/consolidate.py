@@ -24,9 +24,9 @@ buffer, the writer's buffer, the metadata):
   with ``torch.load(weights_only=True)`` when the bytes items hold only what that allows.
 * ``.safetensors``: the header is computed from the metadata (every tensor, named by its
   FQN; non-tensor values have no place there and are left out, listed in the summary's
-  ``dropped``), in the order and layout the
-  ``safetensors`` package writes (by dtype, widest first, then by name; ``{"format":
-  "pt"}`` metadata; header padded with spaces to 8 bytes), then the tensors follow.
+  ``dropped``), with ``{"format": "pt"}`` metadata, by ptfile's one safetensors
+  writer (:mod:`ptfile.formats.safetensors_writer`: the order and layout the
+  ``safetensors`` package writes), which asks for each tensor in data order.
 * a folder: Hugging Face's sharded layout as ``huggingface_hub``'s
   ``save_torch_state_dict`` writes it: tensors in checkpoint order go to shards of at
   most ``shard_bytes`` (default 5 GB, decimal; a larger tensor gets a shard of its own),
@@ -46,8 +46,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -66,14 +65,16 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
 )
 from ..formats.inputs import Input
-from ..formats.safetensors import CODES
+from ..formats.safetensors_meta import ALIASES
+from ..formats.safetensors_writer import Layout, Planned, save_file, save_index
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.dtypes import DType
 from ..model.tensor import Storage, Tensor, contiguous_stride
+from .hf import hf_aliases
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
     dcp_files,
+    is_shards,
     load_metadata,
     object_path,
     place,
@@ -83,20 +84,12 @@ from .load import (
     tensor_item,
 )
 
-__all__ = ["SHARD_BYTES", "SLAB_BYTES", "Spec", "convert_dcp", "write_hf", "write_safetensors"]
+__all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp", "write_hf", "write_safetensors"]
 
 #: The most bytes read from a data file at once, into one reused buffer.
 SLAB_BYTES: Final = 16 << 20
 #: Hugging Face's default largest shard (``max_shard_size="5GB"``, decimal units).
 SHARD_BYTES: Final = 5 * 10**9
-#: safetensors' order of dtypes in a file: widest first (its Rust enum, descending).
-SAFETENSORS_ORDER: Final = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16",
-                            "U16", "I16", "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3",
-                            "F8_E5M2", "I8", "U8", "BOOL")
-_CODE_OF: Final = {name: code for code, name in CODES.items()}
-#: The metadata of every safetensors file written (torch's, as ``save_file`` of
-#: ``safetensors.torch`` is usually given).
-_PT_METADATA: Final = MappingProxyType({"format": "pt"})
 
 
 # --------------------------------------------------------------------------- reading
@@ -145,8 +138,11 @@ class _Window(io.RawIOBase):
 class _Reader:
     """Assembles tensors from a local directory's files with positioned reads."""
 
-    def __init__(self, meta: Metadata, files: DirectoryFiles, limits: Limits) -> None:
+    def __init__(self, meta: Metadata, files: DirectoryFiles, limits: Limits,
+                 aliases: dict[str, str] | None = None) -> None:
         self.meta, self.files, self.limits = meta, files, limits
+        #: Tied names of a safetensors folder (``{alias: kept}``): written as ties again.
+        self.aliases = aliases or {}
         self._fds: dict[str, int] = {}
         self._slab = bytearray()
 
@@ -300,6 +296,8 @@ def _write_pt(reader: _Reader, dst: str) -> int:
             value = read_value(meta, reader.files, fqn, limits=reader.limits,
                                numpy_values=reads_numpy_values(None))
         place(root, object_path(meta, fqn), value)
+    for alias, kept in reader.aliases.items():  # one storage under both names, as torch.save
+        root.setdefault(alias, root[kept])
 
     def fill(storage: Storage) -> Iterator[memoryview]:
         yield reader.tensor(fqn_of[id(storage)]).reshape(-1).view(np.uint8).data
@@ -310,104 +308,78 @@ def _write_pt(reader: _Reader, dst: str) -> int:
     return len(fqn_of)
 
 
-#: One tensor to write: its name, dtype and shape.
-Spec = tuple[str, DType, tuple[int, ...]]
-#: The tensor of a spec's name, as raw elements (any dtype of the right itemsize).
+#: The tensor of a name, as raw elements (any dtype of the right itemsize).
 TensorOf = Callable[[str], np.ndarray]
 
 
-def _safetensors_header(specs: list[Spec], metadata: Mapping[str, str]
-                        ) -> tuple[bytes, list[str]]:
-    """The safetensors header of ``specs`` and the order their data follows in."""
-    entries = []
-    for name, dtype, shape in specs:
-        code = _CODE_OF.get(dtype.name)
-        if code is None:
-            raise UnsupportedFeatureError(f"tensor {name!r}: safetensors cannot hold {dtype!r}")
-        entries.append((SAFETENSORS_ORDER.index(code), name, code, dtype, shape))
-    entries.sort(key=lambda e: (e[0], e[1]))
-    header: dict[str, Any] = {"__metadata__": dict(metadata)}
-    at = 0
-    for _, name, code, dtype, shape in entries:
-        nbytes = math.prod(shape) * dtype.itemsize
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [at, at + nbytes]}
-        at += nbytes
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text, [e[1] for e in entries]
-
-
-def write_safetensors(dst: str, specs: list[Spec], tensor_of: TensorOf,
-                      metadata: Mapping[str, str] = _PT_METADATA) -> int:
-    """One ``.safetensors`` file of ``specs``, each tensor asked of ``tensor_of`` in data
-    order, written and freed; return the tensors written."""
-    head, order = _safetensors_header(specs, metadata)
-    with atomic_file(dst, fsync=False) as fp:
-        fp.write(head)
-        for name in order:
-            _write_all(fp, tensor_of(name))
-    return len(order)
-
-
-def _write_all(fp: IO[bytes], values: np.ndarray) -> None:
-    if values.size:
-        fp.write(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data)
+def write_safetensors(dst: str, planned: list[Planned], tensor_of: TensorOf,
+                      aliases: Mapping[str, str]) -> Layout:
+    """One safetensors file of ``planned``, each tensor asked of ``tensor_of`` as the
+    writer wants it; ``aliases`` (``{alias: kept}``) of the tensors kept in it are
+    recorded under ``ptfile.aliases``."""
+    metadata = {"format": "pt"}
+    kept = {t.name for t in planned}
+    found = {a: k for a, k in sorted(aliases.items()) if k in kept}
+    if found:
+        metadata[ALIASES] = json.dumps(found, sort_keys=True)
+    return save_file(dst, planned, lambda t: tensor_of(t.name), metadata)
 
 
 def _tensor_fqns(meta: Metadata) -> list[str]:
     return [f for f, i in meta.state_dict_metadata.items() if isinstance(i, TensorStorageMetadata)]
 
 
-def _specs(meta: Metadata, fqns: list[str]) -> list[Spec]:
-    out: list[Spec] = []
-    for fqn in fqns:
+def _planned(meta: Metadata) -> list[Planned]:
+    """Every tensor of the DCP metadata, in checkpoint order."""
+    out = []
+    for fqn in _tensor_fqns(meta):
         item = meta.state_dict_metadata[fqn]
         assert isinstance(item, TensorStorageMetadata)
-        out.append((fqn, item.dtype, tuple(item.size)))
+        out.append(Planned(fqn, item.dtype, tuple(item.size)))
     return out
 
 
-def _shards(specs: list[Spec], most: int) -> list[list[Spec]]:
+def _shards(planned: list[Planned], most: int) -> list[list[Planned]]:
     """huggingface_hub's split: in order, a new shard when the next tensor would tip it over
     ``most`` bytes; a tensor larger than that alone in its own."""
-    shards: list[list[Spec]] = []
-    current: list[Spec] = []
+    shards: list[list[Planned]] = []
+    current: list[Planned] = []
     size = 0
-    for spec in specs:
-        nbytes = math.prod(spec[2]) * spec[1].itemsize
+    for tensor in planned:
+        nbytes = tensor.nbytes
         if nbytes > most:
-            shards.append([spec])
+            shards.append([tensor])
             continue
         if size + nbytes > most:
             shards.append(current)
             current, size = [], 0
-        current.append(spec)
+        current.append(tensor)
         size += nbytes
     if current or not shards:
         shards.append(current)
     return shards
 
 
-def write_hf(out: str, specs: list[Spec], tensor_of: TensorOf, shard_bytes: int,
-             metadata: Mapping[str, str] = _PT_METADATA) -> tuple[str, int, int]:
-    """Hugging Face's sharded folder of ``specs``; return the index (or only file), the
-    tensors and the shards written."""
-    shards = _shards(specs, shard_bytes)
+def write_hf(out: str, planned: list[Planned], tensor_of: TensorOf, aliases: Mapping[str, str],
+             shard_bytes: int) -> tuple[str, int, int]:
+    """Hugging Face's sharded folder of ``planned`` (:func:`write_safetensors` per shard,
+    ``aliases`` declared in the index too); return the index (or only file), the tensors
+    and the shards written."""
+    shards = _shards(planned, shard_bytes)
     os.makedirs(out, exist_ok=True)
     if len(shards) == 1:
         target = os.path.join(out, "model.safetensors")
-        return target, write_safetensors(target, shards[0], tensor_of, metadata), 1
+        return target, len(write_safetensors(target, shards[0], tensor_of, aliases).order), 1
     weight_map: dict[str, str] = {}
+    total = 0
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(os.path.join(out, name), shard, tensor_of, metadata)
-        weight_map.update(dict.fromkeys((spec[0] for spec in shard), name))
-    total = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in specs)
+        total += write_safetensors(os.path.join(out, name), shard, tensor_of, aliases).data_size
+        weight_map.update(dict.fromkeys((t.name for t in shard), name))
     index = os.path.join(out, "model.safetensors.index.json")
-    with atomic_file(index, fsync=False) as fp:
-        fp.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                            indent=2).encode())
-    return index, len(specs), len(shards)
+    declared = {ALIASES: dict(sorted(aliases.items()))} if aliases else None
+    save_index(index, weight_map, total, declared)
+    return index, len(planned), len(shards)
 
 
 def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str], *,
@@ -458,17 +430,18 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
     limits = limits or DEFAULT_LIMITS
     with dcp_files(src, storage_options, limits) as files:
         meta = load_metadata(files, limits)
-        reader = _Reader(meta, files, limits)
+        reader = _Reader(meta, files, limits, hf_aliases(files, limits) if is_shards(files)
+                         else None)
         try:
             if kind == "pt":
                 out, count, shards = target, _write_pt(reader, target), 0
             elif kind == "safetensors":
                 out, shards = target, 0
-                count = write_safetensors(target, _specs(meta, _tensor_fqns(meta)),
-                                          reader.tensor)
+                count = len(write_safetensors(target, _planned(meta), reader.tensor,
+                                              reader.aliases).order)
             elif kind == "hf":
-                out, count, shards = write_hf(target, _specs(meta, _tensor_fqns(meta)),
-                                              reader.tensor, shard_bytes)
+                out, count, shards = write_hf(target, _planned(meta), reader.tensor,
+                                              reader.aliases, shard_bytes)
             else:
                 raise UnsupportedFeatureError(f"cannot convert a DCP checkpoint to {kind!r}")
         finally:
@@ -478,5 +451,5 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
     dropped = [] if kind == "pt" else [
         {"name": fqn, "type": "DCP bytes item", "reason": "not a tensor: a .safetensors file "
          "holds tensors only"} for fqn in meta.state_dict_metadata if fqn not in tensor_fqns]
-    return {"output": out, "kind": kind, "tensors": count, "shards": shards, "aliases": {},
-            "dropped": dropped, "changed": []}
+    return {"output": out, "kind": kind, "tensors": count, "shards": shards,
+            "aliases": dict(reader.aliases), "dropped": dropped, "changed": []}

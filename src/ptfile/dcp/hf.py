@@ -34,19 +34,40 @@ from ..formats.dcp_metadata import (
     size,
 )
 from ..formats.safetensors import CODES, header_json
+from ..formats.safetensors_meta import aliases_of
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import by_name
 
-__all__ = ["hf_metadata"]
+__all__ = ["hf_aliases", "hf_metadata"]
 
 SUFFIX: Final = ".safetensors"
 
 
 def _header(files: DirectoryFiles, name: str, limits: Limits) -> dict[str, Any]:
-    """The header's JSON object, read by the one bounded safetensors header reader."""
-    what = f"the safetensors header of {name!r}"
-    return header_json(lambda at, n: files.read(name, at, n, what), files.size(name, what),
-                       limits, what)[0]
+    """The header's JSON object, read once per folder by the one bounded safetensors
+    header reader."""
+    key = ("safetensors header", name)
+    found: dict[str, Any] | None = files.memo.get(key)
+    if found is None:
+        what = f"the safetensors header of {name!r}"
+        found = files.memo[key] = header_json(lambda at, n: files.read(name, at, n, what),
+                                              files.size(name, what), limits, what)[0]
+    return found
+
+
+def hf_aliases(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> dict[str, str]:
+    """The tied names ptfile's safetensors writer left out of the folder's files
+    (each file's ``ptfile.aliases``, :mod:`ptfile.formats.safetensors_meta`): ``{alias:
+    kept}``, each ``kept`` a tensor of the folder, read from the headers
+    :func:`hf_metadata` read."""
+    names = [n for n in files.names() if n.endswith(SUFFIX)]
+    headers = {name: _header(files, name, limits) for name in names}
+    stored = {fqn for header in headers.values() for fqn in header if fqn != "__metadata__"}
+    out: dict[str, str] = {}
+    for header in headers.values():
+        meta = header.get("__metadata__")
+        out.update(aliases_of(meta if isinstance(meta, dict) else None, stored))
+    return out
 
 
 def _sharding(header: dict[str, Any], name: str) -> dict[str, Any] | None:

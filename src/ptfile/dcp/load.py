@@ -427,6 +427,11 @@ def load_dcp(directory: str | os.PathLike[str] | Input, *, weights_only: bool | 
             place(root, object_path(meta, fqn),
                   read_value(meta, files, fqn, limits=limits, structural=structural,
                              numpy_values=numpy_values))
+        if is_shards(files):  # tied names a safetensors writer left out: one tensor again
+            from .hf import hf_aliases
+
+            for alias, kept in hf_aliases(files, limits).items():
+                root.setdefault(alias, root[kept])
     return root
 
 

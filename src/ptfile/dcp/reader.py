@@ -44,6 +44,7 @@ from ..model.dtypes import DType
 from ..model.selection import expand
 from ..model.tensor import Tensor, contiguous_stride
 from ..reader import SliceNames, TensorInfo
+from .hf import hf_aliases
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
     dcp_files,
@@ -158,7 +159,7 @@ class DCPReader(Mapping[str, Tensor]):
 
     def __init__(self, files: DirectoryFiles, meta: Metadata, limits: Limits, *,
                  structural: bool = False, numpy_values: bool = False,
-                 label: str = "dcp") -> None:
+                 label: str = "dcp", aliases: Mapping[str, str] | None = None) -> None:
         self.files, self.meta, self._limits = files, meta, limits
         #: What the folder is, in words (metadata's ``format``): ``dcp`` for torch's
         #: FileSystemWriter, ``safetensors shards`` for a safetensors folder.
@@ -167,6 +168,11 @@ class DCPReader(Mapping[str, Tensor]):
         self._structural, self._numpy_values = structural, numpy_values
         items = meta.state_dict_metadata
         self._items = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
+        #: Tied names a safetensors folder's writer left out: ``{alias: kept}``
+        #: (:func:`~ptfile.dcp.hf.hf_aliases`), each read as its kept tensor.
+        self.aliases = {a: k for a, k in (aliases or {}).items()
+                        if k in self._items and a not in items}
+        self._items.update({a: self._items[k] for a, k in self.aliases.items()})
         self._closed = False
         self._skeleton: dict[str, Tensor] | None = None
 
@@ -192,7 +198,8 @@ class DCPReader(Mapping[str, Tensor]):
 
     def _region(self, name: str, box: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
         self._item(name)
-        return read_region(self.meta, self.files, name, box, limits=self._limits)
+        return read_region(self.meta, self.files, self.aliases.get(name, name), box,
+                           limits=self._limits)
 
     # -- safe_open's API ---------------------------------------------------------------
     def get_tensor(self, name: str) -> np.ndarray[Any, Any]:
@@ -271,7 +278,9 @@ class DCPReader(Mapping[str, Tensor]):
         objects as in :attr:`object`."""
         if self._skeleton is None:
             self._skeleton = {name: Tensor(None, 0, item.size, contiguous_stride(item.size),
-                                           dtype=item.dtype) for name, item in self._items.items()}
+                                           dtype=item.dtype) for name, item in self._items.items()
+                              if name not in self.aliases}
+            self._skeleton.update({a: self._skeleton[k] for a, k in self.aliases.items()})
         return dict(self._skeleton)
 
     def info(self, name: str) -> TensorInfo:
@@ -285,8 +294,9 @@ class DCPReader(Mapping[str, Tensor]):
         item = self._item(name)
         nbytes = math.prod(item.size) * item.dtype.itemsize
         # Its storage, once assembled, is its own (as load_dcp returns it): keyed by its FQN.
-        return TensorInfo(name, item.dtype, item.size, contiguous_stride(item.size), 0, name,
-                          nbytes, "cpu", None, item.requires_grad, False)
+        return TensorInfo(name, item.dtype, item.size, contiguous_stride(item.size), 0,
+                          self.aliases.get(name, name), nbytes, "cpu", None,
+                          item.requires_grad, False)
 
     def infos(self) -> Iterator[TensorInfo]:
         """:meth:`info` of every tensor, in key order."""
@@ -302,6 +312,7 @@ class DCPReader(Mapping[str, Tensor]):
         FormatError
             The chunks do not tile the tensor, or one has no storage entry.
         """
+        name = self.aliases.get(name, name)
         item = tensor_item(self.meta, name)
         infos = storage_infos(name, item, self.meta)
         return [_chunk_info(c, i.relative_path, i.offset, i.length, i.transforms)
@@ -386,11 +397,13 @@ def open_dcp(directory: str | Input | DirectoryFiles, *, limits: Limits | None =
     """
     limits = limits or DEFAULT_LIMITS
     files = dcp_files(directory, storage_options, limits)
+    shards = is_shards(files)
     if label is None:
-        label = "safetensors shards" if is_shards(files) else "dcp"
+        label = "safetensors shards" if shards else "dcp"
     try:
-        return DCPReader(files, load_metadata(files, limits), limits, structural=structural,
-                         numpy_values=numpy_values, label=label)
+        meta = load_metadata(files, limits)
+        return DCPReader(files, meta, limits, structural=structural, numpy_values=numpy_values,
+                         label=label, aliases=hf_aliases(files, limits) if shards else None)
     except BaseException:
         files.close()
         raise

@@ -1,4 +1,4 @@
-"""Conversions out of (and into) ptfile: safetensors (through the ``safetensors`` package) and npz.
+"""Conversions out of (and into) ptfile: safetensors (ptfile's own writer) and npz.
 
 ======================  =========================================================
 :mod:`.safetensors`     ``.pt`` ⇄ ``.safetensors``, one file or a Hugging Face

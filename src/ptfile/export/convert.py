@@ -13,14 +13,21 @@ it) has ``aliases``, ``dropped`` and ``changed`` (:class:`~ptfile.export.values.
 * → ``.safetensors``: non-tensor values go into the header's ``__metadata__`` as JSON
   texts under their dotted names, listed in ``ptfile.values``, beside ``format: pt``
   (:mod:`ptfile.export.values`); values JSON cannot hold are dropped.  Tied tensors
-  are stored once (``ptfile.aliases``).
+  are stored once (``ptfile.aliases``, the name that sorts first kept).  An object that
+  is not a flat state dict keeps its nesting in ``ptfile.structure``; what that cannot
+  keep is reported (``key-as-text``, ``container-as-base``, ``flattened``; a tensor whose
+  dotted name an earlier one took, dropped).  What the round trip keeps, and the
+  reading rule, are :mod:`ptfile.formats.safetensors_meta`'s.
 * → ``.npz``: bfloat16 and float8 tensors as their raw bits (uint16/uint8) with the
   dtype in the ``__ptfile__`` notes, or widened to float32 with ``npz_upcast``; tied
   tensors stored once; values in the notes (:mod:`ptfile.export.npz`).
-* from ``.safetensors``: the ``ptfile.values`` come back as values (in a ``.pt``: beside
-  the tensors) and ``ptfile.aliases`` as tied tensors; other ``__metadata__`` entries
-  (``format`` aside) carry over to a ``.safetensors`` output and are listed as dropped
-  (``__metadata__.<key>``) for the others.
+* from ``.safetensors``: the file is read as :func:`ptfile.load` reads it (ptfile's own
+  metadata gives back the object written: values, ties, nesting); other
+  ``__metadata__`` entries (``format`` aside) carry over to a ``.safetensors`` output
+  and are listed as dropped (``__metadata__.<key>``) for the others.
+* a sharded checkpoint (``*.index.json``): each shard as one file; the new index lists
+  the names each new file holds, and its ``metadata`` the aliases
+  (:mod:`ptfile.export.safetensors`); the summary's ``aliases`` are every shard's.
 * A DCP directory's non-tensor items have no place in a ``.safetensors`` output or an
   HF folder: they are listed as dropped.
 """
@@ -36,17 +43,19 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from .. import api
-from .._io.local import is_path, is_url
-from .._io.remote import StorageOptions, open_any, open_target
+from .._io.local import FileSource, is_path, is_url
+from .._io.remote import StorageOptions, open_target
 from ..allowlist.structural import is_module
 from ..dcp.consolidate import convert_dcp
 from ..errors import FormatError, UnsupportedFeatureError
 from ..formats.inputs import Input, InputKind, resolve_input
+from ..formats.safetensors import read_header
+from ..formats.safetensors_meta import OWN, STRUCTURE, VALUES, outline_text
 from ..model.tensor import Tensor
 from ..model.tree import flatten
 from ..reader import open as open_checkpoint
 from .npz import NOTES, dump_npz
-from .safetensors import SharedPolicy, convert_sharded, dump, load_safetensors
+from .safetensors import Shard, SharedPolicy, convert_sharded, dump
 from .values import Changes, header_values, split_values, type_name
 
 __all__ = ["convert", "describe", "target_kind"]
@@ -101,64 +110,75 @@ def _dcp_kind(dst: str) -> str:
     return kind
 
 
-#: The safetensors metadata names ptfile writes itself (never values, never carried over).
-_OWN_METADATA: Final = frozenset({"format", "ptfile.aliases", "ptfile.values"})
-
-
-def _from_safetensors(src: str, to: str, changes: Changes
-                      ) -> tuple[dict[str, Tensor], dict[str, object], dict[str, str]]:
-    """The tensors (aliases tied again), the values and the other metadata of ``src``;
-    metadata a ``to`` output has no place for is listed as dropped."""
-    tensors, meta = load_safetensors(src)
-    aliases = _json(meta, "ptfile.aliases", {})
-    names = _json(meta, "ptfile.values", [])
-    if not isinstance(aliases, dict) or not isinstance(names, list):
-        raise FormatError(f"{src}: safetensors metadata ptfile.aliases must be a JSON object "
-                          "and ptfile.values a JSON list")
-    for alias, kept in aliases.items():  # tied names come back sharing one tensor
-        if isinstance(alias, str) and isinstance(kept, str) and kept in tensors:
-            tensors[alias] = tensors[kept]
-    values: dict[str, object] = {}
-    for name in names:
-        if isinstance(name, str) and name in meta and name not in tensors:
-            values[name] = _json(meta, name, None)
-    other = {k: v for k, v in meta.items() if k not in _OWN_METADATA and k not in values}
+def _carried(src: str, to: str, storage_options: StorageOptions, changes: Changes
+             ) -> dict[str, str]:
+    """The ``__metadata__`` entries of the safetensors file ``src`` that are neither
+    ptfile's own nor values: carried over to a ``.safetensors`` output, listed as dropped
+    for the others."""
+    with open_checkpoint(src, storage_options=storage_options) as ck:
+        meta = ck.metadata()
+    values = _listed_values(meta)
+    other = {k: v for k, v in meta.items() if k not in OWN and k not in values}
     if to != "safetensors":
         for key, value in other.items():
             changes.drop(f"__metadata__.{key}", type_name(value),
                          f"safetensors header metadata: a .{to} has no place for it")
-    return tensors, values, other
+    return other
 
 
-def _json(meta: dict[str, str], key: str, default: Any) -> Any:
-    """The JSON text under ``key`` (``default`` when absent).
-
-    Raises
-    ------
-    FormatError
-        The text is not JSON.
-    """
-    if key not in meta:
-        return default
+def _listed_values(meta: dict[str, str]) -> set[str]:
+    """The names ``ptfile.values`` lists (none when it is not a JSON list of names)."""
     try:
-        return json.loads(meta[key])
-    except ValueError as exc:
-        raise FormatError(f"safetensors metadata {key!r} is not JSON: {exc}") from exc
+        names = json.loads(meta.get(VALUES, "[]"))
+    except (ValueError, RecursionError):
+        return set()
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
 def _from_checkpoint(src: str, storage_options: StorageOptions, structural: bool,
                      as_json: bool, changes: Changes
-                     ) -> tuple[dict[str, Tensor], dict[str, object], list[str]]:
-    """The tensors of a checkpoint, with their data, its values (:mod:`.values`) and the
-    names of those holding a tuple."""
+                     ) -> tuple[dict[str, Tensor], dict[str, object], list[str], object]:
+    """The tensors of a checkpoint, with their data, its values (:mod:`.values`), the
+    names of those holding a tuple, and the object (None for a pickled module, which is
+    converted as its state dict)."""
     with open_checkpoint(src, storage_options=storage_options, structural=structural) as ck:
         tensors = ck.load_tensors()
         obj = ck.object
     if is_module(obj):
         changes.drop("", type_name(obj), "a pickled module: only its state_dict() is converted")
-        return tensors, {}, []
+        return tensors, {}, [], None
     values, with_tuples = split_values(obj, tensors, changes, as_json=as_json)
-    return tensors, values, with_tuples
+    return tensors, values, with_tuples, obj
+
+
+#: What :func:`_structure` reports for each note of :func:`outline_text`: a change, or
+#: (as a tuple) a drop with its type and reason.
+_NOTES: Final[dict[str, str | tuple[str, str]]] = {
+    "key-as-text": "key-as-text", "container-as-base": "container-as-base",
+    "name-taken": ("Tensor", "an earlier tensor has the same dotted name"),
+    "reached-twice": ("container", "a container met again under another name (kept once)"),
+}
+
+
+def _structure(obj: object, tensors: dict[str, Tensor], texts: dict[str, str],
+               changes: Changes) -> str | None:
+    """The ``ptfile.structure`` of a ``.safetensors`` output (None for a state dict or a
+    pickled module); what it cannot keep goes into ``changes``."""
+    if obj is None:
+        return None
+    notes: list[tuple[str, str]] = []
+    try:
+        text = outline_text(obj, tensors, texts, notes)
+    except FormatError:
+        changes.change("flattened", [""])
+        return None
+    for note, name in notes:
+        how = _NOTES[note]
+        if isinstance(how, str):
+            changes.change(how, [name])
+        else:
+            changes.drop(name, *how)
+    return text
 
 
 def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
@@ -183,20 +203,15 @@ def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
         A URL could not be read or written.
     """
     changes = Changes()
-    other: dict[str, str] = {}
-    with_tuples: list[str] = []  # values a JSON text turns into lists
-    if src.endswith(".safetensors"):
-        with _local(src, storage_options) as path:
-            tensors, values, other = _from_safetensors(path, to, changes)
-    elif to == "pt" and not structural:  # the whole object: nothing is left out
+    other = _carried(src, to, storage_options, changes) if src.endswith(".safetensors") else {}
+    if to == "pt" and not structural:  # the whole object: nothing is left out
         obj = api.load(src, mmap=is_path(src), storage_options=storage_options)
         api.save(obj, dst, storage_options=storage_options)
         if counted is not None:
             counted.append(len(flatten(obj)))
         return changes
-    else:
-        tensors, values, with_tuples = _from_checkpoint(src, storage_options, structural,
-                                                        to != "pt", changes)
+    tensors, values, with_tuples, obj = _from_checkpoint(src, storage_options, structural,
+                                                         to != "pt", changes)
     if counted is not None:
         counted.append(len(tensors))
     if to == "pt":
@@ -204,39 +219,48 @@ def convert_file(src: str, dst: str, to: str, shared: SharedPolicy = "dedupe",
         return changes
     with _staged(dst, storage_options) as path:
         if to == "npz":
-            notes = dump_npz(tensors, path, shared=shared, upcast=npz_upcast, values=values)
-            changes.aliases = notes["aliases"]
-            changes.change("json", list(values), to=NOTES)
-            changes.change("tuple-as-list", with_tuples)
-            for kind, table in (("raw-bits", notes["dtypes"]), ("upcast", notes["upcast"])):
-                for dtype in dict.fromkeys(table.values()):
-                    stored = "float32" if kind == "upcast" else \
-                        ("uint16" if dtype == "bfloat16" else "uint8")
-                    changes.change(kind, [n for n, d in table.items() if d == dtype],
-                                   **{"from": dtype, "to": stored})
+            _write_npz(tensors, values, with_tuples, path, shared, npz_upcast, changes)
             return changes
-        texts = header_values(values, changes, reserved=_OWN_METADATA | set(other))
+        texts = header_values(values, changes, reserved=OWN | set(other))
         metadata = {**other, **texts}
         if texts:
-            metadata["ptfile.values"] = json.dumps(list(texts))
+            metadata[VALUES] = json.dumps(list(texts))
+        structure = _structure(obj, tensors, texts, changes)
+        if structure is not None:
+            metadata[STRUCTURE] = structure
         changes.aliases = dump(tensors, path, shared=shared, metadata=metadata) or {}
         changes.change("json", list(texts), to="__metadata__")
         changes.change("tuple-as-list", [n for n in with_tuples if n in texts])
         return changes
 
 
-@contextlib.contextmanager
-def _local(src: str, storage_options: StorageOptions) -> Iterator[str]:
-    """A local path holding ``src``: itself, or a temporary download of a URL."""
-    if not is_url(src):
-        yield src
-        return
-    source = open_any(src, storage_options=storage_options)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, os.path.basename(src.split("?")[0]) or "input")
-        with open(path, "wb") as fp:
-            fp.write(source.view(0, source.size, "the file"))
-        yield path
+def _write_npz(tensors: dict[str, Tensor], values: dict[str, object], with_tuples: list[str],
+               path: str, shared: SharedPolicy, upcast: bool, changes: Changes) -> None:
+    notes = dump_npz(tensors, path, shared=shared, upcast=upcast, values=values)
+    changes.aliases = notes["aliases"]
+    changes.change("json", list(values), to=NOTES)
+    changes.change("tuple-as-list", with_tuples)
+    for kind, table in (("raw-bits", notes["dtypes"]), ("upcast", notes["upcast"])):
+        for dtype in dict.fromkeys(table.values()):
+            stored = "float32" if kind == "upcast" else \
+                ("uint16" if dtype == "bfloat16" else "uint8")
+            changes.change(kind, [n for n, d in table.items() if d == dtype],
+                           **{"from": dtype, "to": stored})
+
+
+def _shard(src: str, dst: str, to: str, shared: SharedPolicy, npz_upcast: bool,
+           changes: Changes) -> Shard:
+    """Convert one shard of a sharded checkpoint; what its new file holds."""
+    done = convert_file(src, dst, to, shared, npz_upcast=npz_upcast)
+    changes.merge(done)
+    if to == "safetensors":
+        with open(dst, "rb") as fp:
+            header = read_header(FileSource(fp, dst))
+        return Shard(list(header.entries), done.aliases, header.data_size)
+    with open_checkpoint(dst) as ck:
+        tensors = ck.tensors()
+    storages = {id(t.storage): t.storage.nbytes for t in tensors.values() if t.storage}
+    return Shard(list(tensors), {}, sum(storages.values()))
 
 
 @contextlib.contextmanager
@@ -281,8 +305,7 @@ def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedu
     """
     record = resolve_input(src, storage_options)
     if record.kind is InputKind.FOLDER:
-        raise FormatError(f"{record.label} is a folder of many files, not one checkpoint: "
-                          "convert them in bulk (ptfile.bulk.convert, or --out-prefix)")
+        raise record.many_files("convert them in bulk (ptfile.bulk.convert, or --out-prefix)")
     if zero and any(v not in (None, False) for v in zero.values()) \
             and record.kind is not InputKind.ZERO:
         raise UnsupportedFeatureError(f"{', '.join(k for k, v in zero.items() if v)}: options "
@@ -383,18 +406,15 @@ def _convert_index(index: str, dst: str, to: str, shared: SharedPolicy, npz_upca
                    on_step: Callable[[int], None] | None) -> dict[str, Any]:
     """Shards to shards of the other form, one shard at a time (bounded memory)."""
     changes = Changes()
-
-    def shard(a: str, b: str, kind: str) -> dict[str, str]:
-        done = convert_file(a, b, kind, shared, npz_upcast=npz_upcast)
-        changes.merge(done)
-        return done.aliases
-
-    out = convert_sharded(index, dst, shared=shared, convert_shard=shard,
-                          on_shard=lambda _: on_step(1) if on_step else None)
+    out = convert_sharded(
+        index, dst, convert_shard=lambda a, b, kind: _shard(a, b, kind, shared, npz_upcast,
+                                                           changes),
+        on_shard=lambda _: on_step(1) if on_step else None)
     with open(out, encoding="utf-8") as fp:
         weight_map = json.load(fp)["weight_map"]
-    return {"output": out, "kind": f"sharded {to}", "tensors": len(weight_map),
-            "shards": len(set(weight_map.values())), **changes.to_dict(), "aliases": {}}
+    return {"output": out, "kind": f"sharded {to}",
+            "tensors": len(set(weight_map) | set(changes.aliases)),
+            "shards": len(set(weight_map.values())), **changes.to_dict()}
 
 
 #: How many names a line of :func:`describe` shows before "and N more".
@@ -404,6 +424,11 @@ _SHOWN: Final = 8
 def _names(names: list[str]) -> str:
     shown = ", ".join(n or "(the whole object)" for n in names[:_SHOWN])
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+#: What a ``changed`` group of each kind counts (tensors when not listed).
+_COUNTED: Final = {"json": "value", "tuple-as-list": "value", "key-as-text": "entry",
+                   "container-as-base": "container", "flattened": "object"}
 
 
 def describe(summary: dict[str, Any]) -> list[str]:
@@ -421,10 +446,14 @@ def describe(summary: dict[str, Any]) -> list[str]:
     lines = []
     for group in summary.get("changed", []):
         names, change = group["names"], group["change"]
-        count = f"{len(names)} {'value' if change in ('json', 'tuple-as-list') else 'tensor'}" \
+        count = f"{len(names)} {_COUNTED.get(change, 'tensor')}" \
                 f"{'' if len(names) == 1 else 's'}"
         what = {"json": f"stored as JSON text in {group.get('to')}",
                 "tuple-as-list": "holding tuples, stored as JSON lists",
+                "key-as-text": "keyed by other than str, int, float, bool or None: the key "
+                               "stored as text",
+                "container-as-base": "of a dict, list or tuple subclass, stored as its base",
+                "flattened": "nested too deep: stored flat, by dotted name",
                 "raw-bits": f"{group.get('from')} stored as {group.get('to')} (raw bits; "
                             f"the dtype is in {NOTES})",
                 "upcast": f"{group.get('from')} widened to {group.get('to')}"}.get(change, change)

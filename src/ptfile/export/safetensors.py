@@ -1,18 +1,30 @@
-"""``.pt`` ⇄ ``.safetensors`` through the ``safetensors`` package (ptfile's ``safetensors`` extra).
+"""``.pt`` ⇄ ``.safetensors``: one file, or a Hugging Face sharded checkpoint shard by shard.
 
-Writing goes through ``safetensors.serialize_file`` with ``TensorSpec``
-pointers, so mmapped contiguous tensors are written without a copy, and
-float8/bfloat16 work (safetensors' numpy helper refuses ml_dtypes arrays).
+Writing goes through ptfile's one safetensors writer
+(:mod:`ptfile.formats.safetensors_writer`: tensor by tensor, byte for byte what the
+``safetensors`` package writes; the package is not needed), so mmapped tensors are
+written one at a time and every dtype safetensors has works (bfloat16, float8).
 
 Shared storages are handled explicitly, as ``safetensors.torch.save_model``
 does, by a :data:`SharedPolicy`:
 
 * ``"dedupe"`` (default): tensors that are the *same view* of one storage
-  (tied weights) are written once; the other names are listed in the file's
-  metadata under ``ptfile.aliases`` (JSON ``{alias: kept}``).  Partly
-  overlapping views are written as separate contiguous copies.
-* ``"copy"``: every name is written, duplicates included.
+  (tied weights) are written once, under the name of the group that sorts first
+  (``save_model``'s ``sorted(names)[0]``: ``lm_head.weight`` before
+  ``model.embed_tokens.weight``), whatever order the names come in; the other names
+  are listed in the file's metadata under ``ptfile.aliases`` (JSON ``{alias: kept}``,
+  :mod:`ptfile.formats.safetensors_meta`), and ptfile's readers tie them again.
+  Partly overlapping views are written as separate contiguous copies.
+* ``"copy"``: every name is written, duplicates included (for readers that do not
+  read ``ptfile.aliases``).
 * ``"error"``: any two names sharing a storage raise :class:`~ptfile.SaveError`.
+
+A sharded checkpoint (:func:`convert_sharded`) converts shard by shard; ties lie
+within a shard (each shard is a file of its own), so each shard's file declares its
+own aliases.  The new index's ``weight_map`` lists the names each shard file holds
+(what a reader of ``safetensors.safe_open`` finds there: under ``"dedupe"``, the
+stored names only), and its ``metadata`` holds ``total_size`` (the tensors' bytes, as
+``huggingface_hub`` counts them) and every shard's aliases under ``ptfile.aliases``.
 
 Reading maps the file and reads its header with the one safetensors header reader
 (:mod:`ptfile.formats.safetensors`, which checks every offset), so each tensor is a
@@ -23,17 +35,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
 
-from .._io.local import MmapSource, atomic_file, atomic_path
-from ..errors import FormatError, SaveError, UnsupportedFeatureError
+from .._io.local import MmapSource
+from ..errors import FormatError, SaveError
 from ..formats.safetensors import CODES, read_header, to_tensors
+from ..formats.safetensors_meta import ALIASES
+from ..formats.safetensors_writer import Planned, save_file, save_index
 from ..model.tensor import Tensor
 
-__all__ = ["SharedPolicy", "convert_sharded", "dump", "load_safetensors"]
+__all__ = ["Shard", "SharedPolicy", "convert_sharded", "dump", "load_safetensors"]
 
 SharedPolicy = Literal["dedupe", "copy", "error"]
 #: The dtypes written (the codes are :mod:`ptfile.formats.safetensors`'s, with the one
@@ -41,18 +56,8 @@ SharedPolicy = Literal["dedupe", "copy", "error"]
 WRITABLE: Final = frozenset(CODES.values())
 
 
-def _safetensors() -> Any:
-    try:
-        import safetensors
-    except ImportError as exc:
-        raise UnsupportedFeatureError("converting to safetensors needs the safetensors "
-                                      "package: pip install safetensors (ptfile's safetensors extra)") from exc
-    return safetensors
-
-
-def _contiguous(t: Tensor, name: str) -> np.ndarray[Any, Any]:
-    if t.dtype.name not in WRITABLE:
-        raise UnsupportedFeatureError(f"tensor {name!r}: safetensors cannot hold {t.dtype!r}")
+def _contiguous(t: Tensor) -> np.ndarray[Any, Any]:
+    """The tensor's values, C-contiguous and little-endian."""
     array = t.numpy()
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
@@ -64,7 +69,8 @@ def _view_key(t: Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...], st
 
 
 def plan(tensors: Mapping[str, Tensor], shared: SharedPolicy = "dedupe") -> dict[str, str]:
-    """Names to drop as aliases (``{alias: kept}``) under the shared-storage policy.
+    """Names to drop as aliases (``{alias: kept}``) under the shared-storage policy: of
+    the names of one view of one storage, the one that sorts first is kept.
 
     Raises
     ------
@@ -76,8 +82,8 @@ def plan(tensors: Mapping[str, Tensor], shared: SharedPolicy = "dedupe") -> dict
     >>> import numpy as np, ptfile
     >>> s = ptfile.Storage(memoryview(np.zeros(2, "f4")), ptfile.DTYPES["float32"])
     >>> t = ptfile.Tensor(s, 0, (2,), (1,))
-    >>> plan({"a": t, "b": t})
-    {'b': 'a'}
+    >>> plan({"embed": t, "head": t, "b": ptfile.Tensor(s, 1, (1,), (1,))})
+    {'head': 'embed'}
     """
     by_storage: dict[int, list[str]] = {}
     for name, t in tensors.items():
@@ -91,17 +97,19 @@ def plan(tensors: Mapping[str, Tensor], shared: SharedPolicy = "dedupe") -> dict
         return {}
     aliases: dict[str, str] = {}
     for names in groups:
-        first: dict[tuple[Any, ...], str] = {}
+        views: dict[tuple[Any, ...], list[str]] = {}
         for name in names:
-            kept = first.setdefault(_view_key(tensors[name]), name)
-            if kept != name:
-                aliases[name] = kept
-    return aliases
+            views.setdefault(_view_key(tensors[name]), []).append(name)
+        for same in views.values():
+            kept, *others = sorted(same)
+            aliases.update(dict.fromkeys(others, kept))
+    return dict(sorted(aliases.items()))
 
 
 def dump(tensors: Mapping[str, Tensor], path: str | os.PathLike[str], *,
          shared: SharedPolicy = "dedupe", metadata: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Write ``tensors`` as one ``.safetensors`` file; return the aliases dropped.
+    """Write ``tensors`` as one ``.safetensors`` file, one tensor at a time; return the
+    aliases dropped.
 
     Parameters
     ----------
@@ -112,7 +120,7 @@ def dump(tensors: Mapping[str, Tensor], path: str | os.PathLike[str], *,
     shared
         The shared-storage policy (module docstring).
     metadata
-        Extra header metadata; ``format: pt`` is added as transformers expects.
+        Extra header metadata; ``format: pt`` comes first, as transformers expects.
 
     Returns
     -------
@@ -134,23 +142,13 @@ def dump(tensors: Mapping[str, Tensor], path: str | os.PathLike[str], *,
     {}
     >>> tmp.cleanup()
     """
-    st = _safetensors()
     aliases = plan(tensors, shared)
-    keep: list[np.ndarray[Any, Any]] = []
-    specs = {}
-    for name, t in tensors.items():
-        if name in aliases:
-            continue
-        array = _contiguous(t, name)
-        keep.append(array)
-        specs[name] = st.TensorSpec(dtype=t.dtype.name, shape=list(array.shape),
-                                    data_ptr=array.ctypes.data, data_len=array.nbytes)
+    planned = [Planned(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()
+               if name not in aliases]
     meta = {"format": "pt", **(metadata or {})}
     if aliases:
-        meta["ptfile.aliases"] = json.dumps(aliases, sort_keys=True)
-    with atomic_path(os.fspath(path)) as tmp:  # safetensors writes to a path of its own
-        st.serialize_file(specs, tmp, metadata=meta)
-    del keep
+        meta[ALIASES] = json.dumps(aliases, sort_keys=True)
+    save_file(path, planned, lambda p: _contiguous(tensors[p.name]), meta)
     return aliases
 
 
@@ -215,16 +213,27 @@ def _read_index(path: str) -> dict[str, str]:
     return weight_map
 
 
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One shard converted: the names its new file holds, the aliases it declares
+    (``{alias: kept}``, names stored once under ``kept``), and its tensors' bytes."""
+
+    names: Sequence[str]
+    aliases: Mapping[str, str]
+    nbytes: int
+
+
 def convert_sharded(index: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-                    shared: SharedPolicy = "dedupe",
-                    convert_shard: Callable[[str, str, str], dict[str, str]],
+                    convert_shard: Callable[[str, str, str], Shard],
                     on_shard: Callable[[str], None] | None = None) -> str:
     """Convert a sharded checkpoint shard by shard (bounded memory); return the new index path.
 
     ``index`` is ``pytorch_model.bin.index.json`` (→ safetensors) or
-    ``model.safetensors.index.json`` (→ ``.bin``).  ``convert_shard(src, dst,
-    to)`` converts one file and returns the aliases it dropped; dropped names
-    leave the new ``weight_map``.
+    ``model.safetensors.index.json`` (→ ``.bin``).  ``convert_shard(src, dst, to)``
+    converts one file and says what the new file holds (:class:`Shard`).  The new
+    index (module docstring) lists each name under the file that holds it, in the old
+    index's order (names it did not list after them), with every alias a safetensors
+    shard declares under ``ptfile.aliases`` in its ``metadata``.
 
     Raises
     ------
@@ -236,21 +245,23 @@ def convert_sharded(index: str | os.PathLike[str], out_dir: str | os.PathLike[st
     weight_map = _read_index(index)
     folder, out = os.path.dirname(index), os.fspath(out_dir)
     os.makedirs(out, exist_ok=True)
-    renamed: dict[str, str] = {}
-    dropped: set[str] = set()
+    holder: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    total = 0
     for shard in dict.fromkeys(weight_map.values()):
-        renamed[shard] = shard_name(shard, to)
-        dropped |= set(convert_shard(os.path.join(folder, shard),
-                                     os.path.join(out, renamed[shard]), to))
+        renamed = shard_name(shard, to)
+        done = convert_shard(os.path.join(folder, shard), os.path.join(out, renamed), to)
+        holder.update(dict.fromkeys(done.names, renamed))
+        aliases.update(done.aliases)
+        total += done.nbytes
         if on_shard is not None:
             on_shard(shard)
-    new_map = {k: renamed[v] for k, v in weight_map.items() if k not in dropped}
-    total = sum(os.path.getsize(os.path.join(out, f)) for f in set(new_map.values()))
+    new_map = {name: holder[name] for name in dict.fromkeys([*weight_map, *holder])
+               if name in holder}
     name = "model.safetensors.index.json" if to == "safetensors" else "pytorch_model.bin.index.json"
     target = os.path.join(out, name)
-    with atomic_file(target, fsync=False) as fp:
-        fp.write(json.dumps({"metadata": {"total_size": total}, "weight_map": new_map},
-                            indent=2).encode("utf-8"))
+    declared = {ALIASES: dict(sorted(aliases.items()))} if aliases and to == "safetensors" else {}
+    save_index(target, new_map, total, declared)
     return target
 
 

@@ -34,8 +34,9 @@ Non-finite floats are written as Python's :mod:`json` writes them (``NaN``,
 
 :class:`Changes` is the account a conversion returns: ``aliases`` (``{alias:
 kept}``, tied tensors stored once), ``dropped`` (``{"name", "type", "reason"}``
-each) and ``changed`` (groups ``{"change", "names", ...}``: ``metadata`` with
-``to``, ``tuple-as-list``, ``raw-bits`` and ``upcast`` with ``from`` and ``to``).
+each) and ``changed`` (groups ``{"change", "names", ...}``: ``json`` with
+``to``, ``tuple-as-list``, ``key-as-text``, ``container-as-base``, ``flattened``,
+``raw-bits`` and ``upcast`` with ``from`` and ``to``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..allowlist.structural import StandIn
+from ..formats.safetensors_meta import PREFIX
 from ..model.tensor import Tensor
 from ..model.tree import walk
 
@@ -57,8 +59,8 @@ VALUE_MAX_BYTES: Final = 64 << 10
 #: The most JSON text all values of one file may take in a header.
 METADATA_MAX_BYTES: Final = 16 << 20
 #: Header metadata names that are not values: safetensors/transformers' ``format``
-#: and ptfile's own ``ptfile.*``.
-RESERVED_PREFIX: Final = "ptfile."
+#: and ptfile's own ``ptfile.*`` (:mod:`ptfile.formats.safetensors_meta`).
+RESERVED_PREFIX: Final = PREFIX
 #: How deep a value may nest and still be kept whole (deeper ones are walked into).
 _PLAIN_DEPTH: Final = 64
 _SCALARS: Final = (str, int, float, bool, type(None))

@@ -190,6 +190,17 @@ class Input:
         return os.fsdecode(given) if isinstance(given, (str, bytes, os.PathLike)) \
             and not isinstance(given, bytes) else repr(given)[:80]
 
+    def many_files(self, advice: str) -> FormatError:
+        """The error of a front door that reads one checkpoint, handed a folder of many
+        files (``advice``: what to do instead); a folder of DCP data files without their
+        metadata is named as that."""
+        if any(n.endswith(".distcp") for n in self.names):
+            why = ("holds DCP data files (*.distcp) but no .metadata (nor __<rank>.metadata): "
+                   "no torch.distributed.checkpoint without it")
+        else:
+            why = "is a folder of many files, not one checkpoint"
+        return FormatError(f"{self.label!r} {why}: {advice}")
+
     def part(self, role: str) -> Part | None:
         """The part playing ``role`` (None when there is none)."""
         return next((p for p in self.parts if p.role == role), None)
@@ -451,18 +462,21 @@ def _read_small(path: str, storage_options: Mapping[str, Any] | None, limits: Li
 
 def _url_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
     """The file names of the folder ``url`` names, or None when it names none (or the
-    backend cannot say)."""
-    from .._io.directory import remote_names
+    backend cannot say): one listing request, whose answer is the folder's listing (a
+    listing of a file's own URL gives that file)."""
+    from .._io.directory import file_names
     from .._io.remote import filesystem
 
     if url_scheme(url) in _FLAT_SCHEMES or "." in url.rstrip("/").rsplit("/", 1)[-1]:
         return None
     try:
         fs, path = filesystem(url, storage_options)
-        if not fs.isdir(path):
-            return None
+        entries = fs.ls(path, detail=True)
     except PtfileError:
         return None
     except Exception:  # noqa: BLE001 (fsspec or a backend missing or failing: the file path says so)
         return None
-    return remote_names(fs, path, url)
+    key = path.rstrip("/")
+    if not entries or any(str(e.get("name", "")).rstrip("/") == key for e in entries):
+        return None  # nothing there, or the URL names a file
+    return file_names(entries)

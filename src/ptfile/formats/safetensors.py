@@ -13,7 +13,8 @@ path with another suffix, goes to the pickle loaders, which fail on it.
 ptfile decides by content instead (:mod:`.detection`: the 8-byte length, then ``{``
 after any JSON whitespace), so it reads more than torch (any file name, file
 objects, bytes, URLs), never less, and returns what torch returns: ``{name: Tensor}``
-in data order.  ``map_location`` is applied to the recorded ``cpu`` tag as for every
+in data order.  A file ptfile wrote (its own ``ptfile.*`` metadata) gives back the
+object written: tied names, values and nesting (:mod:`.safetensors_meta`).  ``map_location`` is applied to the recorded ``cpu`` tag as for every
 format (a dict or a callable too); ``mmap`` maps the file as for every format.
 
 The format
@@ -60,7 +61,8 @@ the data are numpy views of the source (of the map, when mapped).
 safetensors blob ptfile meets (distributed checkpoints' too); :func:`read_header`
 adds the entries' checks (:func:`check_header`) for a whole file;
 :func:`read_safetensors` is the format's reader in :data:`ptfile.formats.READERS`,
-:func:`open_safetensors` its opener in :data:`ptfile.formats.OPENERS`.
+:func:`open_safetensors` its opener in :data:`ptfile.formats.OPENERS`; the one writer
+(and index writer) is :mod:`.safetensors_writer`.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from ..model.dtypes import DType, by_name
 from ..model.location import restore_location
 from ..model.tensor import Storage, Tensor, check_rank, contiguous_stride
 from .detection import Format
+from .safetensors_meta import restore
 
 if TYPE_CHECKING:
     from .detection import Detected
@@ -277,11 +280,11 @@ def to_tensors(header: Header, data: memoryview | None,
     return out
 
 
-def read_safetensors(source: Source, detected: Detected, options: ReadOptions
-                     ) -> dict[str, Tensor]:
+def read_safetensors(source: Source, detected: Detected, options: ReadOptions) -> Any:
     """What ``torch.load`` returns for a ``.safetensors`` file: ``{name: Tensor}`` in data
     order, views of the source's bytes (of the map, when mapped); no data with
-    ``skip_data``.
+    ``skip_data``.  A file ptfile wrote gives back the object written to it
+    (:mod:`.safetensors_meta`).
 
     Raises
     ------
@@ -291,7 +294,8 @@ def read_safetensors(source: Source, detected: Detected, options: ReadOptions
     header = read_header(source, options.limits)
     data = None if options.skip_data else source.view(header.data_start, header.data_size,
                                                       "the safetensors data")
-    return to_tensors(header, data, options.map_location)
+    return restore(to_tensors(header, data, options.map_location), header.metadata,
+                   options.limits)
 
 
 def open_safetensors(source: Source, detected: Detected, options: ReadOptions) -> Opened:
@@ -307,7 +311,8 @@ def open_safetensors(source: Source, detected: Detected, options: ReadOptions) -
     from .options import Opened  # here: a scan of a safetensors file imports no policy
 
     header = read_header(source, options.limits)
-    obj = to_tensors(header, None)
+    tensors = to_tensors(header, None)
     offsets = {t.storage: header.data_start + header.entries[name].begin
-               for name, t in obj.items() if t.storage is not None}
+               for name, t in tensors.items() if t.storage is not None}
+    obj = restore(tensors, header.metadata, options.limits)
     return Opened(source, Format.SAFETENSORS, obj, header.metadata or {}, offsets=offsets)

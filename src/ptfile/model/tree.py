@@ -40,13 +40,15 @@ does ``convert``, which lists a stand-in as dropped after converting the tensors
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
 
-from ..errors import FormatError, brief
+from ..errors import FormatError, LimitExceededError, brief
 from .tensor import Parameter, Tensor
 
-__all__ = ["ITEMS_METHOD", "flatten", "values", "walk"]
+__all__ = ["CONTAINERS", "DESCEND", "ITEMS_METHOD", "containers", "flatten", "is_state_dict",
+           "outline", "rebuild", "values", "walk"]
 
 #: The method of an object of a layer above (a structural stand-in) that gives the items a
 #: walk with ``into_objects`` names in it: ``(key, value)`` pairs, or None for none.
@@ -181,3 +183,225 @@ def _object_children(node: object) -> list[tuple[object, object]] | None:
         return items
     method = getattr(type(node), ITEMS_METHOD, None)
     return None if method is None else method(node)
+
+
+# --------------------------------------------------------------------------- outlines
+
+#: The containers an outline names (:func:`outline`), and the type each is rebuilt as.
+CONTAINERS: Final[dict[str, type]] = {"dict": dict, "OrderedDict": OrderedDict,
+                                      "list": list, "tuple": tuple}
+_KIND_OF: Final = {kind: name for name, kind in CONTAINERS.items()}
+#: Dict keys an outline holds as they are (JSON's scalars).
+_KEY_TYPES: Final = frozenset({str, int, float, bool, type(None)})
+#: What a ``leaf`` callback of :func:`outline` returns for a container to describe.
+DESCEND: Final = object()
+
+
+def outline(obj: object, leaf: Callable[[str, object], Any], *, max_depth: int = 1000,
+            notes: list[tuple[str, str]] | None = None) -> Any:
+    """A JSON-able description of an object tree's containers, the inverse of :func:`rebuild`.
+
+    ``leaf(name, node)`` is asked first for every node (named as by :func:`flatten`):
+    :data:`DESCEND` describes a dict, list or tuple as a container, None leaves the node
+    out, anything else (JSON-able) stands for it.  A container is ``{kind: body}`` with
+    ``kind`` a key of :data:`CONTAINERS`: a dict's body is ``[[key, node], ...]``, a list's
+    or tuple's ``[node, ...]``.  A list item left out is ``null`` in its place (so the
+    others keep their indices); a dict item left out has no pair.  What is not kept as it
+    was goes into ``notes`` as ``(change, name)``: ``key-as-text`` (a key that is not a
+    JSON scalar, stored as ``str(key)``), ``container-as-base`` (a subclass of dict, list
+    or tuple, stored as its base), ``reached-twice`` (a container met again: left out).
+
+    Raises
+    ------
+    FormatError
+        The tree is deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> outline({"a": [1, (2,)], "b": 3},
+    ...         lambda name, node: DESCEND if isinstance(node, (dict, list, tuple)) else name)
+    {'dict': [['a', {'list': ['a.0', {'tuple': ['a.1.0']}]}], ['b', 'b']]}
+    """
+    out: list[Any] = []
+    seen: set[int] = set()
+    stack: list[tuple[str, object, int, Callable[[Any], None]]] = [("", obj, 0, out.append)]
+    while stack:
+        name, node, depth, put = stack.pop()
+        got = leaf(name, node)
+        items = _children(node) if got is DESCEND else None
+        if items is None or id(node) in seen:
+            if items is not None and notes is not None:
+                notes.append(("reached-twice", name))
+            if got is not DESCEND and got is not None:
+                put(got)
+            elif isinstance(put, _ListItem):
+                put(None)
+            continue
+        if depth >= max_depth:
+            raise FormatError(f"object tree deeper than {max_depth} levels at {brief(name, 80)}")
+        seen.add(id(node))
+        kind = _KIND_OF.get(type(node)) or _base_kind(node)
+        if type(node) not in _KIND_OF and notes is not None:
+            notes.append(("container-as-base", name))
+        body: list[Any] = []
+        put({kind: body})
+        prefix = f"{name}." if name else ""
+        for key, child in reversed(items):
+            if kind in ("dict", "OrderedDict"):
+                if type(key) not in _KEY_TYPES:
+                    if notes is not None:
+                        notes.append(("key-as-text", f"{prefix}{key}"))
+                    key = str(key)
+                item: Callable[[Any], None] = _Pair(body, key)
+            else:
+                item = _ListItem(body)
+            stack.append((f"{prefix}{key}", child, depth + 1, item))
+    return out[0] if out else None
+
+
+class _Pair:
+    """Puts a described child into its dict's body as ``[key, node]``."""
+
+    def __init__(self, body: list[Any], key: object) -> None:
+        self.body, self.key = body, key
+
+    def __call__(self, node: Any) -> None:
+        self.body.append([self.key, node])
+
+
+class _ListItem:
+    """Puts a described child into its list's or tuple's body."""
+
+    def __init__(self, body: list[Any]) -> None:
+        self.body = body
+
+    def __call__(self, node: Any) -> None:
+        self.body.append(node)
+
+
+def _base_kind(node: object) -> str:
+    return "dict" if isinstance(node, dict) else "tuple" if isinstance(node, tuple) else "list"
+
+
+def rebuild(described: Any, leaf: Callable[[Any], object], *, max_depth: int = 1000) -> object:
+    """The object tree an :func:`outline` describes, each leaf given by ``leaf(node)``
+    (``null`` is None: an item left out).
+
+    Raises
+    ------
+    FormatError
+        A container's body is not what its kind needs, a key is not a JSON scalar, or one
+        dict holds a key twice; what ``leaf`` raises.
+    LimitExceededError
+        Containers nest deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> rebuild({"dict": [["a", {"tuple": [1, None]}], [2, "x"]]}, lambda node: node * 2)
+    {'a': (2, None), 2: 'xx'}
+    """
+    out: list[Any] = []
+    # Entries: (node, depth, put), or (None, -1, finish) to make a tuple of its items.
+    stack: list[tuple[Any, int, Callable[[Any], None]]] = [(described, 0, out.append)]
+    while stack:
+        node, depth, put = stack.pop()
+        if depth < 0:
+            put(None)
+            continue
+        kind = _container_kind(node)
+        if kind is None:
+            put(None if node is None else leaf(node))
+            continue
+        if depth >= max_depth:
+            raise LimitExceededError("max_depth", max_depth, depth + 1, "a described object tree")
+        body = node[kind]
+        if not isinstance(body, list):
+            raise FormatError(f"a described {kind} holds a JSON {type(body).__name__}, not a list")
+        if kind in ("dict", "OrderedDict"):
+            target: dict[Any, Any] = CONTAINERS[kind]()
+            put(target)
+            stack.extend((value, depth + 1, _setter(target, key))
+                         for key, value in reversed(_pairs(body, kind)))
+        else:
+            items: list[Any] = []
+            if kind == "list":
+                put(items)
+            else:  # a tuple is made once its items are: after them on the stack
+                stack.append((None, -1, _tuple_of(items, put)))
+            stack.extend((value, depth + 1, items.append) for value in reversed(body))
+    return out[0]
+
+
+def _container_kind(node: object) -> str | None:
+    if isinstance(node, dict) and len(node) == 1:
+        kind = next(iter(node))
+        return kind if kind in CONTAINERS else None
+    return None
+
+
+def _pairs(body: list[Any], kind: str) -> list[tuple[object, Any]]:
+    """A described dict's ``[key, node]`` pairs, checked: scalar keys, each once."""
+    pairs, keys = [], set()
+    for pair in body:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) in _KEY_TYPES):
+            raise FormatError(f"a described {kind} holds {brief(pair, 80)}, not a [key, node] "
+                              "pair with a JSON scalar key")
+        if pair[0] in keys:
+            raise FormatError(f"a described {kind} holds the key {brief(pair[0], 80)} twice")
+        keys.add(pair[0])
+        pairs.append((pair[0], pair[1]))
+    return pairs
+
+
+def _tuple_of(items: list[Any], put: Callable[[Any], None]) -> Callable[[Any], None]:
+    return lambda _: put(tuple(items))
+
+
+def _setter(target: dict[Any, Any], key: object) -> Callable[[Any], None]:
+    return lambda value: target.__setitem__(key, value)
+
+
+def is_state_dict(obj: object) -> bool:
+    """Whether ``obj`` is a flat state dict: a non-empty dict of str keys and tensors,
+    whose keys :func:`flatten` gives as they are.
+
+    Examples
+    --------
+    >>> is_state_dict({"step": 3}), is_state_dict({})
+    (False, False)
+    """
+    return isinstance(obj, dict) and _is_flat(obj)
+
+
+#: The kind :func:`containers` gives each container type (and its subclasses).
+_BASE_KINDS: Final[dict[type, str]] = {dict: "dict", list: "list", tuple: "tuple"}
+
+
+def containers(obj: object, *, max_depth: int = 1000) -> dict[str, str]:
+    """The non-empty dicts, lists and tuples of an object tree by dotted name, with their
+    kind: what ``diff`` compares of two trees' nesting.  Any dict is a ``dict`` (an
+    ``OrderedDict`` state dict and the plain dict of its ``.safetensors`` conversion mean
+    the same); empty ones are values (:func:`values`).
+
+    Raises
+    ------
+    FormatError
+        The tree is deeper than ``max_depth``.
+
+    Examples
+    --------
+    >>> containers({"model": OrderedDict(w=1), "pair": (1, []), "step": 3})
+    {'': 'dict', 'model': 'dict', 'pair': 'tuple'}
+    """
+    out: dict[str, str] = {}
+
+    def visit(name: str, node: object, _depth: int) -> bool:
+        kind = _BASE_KINDS.get(type(node)) or next(
+            (k for t, k in _BASE_KINDS.items() if isinstance(node, t)), None)
+        if kind is None or isinstance(node, Tensor) or not node:
+            return False
+        out.setdefault(name, kind)
+        return True
+
+    walk(obj, visit, max_depth=max_depth)
+    return out

@@ -162,9 +162,8 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
     limits = limits or DEFAULT_LIMITS
     record = resolve_input(f, storage_options, limits=limits)
     if record.kind is InputKind.FOLDER:
-        raise FormatError(f"{record.label!r} is a folder of many files, not one checkpoint: "
-                          "scan them in bulk (ptfile.bulk.scan, or the command line's scan "
-                          "of the folder)")
+        raise record.many_files("scan them in bulk (ptfile.bulk.scan, or the command line's scan "
+                               "of the folder)")
     if record.kind.is_dcp_readable:  # a DCP checkpoint: its pickles, each a file
         from .dcp import scan_directory  # (the DCP metadata model imports numpy)
 

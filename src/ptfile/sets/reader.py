@@ -32,7 +32,7 @@ import builtins
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
@@ -45,12 +45,7 @@ from ..model.tensor import Tensor
 from ..reader import CheckpointReader, TensorInfo
 from ..reader import open as open_file
 
-if TYPE_CHECKING:
-    from ..dcp.reader import DCPReader
-
-    PartReader = CheckpointReader | DCPReader | "ShardedReader"
-
-__all__ = ["SetReader", "ShardedReader", "open_part", "open_set", "read_json", "role_of",
+__all__ = ["Route", "SetReader", "ShardedReader", "open_part", "open_set", "read_json", "role_of",
            "role_policy"]
 
 #: Roles read structurally whatever the caller's policy (module docstring).
@@ -65,15 +60,24 @@ def role_of(part: Part) -> str:
     return base if rank.isdigit() and base else part.role
 
 
+class Route(NamedTuple):
+    """Where a set's tensor is: the reader holding it, its name there, and the file (or
+    part) that reader reads, which keys its storages apart from other files'."""
+
+    reader: Any
+    name: str
+    file: str
+
+
 class _Merged(Mapping[str, Tensor]):
     """Tensors of several readers under one set of names: ``routes`` maps each name to
-    the reader holding it and the name there."""
+    its :class:`Route`."""
 
-    def __init__(self, routes: dict[str, tuple[Any, str]]) -> None:
+    def __init__(self, routes: dict[str, Route]) -> None:
         self._routes = routes
 
     def __getitem__(self, name: str) -> Tensor:
-        ck, inner = self._routes[name]
+        ck, inner, _ = self._routes[name]
         return ck[inner]  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[str]:
@@ -85,7 +89,7 @@ class _Merged(Mapping[str, Tensor]):
     def __contains__(self, name: object) -> bool:
         return name in self._routes
 
-    def _route(self, name: str) -> tuple[Any, str]:
+    def _route(self, name: str) -> Route:
         found = self._routes.get(name)
         if found is None:
             raise KeyError(name)
@@ -93,33 +97,33 @@ class _Merged(Mapping[str, Tensor]):
 
     def get_tensor(self, name: str) -> np.ndarray[Any, Any]:
         """The tensor ``name`` as a numpy array (its part's reader reads it)."""
-        ck, inner = self._route(name)
+        ck, inner, _ = self._route(name)
         return ck.get_tensor(inner)  # type: ignore[no-any-return]
 
     def get_slice(self, name: str) -> Any:
         """A lazy slice of the tensor ``name``."""
-        ck, inner = self._route(name)
+        ck, inner, _ = self._route(name)
         return ck.get_slice(inner)
 
     def info(self, name: str) -> TensorInfo:
         """The tensor's metadata, named as in the set, its storage keyed by its file."""
-        ck, inner = self._route(name)
-        return _renamed(ck.info(inner), name, _file_of(ck))
+        ck, inner, file = self._route(name)
+        return _renamed(ck.info(inner), name, file)
 
     def infos(self) -> Iterator[TensorInfo]:
         """Every tensor's metadata, in name order."""
         by_reader: dict[int, dict[str, TensorInfo]] = {}
-        for name, (ck, inner) in self._routes.items():
+        for name, (ck, inner, file) in self._routes.items():
             infos = by_reader.get(id(ck))
             if infos is None:
                 infos = by_reader[id(ck)] = {t.name: t for t in ck.infos()}
-            yield _renamed(infos[inner], name, _file_of(ck))
+            yield _renamed(infos[inner], name, file)
 
     def tensors(self) -> dict[str, Tensor]:
         """Every tensor without data, by set name."""
         cache: dict[int, dict[str, Tensor]] = {}
         out = {}
-        for name, (ck, inner) in self._routes.items():
+        for name, (ck, inner, _) in self._routes.items():
             table = cache.get(id(ck))
             if table is None:
                 table = cache[id(ck)] = ck.tensors()
@@ -130,7 +134,7 @@ class _Merged(Mapping[str, Tensor]):
         """Every tensor with its data (ties inside one part kept)."""
         cache: dict[int, dict[str, Tensor]] = {}
         out = {}
-        for name, (ck, inner) in self._routes.items():
+        for name, (ck, inner, _) in self._routes.items():
             table = cache.get(id(ck))
             if table is None:
                 table = cache[id(ck)] = _load_tensors(ck)
@@ -142,10 +146,6 @@ def _load_tensors(ck: Any) -> dict[str, Tensor]:
     if isinstance(ck, CheckpointReader) or hasattr(ck, "load_tensors"):
         return ck.load_tensors()  # type: ignore[no-any-return]
     return {name: ck[name] for name in ck}  # a DCP reader: each tensor assembled now
-
-
-def _file_of(ck: Any) -> str:
-    return str(getattr(ck, "set_file", "") or "")
 
 
 def _renamed(info: TensorInfo, name: str, file: str) -> TensorInfo:
@@ -163,19 +163,18 @@ class ShardedReader(_Merged):
         self.readers: dict[str, CheckpointReader] = {}
         try:
             for shard in part.files:
-                ck = open_file(record.path(shard), mmap=mmap, limits=limits,
-                               storage_options=record.storage_options, structural=structural)
-                ck.set_file = shard  # type: ignore[attr-defined]
-                self.readers[shard] = ck
-            routes: dict[str, tuple[Any, str]] = {}
+                self.readers[shard] = open_file(
+                    record.path(shard), mmap=mmap, limits=limits,
+                    storage_options=record.storage_options, structural=structural)
+            routes: dict[str, Route] = {}
             for name, shard in record.weight_map.items():
                 if name not in self.readers[shard]:
                     raise FormatError(f"{record.path(part.index or '')}: the index puts "
                                       f"{name!r} in {shard}, which does not hold it")
-                routes[name] = (self.readers[shard], name)
-            for ck in self.readers.values():  # names a shard holds beyond the index
+                routes[name] = Route(self.readers[shard], name, shard)
+            for shard, ck in self.readers.items():  # names a shard holds beyond the index
                 for name in ck:
-                    routes.setdefault(name, (ck, name))
+                    routes.setdefault(name, Route(ck, name, shard))
         except BaseException:
             self.close()
             raise
@@ -233,10 +232,8 @@ def open_part(record: Input, part: Part, *, mmap: bool = True, limits: Limits | 
     if part.form == "bin-shards":
         return ShardedReader(record, part, mmap=mmap, limits=limits, structural=structural)
     with role_policy(role):
-        ck = open_file(record.path(part.files[0]), mmap=mmap, limits=limits,
-                       storage_options=record.storage_options, structural=structural)
-    ck.set_file = part.files[0]  # type: ignore[attr-defined]
-    return ck
+        return open_file(record.path(part.files[0]), mmap=mmap, limits=limits,
+                         storage_options=record.storage_options, structural=structural)
 
 
 @contextlib.contextmanager
@@ -279,11 +276,16 @@ class SetReader(_Merged):
         self.record = record
         self.parts = parts
         prefixed = record.kind is InputKind.TRAINER
-        routes: dict[str, tuple[Any, str]] = {}
-        for role, ck in parts.items():
-            if isinstance(ck, Mapping) and hasattr(ck, "info"):
+        routes: dict[str, Route] = {}
+        for part in record.parts:
+            ck = parts.get(part.role)
+            if isinstance(ck, ShardedReader):  # its routes name each shard
+                for name, route in ck._routes.items():
+                    routes[f"{part.role}.{name}" if prefixed else name] = route
+            elif isinstance(ck, Mapping) and hasattr(ck, "info"):
+                file = part.files[0] if len(part.files) == 1 else part.role
                 for name in ck:
-                    routes[f"{role}.{name}" if prefixed else name] = (ck, name)
+                    routes[f"{part.role}.{name}" if prefixed else name] = Route(ck, name, file)
         super().__init__(routes)
 
     @property
@@ -293,6 +295,18 @@ class SetReader(_Merged):
         if self.record.kind is not InputKind.TRAINER and len(objects) == 1:
             return next(iter(objects.values()))
         return objects
+
+    def readers(self) -> list[tuple[str, Any]]:
+        """Every reader of the set with the file it reads (a part's role where it reads
+        several): ``.bin`` shards one by one; JSON parts have none."""
+        out: list[tuple[str, Any]] = []
+        for part in self.record.parts:
+            ck = self.parts.get(part.role)
+            if isinstance(ck, ShardedReader):
+                out += list(ck.readers.items())
+            elif ck is not None and hasattr(ck, "info"):
+                out.append((part.files[0] if len(part.files) == 1 else part.role, ck))
+        return out
 
     def metadata(self) -> dict[str, str]:
         """The set's kind, its parts (role: files) and file count, as strings."""
@@ -310,8 +324,7 @@ class SetReader(_Merged):
     @property
     def source_size(self) -> int:
         """Bytes of the parts' files read so far (each part's own measure)."""
-        return sum(int(getattr(ck, "source_size", 0) or 0) for ck in self.parts.values()
-                   if not isinstance(ck, (dict, list, str, int, float)) or hasattr(ck, "info"))
+        return sum(ck.source_size for ck in self.parts.values() if hasattr(ck, "source_size"))
 
     def close(self) -> None:
         """Close every part."""

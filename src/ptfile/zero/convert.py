@@ -21,7 +21,6 @@ the largest tensor plus the files' pickles.  The writers are the DCP consolidati
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -31,9 +30,10 @@ import numpy as np
 
 from .. import config
 from .._io.local import atomic_file
-from ..dcp.consolidate import SHARD_BYTES, Spec, write_hf, write_safetensors
+from ..dcp.consolidate import SHARD_BYTES, write_hf, write_safetensors
 from ..errors import SaveError, UnsupportedFeatureError
 from ..formats.inputs import Input
+from ..formats.safetensors_writer import Planned
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import Limits
 from ..model.dtypes import DType
@@ -66,7 +66,7 @@ def _write_pt(ck: ZeroReader, dst: str) -> int:
     return len(root)
 
 
-def _specs(ck: ZeroReader, shared: str) -> tuple[list[Spec], dict[str, str]]:
+def _planned(ck: ZeroReader, shared: str) -> tuple[list[Planned], dict[str, str]]:
     """The tensors a safetensors output holds, and the aliases it leaves out."""
     aliases = dict(ck.layout.aliases)
     if aliases and shared == "error":
@@ -74,11 +74,11 @@ def _specs(ck: ZeroReader, shared: str) -> tuple[list[Spec], dict[str, str]]:
         raise SaveError(f"{alias!r} and {target!r} share one tensor (tied weights): use "
                         "shared='dedupe' or 'copy'")
     names = ck.layout.names() if shared == "copy" else list(ck.layout.entries)
-    specs = []
+    planned = []
     for name in names:
         entry = ck.layout.entry(name)
-        specs.append((name, ck.dtype_of(entry), entry.shape))
-    return specs, ({} if shared == "copy" else aliases)
+        planned.append(Planned(name, ck.dtype_of(entry), entry.shape))
+    return planned, ({} if shared == "copy" else aliases)
 
 
 def convert_zero(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str], *,
@@ -138,17 +138,11 @@ def convert_zero(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str
         if to not in ("safetensors", "hf"):
             raise UnsupportedFeatureError(f"a ZeRO checkpoint converts to .pt, .safetensors or "
                                           f"a folder, not {to!r}")
-        specs, aliases = _specs(ck, shared)
-        metadata = {"format": "pt"}
-        if aliases:
-            metadata["ptfile.aliases"] = json.dumps(aliases, sort_keys=True)
-
-        def tensor_of(name: str) -> np.ndarray:
-            return ck.get_tensor(name)
-
+        planned, aliases = _planned(ck, shared)
         if to == "safetensors":
-            out, count = target, write_safetensors(target, specs, tensor_of, metadata)
+            out = target
+            count = len(write_safetensors(target, planned, ck.get_tensor, aliases).order)
         else:
-            out, count, shards = write_hf(target, specs, tensor_of, shard_bytes, metadata)
+            out, count, shards = write_hf(target, planned, ck.get_tensor, aliases, shard_bytes)
     return {"output": out, "kind": to, "tensors": count, "shards": shards,
             "aliases": aliases, "dropped": [], "changed": []}

@@ -153,6 +153,7 @@ def main() -> None:
     width = max(8, int(2047 * args.scale))
     params = 5003 * width + args.layers * (width * width + width)
     root = Path(args.keep or tempfile.mkdtemp(prefix="ptfile-zero-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
     print(f"{params / 1e6:.1f} M parameters ({4 * params / 1e6:.0f} MB fp32, largest tensor "

@@ -25,6 +25,7 @@ import ptfile
 from ptfile.cli import main
 from ptfile.errors import FormatError, UnsafeGlobalError, UnsupportedFeatureError
 from ptfile.export.convert import convert
+from ptfile.zero import open_zero
 
 sys.path.insert(0, str(Path(__file__).parent))
 import zero_fixtures
@@ -298,3 +299,32 @@ def test_folder_kind(made: Path) -> None:
     assert resolve_input(str(made / "z1_fp32_ws1" / "global_step2")).kind is InputKind.ZERO
     assert ptfile.detect_format(str(made / "z3_fp32_ws2")) is ptfile.Format.ZERO
     assert os.path.exists(made / "z1_fp32_ws1" / "latest")
+
+
+def test_zero1_frozen_from_module(made: Path) -> None:
+    """ZeRO-1 records no frozen parameters (DeepSpeed's tool drops them); asked, ptfile takes
+    them from the model file in bit16: the same dict the ZeRO-2 run of the same model gives."""
+    got = ptfile.load_zero(made / "z1_bf16_ws2", frozen_from_module=True)
+    want = expected(made, "z2_bf16_ws2")
+    assert list(got) == list(want)
+    assert_same({"frozen.weight": got["frozen.weight"]}, {"frozen.weight": want["frozen.weight"]})
+    with open_zero(made / "z1_bf16_ws2", frozen_from_module=True) as ck:
+        assert ck.summary()["frozen_bit16"] == ["frozen.weight"]
+
+
+def test_a_url(made: Path) -> None:
+    """A ZeRO folder behind a URL: listed, and read by ranges."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    case = "z3_bf16_ws2"
+    for path in (made / case).rglob("*"):
+        if path.is_file():
+            fs.pipe(f"/zero-url/{path.relative_to(made / case)}", path.read_bytes())
+    try:
+        assert_same(ptfile.load("memory://zero-url"), expected(made, case))
+        assert ptfile.scan("memory://zero-url").is_clean
+        with ptfile.open("memory://zero-url") as ck:
+            rows = ck.get_slice("embed.weight")[:2]
+            assert ck.assembler.bytes_read == rows.nbytes
+    finally:
+        fs.rm("/zero-url", recursive=True)

@@ -309,7 +309,8 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
                                   on_step=step, storage_options=_options(args),
                                   structural=args.structural, npz_upcast=args.npz_upcast,
                                   zero={"tag": args.tag, "exclude_frozen": args.exclude_frozen,
-                                        "dtype": args.dtype})
+                                        "dtype": args.dtype,
+                                        "frozen_from_module": args.frozen_from_module})
     if args.json:
         _print_json(summary, out)
     else:
@@ -490,6 +491,9 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
     zero.add_argument("--tag", help="the tag folder to read (default: the one 'latest' names)")
     zero.add_argument("--exclude-frozen", action="store_true",
                       help="leave out the frozen parameters")
+    zero.add_argument("--frozen-from-module", action="store_true",
+                      help="ZeRO-1: take the frozen parameters (which it does not record) from "
+                           "the model file, in the model's bit16 dtype")
     zero.add_argument("--dtype", choices=("fp32", "fp16", "bf16"),
                       help="floating tensors' output dtype (default fp32; integer and bool "
                            "buffers keep theirs)")

@@ -32,8 +32,8 @@ __all__ = ["Entry", "Layout", "ZeroReader", "ZeroSlice", "load_zero", "open_zero
 
 def zero_layout(directory: str | os.PathLike[str] | Input, *, tag: str | None = None,
                 exclude_frozen: bool = False, limits: Limits | None = None,
-                structural: bool = False,
-                storage_options: Mapping[str, Any] | None = None) -> Layout:
+                structural: bool = False, storage_options: Mapping[str, Any] | None = None,
+                frozen_from_module: bool = False) -> Layout:
     """The :class:`Layout` of the ZeRO checkpoint ``directory`` (a run folder, with
     ``latest``, or a tag folder; a path or an fsspec URL).
 
@@ -56,13 +56,15 @@ def zero_layout(directory: str | os.PathLike[str] | Input, *, tag: str | None = 
                           f"({record.kind.value}): no rank files, 'latest' or zero_to_fp32.py")
     return read_layout(str(record.location), list(record.names), tag=tag,
                        exclude_frozen=exclude_frozen, storage_options=record.storage_options,
-                       limits=limits, structural=structural)
+                       limits=limits, structural=structural,
+                       frozen_from_module=frozen_from_module)
 
 
 def open_zero(directory: str | os.PathLike[str] | Input, *, tag: str | None = None,
               exclude_frozen: bool = False, dtype: str | DType | None = None,
               limits: Limits | None = None, structural: bool = False,
-              storage_options: Mapping[str, Any] | None = None) -> ZeroReader:
+              storage_options: Mapping[str, Any] | None = None,
+              frozen_from_module: bool = False) -> ZeroReader:
     """The ZeRO checkpoint ``directory`` opened lazily: its files' pickles are read, no
     tensor (:class:`ZeroReader`).
 
@@ -75,7 +77,8 @@ def open_zero(directory: str | os.PathLike[str] | Input, *, tag: str | None = No
     """
     wanted = output_dtype(dtype)
     layout = zero_layout(directory, tag=tag, exclude_frozen=exclude_frozen, limits=limits,
-                         structural=structural, storage_options=storage_options)
+                         structural=structural, storage_options=storage_options,
+                         frozen_from_module=frozen_from_module)
     record_options = directory.storage_options if isinstance(directory, Input) \
         else storage_options
     return ZeroReader(layout, dtype=wanted, storage_options=record_options, limits=limits)
@@ -84,7 +87,8 @@ def open_zero(directory: str | os.PathLike[str] | Input, *, tag: str | None = No
 def load_zero(directory: str | os.PathLike[str] | Input, *, tag: str | None = None,
               exclude_frozen: bool = False, dtype: str | DType | None = None,
               limits: Limits | None = None, structural: bool = False,
-              storage_options: Mapping[str, Any] | None = None) -> dict[str, Tensor]:
+              storage_options: Mapping[str, Any] | None = None,
+              frozen_from_module: bool = False) -> dict[str, Tensor]:
     """The consolidated state dict of a DeepSpeed ZeRO checkpoint, without torch.
 
     What ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint``
@@ -104,6 +108,10 @@ def load_zero(directory: str | os.PathLike[str] | Input, *, tag: str | None = No
     dtype
         Cast every floating tensor to ``"fp32"``, ``"fp16"`` or ``"bf16"``
         (``zero_to_torch.py --dtype``); None keeps each tensor's dtype.
+    frozen_from_module
+        ZeRO-1 records no frozen parameters (DeepSpeed's tool returns none): take them
+        from the model file's ``module``, in the model's bit16 dtype (after the buffers,
+        where ZeRO-2 has them; :meth:`ZeroReader.summary` lists them as ``frozen_bit16``).
 
     Raises
     ------
@@ -111,7 +119,8 @@ def load_zero(directory: str | os.PathLike[str] | Input, *, tag: str | None = No
         As :func:`zero_layout`; a rank file shorter than its tensors.
     """
     with open_zero(directory, tag=tag, exclude_frozen=exclude_frozen, dtype=dtype,
-                   limits=limits, structural=structural, storage_options=storage_options) as ck:
+                   limits=limits, structural=structural, storage_options=storage_options,
+                   frozen_from_module=frozen_from_module) as ck:
         out: dict[str, Tensor] = {}
         for name, entry in ck.layout.entries.items():
             out[name] = as_tensor(ck.get_tensor(name), ck.dtype_of(entry))

@@ -85,7 +85,8 @@ def convert_zero(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str
                  to: str, tag: str | None = None, exclude_frozen: bool = False,
                  dtype: str | DType | None = "float32", shard_bytes: int = SHARD_BYTES,
                  shared: str = "dedupe", limits: Limits | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 storage_options: Mapping[str, Any] | None = None,
+                 frozen_from_module: bool = False) -> dict[str, Any]:
     """Consolidate the ZeRO checkpoint ``src`` into ``dst``, one tensor at a time.
 
     Parameters
@@ -96,7 +97,7 @@ def convert_zero(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str
         ``*.pt`` (``.bin``...), ``*.safetensors``, or a folder (Hugging Face's shards).
     to
         ``"pt"``, ``"safetensors"`` or ``"hf"``.
-    tag, exclude_frozen
+    tag, exclude_frozen, frozen_from_module
         As :func:`ptfile.zero.load_zero`.
     dtype
         The floating tensors' output dtype: ``"fp32"`` (default, as ``zero_to_fp32.py``),
@@ -128,7 +129,7 @@ def convert_zero(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str
     """
     target = os.fspath(dst)
     with open_zero(src, tag=tag, exclude_frozen=exclude_frozen, dtype=dtype, limits=limits,
-                   storage_options=storage_options) as ck:
+                   storage_options=storage_options, frozen_from_module=frozen_from_module) as ck:
         aliases: dict[str, str] = {}
         shards = 0
         if to == "pt":

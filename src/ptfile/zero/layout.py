@@ -47,7 +47,7 @@ _FLOAT32: Final = DTYPES["float32"]
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One tensor of the state dict: its name, role (``buffer``, ``frozen``,
-    ``parameter``), dtype and shape as returned, and the pieces holding its elements
+    ``frozen-bit16``, ``parameter``), dtype and shape as returned, and the pieces holding its elements
     (concatenated, exactly ``numel`` of them, in the files' dtype ``source``)."""
 
     name: str
@@ -230,6 +230,21 @@ class _Reading:
             out[name] = Entry(name, "frozen", dtype, shape, _trim(pieces, numel), dtype)
         return out
 
+    def frozen_from_module(self, trainable: Mapping[str, Entry], buffers: Mapping[str, Entry]
+                           ) -> dict[str, Entry]:
+        """ZeRO-1's frozen parameters, which it does not record: the first model file's
+        ``module`` entries that are no buffer, trainable parameter or tied alias, in the
+        model's (bit16) dtype, role ``frozen-bit16``."""
+        module = _dict(self.model.get("module"), f"{self.models[0].path}: module")
+        aliases = _dict(self.model.get("shared_params") or {}, "shared_params")
+        out = {}
+        for name, t in module.items():
+            if name in trainable or name in buffers or name in aliases:
+                continue
+            piece = self.models[0].piece(t, f"module {name!r}")
+            out[name] = Entry(name, "frozen-bit16", t.dtype, tuple(t.shape), (piece,), t.dtype)
+        return out
+
     def zero12(self) -> dict[str, Entry]:
         paddings = self.osds[0].get("param_alignment_paddings")
         flats = [self.flat(r) for r in range(self.world_size)]
@@ -297,9 +312,14 @@ class _Reading:
 
 def read_layout(location: str, names: list[str], *, tag: str | None = None,
                 exclude_frozen: bool = False, storage_options: Mapping[str, Any] | None = None,
-                limits: Limits | None = None, structural: bool = False) -> Layout:
+                limits: Limits | None = None, structural: bool = False,
+                frozen_from_module: bool = False) -> Layout:
     """The :class:`Layout` of the ZeRO checkpoint in ``location`` (a run folder with
     ``latest`` or a tag folder; ``names`` its files).
+
+    ``frozen_from_module``: where the checkpoint records no frozen parameters (ZeRO-1,
+    which DeepSpeed's tool returns without them), take them from the model file's
+    ``module``, in the model's bit16 dtype (role ``frozen-bit16``).
 
     Raises
     ------
@@ -335,6 +355,9 @@ def read_layout(location: str, names: list[str], *, tag: str | None = None,
         buffers = reading.buffers()
         frozen = {} if exclude_frozen else reading.frozen()
         params = reading.zero3() if reading.stage == 3 else reading.zero12()
+        if frozen_from_module and not exclude_frozen \
+                and reading.model.get("frozen_param_shapes") is None:
+            frozen = reading.frozen_from_module(params, buffers)
         entries = {**buffers, **frozen, **params}
         excluded = tuple(reading.frozen()) if exclude_frozen else ()
         version = reading.model.get("ds_version")

@@ -309,7 +309,8 @@ class ZeroReader(Mapping[str, Tensor]):
         optimizer, the training dtype, each flat group (its parameters, elements, and the
         elements each rank saved), the frozen, tied and buffer names, and the files."""
         lay = self.layout
-        roles: dict[str, list[str]] = {"buffer": [], "frozen": [], "parameter": []}
+        roles: dict[str, list[str]] = {"buffer": [], "frozen": [], "frozen-bit16": [],
+                                       "parameter": []}
         for name, entry in lay.entries.items():
             roles[entry.role].append(name)
         return {"stage": lay.stage, "world_size": lay.world_size, "tag": lay.tag,
@@ -317,7 +318,8 @@ class ZeroReader(Mapping[str, Tensor]):
                 "model_dtype": lay.model_dtype,
                 "groups": [{"index": g.index, "params": list(g.params), "numel": g.numel,
                             "rank_numels": list(g.rank_numels)} for g in lay.groups],
-                "buffers": roles["buffer"], "frozen": roles["frozen"],
+                "buffers": roles["buffer"], "frozen": roles["frozen"] + roles["frozen-bit16"],
+                "frozen_bit16": roles["frozen-bit16"],
                 "excluded_frozen": list(lay.excluded), "tied": dict(lay.aliases),
                 "model_files": list(lay.model_files), "optim_files": list(lay.optim_files)}
 

@@ -5,7 +5,8 @@ steps with DeepSpeed for each case and saves it under ``OUT/<case>/`` (the run f
 ``latest`` and ``global_step2/``), then writes DeepSpeed's own consolidation beside it:
 ``OUT/<case>.expected.pt`` is ``torch.save`` of
 ``get_fp32_state_dict_from_zero_checkpoint(OUT/<case>)`` (the oracle), and
-``OUT/<case>.excl.pt`` the same with ``exclude_frozen_parameters=True``.
+``OUT/<case>.excl.pt`` the same with ``exclude_frozen_parameters=True``, and
+``OUT/<case>.cli/pytorch_model.bin`` what ``zero_to_fp32.py OUT/<case> OUT/<case>.cli`` writes.
 
 One launch runs every case of one world size in the same processes (DeepSpeed's import
 costs seconds; a case costs a fraction of one).  :func:`generate` is what the tests call.
@@ -143,12 +144,17 @@ def _train_and_save(case: Case, out: Path) -> None:
 
 def _expected(case: Case, out: Path) -> None:
     import torch
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils.zero_to_fp32 import (
+        convert_zero_checkpoint_to_fp32_state_dict,
+        get_fp32_state_dict_from_zero_checkpoint,
+    )
 
     folder = str(out / case.name)
     for suffix, exclude in ((".expected.pt", False), (".excl.pt", True)):
         state = get_fp32_state_dict_from_zero_checkpoint(folder, exclude_frozen_parameters=exclude)
         torch.save(state, str(out / (case.name + suffix)))
+    # what zero_to_fp32.py DIR OUT writes: OUT/pytorch_model.bin
+    convert_zero_checkpoint_to_fp32_state_dict(folder, str(out / (case.name + ".cli")))
 
 
 def _worker(out: str, names: list[str]) -> None:

@@ -123,7 +123,7 @@ def load_zero(directory: str | os.PathLike[str] | Input, *, tag: str | None = No
                    frozen_from_module=frozen_from_module) as ck:
         out: dict[str, Tensor] = {}
         for name, entry in ck.layout.entries.items():
-            out[name] = as_tensor(ck.get_tensor(name), ck.dtype_of(entry))
+            out[name] = as_tensor(ck.get_tensor(name), ck.dtype_of(entry), entry.requires_grad)
         for alias, target in ck.layout.aliases.items():
             out[alias] = out[target]
         return out

@@ -10,8 +10,11 @@ the largest tensor plus the files' pickles.  The writers are the DCP consolidati
 
 * ``.pt``: the state dict pickled first (every tensor a storage without data, tied names
   the same tensor as their target: one storage), then each ``data/<key>`` record filled in
-  turn (:func:`ptfile.formats.zipped.write_zip`'s ``fill``).  ``torch.load`` returns what
-  ``zero_to_fp32.py``'s ``pytorch_model.bin`` holds, key for key, in its order.
+  turn (:func:`ptfile.formats.zipped.write_zip`'s ``fill``), in pieces of at most 16 MiB.
+  The storages are those ``zero_to_fp32.py`` writes (a ZeRO-1/2 parameter is a view of its
+  whole flat group, a ZeRO-3 one keeps its partition padding, a buffer its storage of the
+  model file), so with the default float32 output the file is byte-identical to its
+  ``pytorch_model.bin``; a cast tensor gets a storage of its own, as there too.
 * ``.safetensors`` and a folder (Hugging Face's shards and index): every tensor by name.
   DeepSpeed's script cannot write tied weights there (safetensors refuses shared memory);
   ptfile writes them as ``shared`` says, as ``ptfile convert`` does for any file
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,25 +49,42 @@ __all__ = ["convert_zero"]
 
 
 def _write_pt(ck: ZeroReader, dst: str) -> int:
-    """The consolidated ``.pt``; return the number of tensors."""
+    """The consolidated ``.pt`` in ``zero_to_fp32``'s storage layout (:class:`~.layout.Entry`'s
+    ``storage``) where a tensor keeps the files' dtype; return the number of tensors."""
     root: dict[str, Any] = {}
-    name_of: dict[int, str] = {}
+    shared: dict[str, Storage] = {}
+    fills: dict[int, Callable[[], Iterator[memoryview]]] = {}
     for name, entry in ck.layout.entries.items():
         dtype = ck.dtype_of(entry)
-        storage = Storage(None, dtype, nbytes=entry.numel * dtype.itemsize)
-        root[name] = Tensor(storage, 0, entry.shape, contiguous_stride(entry.shape), dtype=dtype)
-        name_of[id(storage)] = name
+        offset = 0
+        if entry.storage and dtype == entry.source:
+            storage = shared.get(entry.storage_key) if entry.storage_key else None
+            if storage is None:
+                numel = sum(p.count for p in entry.storage)
+                storage = Storage(None, dtype, nbytes=numel * dtype.itemsize)
+                fills[id(storage)] = partial(ck.assembler.chunks, entry.storage)
+                if entry.storage_key:
+                    shared[entry.storage_key] = storage
+            offset = entry.storage_offset
+        else:  # its own storage: the values, cast
+            storage = Storage(None, dtype, nbytes=entry.numel * dtype.itemsize)
+            fills[id(storage)] = partial(_values, ck, name)
+        root[name] = Tensor(storage, offset, entry.shape, contiguous_stride(entry.shape),
+                            dtype=dtype, requires_grad=entry.requires_grad)
     for alias, target in ck.layout.aliases.items():
         root[alias] = root[target]
 
     def fill(storage: Storage) -> Iterator[memoryview]:
-        values = ck.get_tensor(name_of[id(storage)])
-        yield np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
+        return fills[id(storage)]()
 
     with atomic_file(dst, fsync=False) as fp:
         write_zip(root, fp.write, archive_prefix(dst), config.current(),
                   byteorder=sys.byteorder, fill=fill)
     return len(root)
+
+
+def _values(ck: ZeroReader, name: str) -> Iterator[memoryview]:
+    yield np.ascontiguousarray(ck.get_tensor(name)).reshape(-1).view(np.uint8).data
 
 
 def _planned(ck: ZeroReader, shared: str) -> tuple[list[Planned], dict[str, str]]:

@@ -228,6 +228,17 @@ class RankFile:
         """Close the file."""
         self._source.close()
 
+    def storage_piece(self, tensor: Tensor, what: str) -> Piece:
+        """The whole storage of ``tensor`` (a tensor :meth:`piece` located)."""
+        if tensor.storage is None or tensor.storage.key is None:
+            raise FormatError(f"{self.path}: {what} has no storage record")
+        member = f"{self.archive.prefix}/data/{tensor.storage.key}"
+        record = self.archive.get(member)
+        if record is None:
+            raise FormatError(f"{self.path}: {what}: its storage record {member!r} is missing")
+        return Piece(self.name, self.archive.data_offset(member),
+                     record.size // tensor.dtype.itemsize, tensor.dtype, tensor.storage.byteorder)
+
     def piece(self, tensor: Any, what: str) -> Piece:
         """Where the elements of ``tensor`` (a contiguous tensor of this file) lie.
 

@@ -47,8 +47,15 @@ _FLOAT32: Final = DTYPES["float32"]
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One tensor of the state dict: its name, role (``buffer``, ``frozen``,
-    ``frozen-bit16``, ``parameter``), dtype and shape as returned, and the pieces holding its elements
-    (concatenated, exactly ``numel`` of them, in the files' dtype ``source``)."""
+    ``frozen-bit16``, ``parameter``), dtype and shape as returned, and the pieces holding
+    its elements (concatenated, exactly ``numel`` of them, in the files' dtype ``source``).
+
+    ``storage`` is the storage DeepSpeed's consolidation gives the tensor when it keeps the
+    files' dtype (``zero_to_fp32``'s ``.bin`` layout: ZeRO-1/2 parameters are views at
+    ``storage_offset`` of their whole flat group, shared under ``storage_key``; ZeRO-3
+    parameters and frozen fragments keep their partition padding; buffers and ZeRO-2
+    frozen parameters their storage in the model file); empty: exactly its elements.
+    ``requires_grad`` is the flag DeepSpeed's tensor has (its flat groups', saved set)."""
 
     name: str
     role: str
@@ -57,6 +64,10 @@ class Entry:
     pieces: tuple[Piece, ...]
     source: DType
     group: int | None = None
+    storage: tuple[Piece, ...] = ()
+    storage_offset: int = 0
+    storage_key: str | None = None
+    requires_grad: bool = False
 
     @property
     def numel(self) -> int:
@@ -172,6 +183,7 @@ class _Reading:
                               "missing, or an older checkpoint's is left over)")
         self.world_size = count
         self.groups: list[Group] = []
+        self.requires_grad = False  # set by the flat groups read
 
     def flat(self, rank: int) -> list[Piece]:
         """Rank ``rank``'s fp32 flat groups, as pieces."""
@@ -181,6 +193,7 @@ class _Reading:
         if not isinstance(groups, list):
             raise FormatError(f"{f.path}: {key} is {brief(groups, 80)}, not a list")
         pieces = [f.piece(t, f"{key}[{i}]") for i, t in enumerate(groups)]
+        self.requires_grad |= any(getattr(t, "requires_grad", False) for t in groups)
         for i, p in enumerate(pieces):
             if p.dtype != _FLOAT32 or (isinstance(groups[i], Tensor) and groups[i].ndim != 1):
                 raise FormatError(f"{f.path}: {key}[{i}] is not a 1-D float32 tensor")
@@ -205,7 +218,9 @@ class _Reading:
             if name in wanted:
                 piece = self.models[0].piece(t, f"buffer {name!r}")
                 dtype = _FLOAT32 if t.dtype.is_floating_point else t.dtype
-                out[name] = Entry(name, "buffer", dtype, tuple(t.shape), (piece,), t.dtype)
+                out[name] = Entry(name, "buffer", dtype, tuple(t.shape), (piece,), t.dtype,
+                                  storage=(self.models[0].storage_piece(t, name),),
+                                  storage_offset=t.storage_offset())
         return out
 
     def frozen(self) -> dict[str, Entry]:
@@ -217,7 +232,7 @@ class _Reading:
             shape = _shape(shape, f"frozen {name!r}")
             numel = math.prod(shape)
             files = self.models if self.stage == 3 else self.models[:1]
-            pieces, dtype = [], None
+            pieces, dtype, offset = [], None, 0
             for f in files:
                 frags = _dict(_dict(f.object, f.path).get("frozen_param_fragments"),
                               f"{f.path}: frozen_param_fragments")
@@ -227,7 +242,12 @@ class _Reading:
                 pieces.append(piece)
                 dtype = piece.dtype
             assert dtype is not None
-            out[name] = Entry(name, "frozen", dtype, shape, _trim(pieces, numel), dtype)
+            storage = tuple(pieces)
+            if self.stage < 3:  # the fragment itself, in its storage of the model file
+                storage = (files[0].storage_piece(frags[name], name),)
+                offset = frags[name].storage_offset()
+            out[name] = Entry(name, "frozen", dtype, shape, _trim(pieces, numel), dtype,
+                              storage=storage, storage_offset=offset)
         return out
 
     def frozen_from_module(self, trainable: Mapping[str, Entry], buffers: Mapping[str, Entry]
@@ -242,7 +262,9 @@ class _Reading:
             if name in trainable or name in buffers or name in aliases:
                 continue
             piece = self.models[0].piece(t, f"module {name!r}")
-            out[name] = Entry(name, "frozen-bit16", t.dtype, tuple(t.shape), (piece,), t.dtype)
+            out[name] = Entry(name, "frozen-bit16", t.dtype, tuple(t.shape), (piece,), t.dtype,
+                              storage=(self.models[0].storage_piece(t, name),),
+                              storage_offset=t.storage_offset())
         return out
 
     def zero12(self) -> dict[str, Entry]:
@@ -261,7 +283,10 @@ class _Reading:
             for i, (name, shape) in enumerate(params):
                 numel = math.prod(shape)
                 pieces = _take(spans, offset, numel, f"parameter {name!r}")
-                out[name] = Entry(name, "parameter", _FLOAT32, shape, tuple(pieces), _FLOAT32, g)
+                whole = tuple(spans) if self.optimizer == "zero" else ()
+                out[name] = Entry(name, "parameter", _FLOAT32, shape, tuple(pieces), _FLOAT32, g,
+                                  storage=whole, storage_offset=offset, storage_key=f"group {g}",
+                                  requires_grad=self.requires_grad)
                 offset += numel + (int(pads[i]) if pads is not None else 0)
             avail = sum(s.count for s in spans)
             align = 2 * self.world_size
@@ -286,7 +311,8 @@ class _Reading:
                 pieces = [p for flat in flats
                           for p in _take(flat, offset, part, f"parameter {name!r}")]
                 out[name] = Entry(name, "parameter", _FLOAT32, shape, _trim(pieces, numel),
-                                  _FLOAT32, g)
+                                  _FLOAT32, g, storage=tuple(pieces),
+                                  requires_grad=self.requires_grad)
                 offset += part
             self.groups.append(Group(g, tuple(n for n, _ in params), offset - start,
                                      tuple(flat[g].count if g < len(flat) else 0

@@ -50,6 +50,8 @@ OUTPUT_DTYPES: Final = {"fp32": "float32", "float32": "float32", "fp16": "float1
                         "bfloat16": "bfloat16"}
 #: The most bytes one ``preadv`` asks for (Linux returns at most about 2 GiB).
 _MOST: Final = 1 << 30
+#: The most bytes :meth:`Assembler.chunks` reads at once.
+_SLAB: Final = 16 << 20
 
 
 def output_dtype(name: str | DType | None) -> DType | None:
@@ -150,6 +152,20 @@ class Assembler:
                 break
         return out
 
+    def chunks(self, pieces: tuple[Piece, ...], most: int = _SLAB) -> Iterator[memoryview]:
+        """The bytes of ``pieces`` in turn, in chunks of at most ``most`` bytes (one
+        buffer per chunk: nothing of the pieces is held after it is consumed)."""
+        for piece in pieces:
+            size = piece.dtype.itemsize
+            step = max(1, most // size)
+            for start in range(0, piece.count, step):
+                part = piece.cut(start, min(step, piece.count - start))
+                out = np.empty(part.count, piece.dtype.numpy)
+                self._fill(part, out.view(np.uint8).data)
+                if part.byteorder != sys.byteorder and piece.dtype.swap > 1:
+                    out = out.view(f"u{piece.dtype.swap}").byteswap().view(piece.dtype.numpy)
+                yield out.view(np.uint8).data
+
     def values(self, entry: Entry, dtype: DType | None = None) -> np.ndarray:
         """The whole tensor of ``entry``, shaped, cast to ``dtype`` (module docstring)."""
         source = self.flat(entry).reshape(entry.shape)
@@ -157,11 +173,12 @@ class Assembler:
                                                      else None))
 
 
-def as_tensor(values: np.ndarray, dtype: DType) -> Tensor:
+def as_tensor(values: np.ndarray, dtype: DType, requires_grad: bool = False) -> Tensor:
     """A contiguous :class:`Tensor` holding ``values``."""
     storage = Storage(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data, dtype)
     shape = tuple(values.shape)
-    return Tensor(storage, 0, shape, contiguous_stride(shape), dtype=dtype)
+    return Tensor(storage, 0, shape, contiguous_stride(shape), dtype=dtype,
+                  requires_grad=requires_grad)
 
 
 class ZeroSlice(SliceNames):
@@ -231,7 +248,7 @@ class ZeroReader(Mapping[str, Tensor]):
     def __getitem__(self, name: str) -> Tensor:
         """The whole tensor, assembled from its pieces."""
         entry = self.layout.entry(name)
-        return as_tensor(self._values(entry), self.dtype_of(entry))
+        return as_tensor(self._values(entry), self.dtype_of(entry), entry.requires_grad)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.layout.names())
@@ -298,7 +315,7 @@ class ZeroReader(Mapping[str, Tensor]):
             out: dict[str, Tensor] = {}
             for name, entry in self.layout.entries.items():
                 out[name] = Tensor(None, 0, entry.shape, contiguous_stride(entry.shape),
-                                   dtype=self.dtype_of(entry))
+                                   dtype=self.dtype_of(entry), requires_grad=entry.requires_grad)
             for alias, target in self.layout.aliases.items():
                 out[alias] = out[target]
             self._skeleton = out
@@ -356,7 +373,7 @@ class ZeroReader(Mapping[str, Tensor]):
         dtype = self.dtype_of(entry)
         nbytes = entry.numel * dtype.itemsize
         return TensorInfo(name, dtype, entry.shape, contiguous_stride(entry.shape), 0,
-                          entry.name, nbytes, "cpu", None, entry.role == "parameter",
+                          entry.name, nbytes, "cpu", None, entry.requires_grad,
                           entry.role != "buffer")
 
     def infos(self) -> Iterator[TensorInfo]:

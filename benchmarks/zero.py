@@ -13,12 +13,13 @@ gives its wall time and peak resident memory (``ru_maxrss`` of that child, from
 its ``get_fp32_state_dict_from_zero_checkpoint`` in lazy mode with each tensor made
 contiguous in turn, and the import of torch and DeepSpeed alone (the floor of both of
 DeepSpeed's rows).  ptfile's output is then loaded with torch and compared with the
-script's, name by name.  Everything is written under a temporary folder and deleted.
+script's, name by name, and byte for byte.  Everything is written under a temporary folder and deleted.
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
 import shutil
 import subprocess
@@ -141,7 +142,9 @@ def _bench(root: Path, ckpt: Path, env: dict[str, str]) -> None:
     same = subprocess.run([sys.executable, "-c", _SAME, str(out_pt),
                            str(out_ds / "pytorch_model.bin")], capture_output=True, text=True,
                           env=env, check=True).stdout.strip()
-    print(f"  ptfile's out.pt and the script's pytorch_model.bin: {same}\n")
+    identical = filecmp.cmp(out_pt, out_ds / "pytorch_model.bin", shallow=False)
+    print(f"  ptfile's out.pt and the script's pytorch_model.bin: {same} in torch, "
+          f"{'byte-identical' if identical else 'different bytes'}\n")
 
 
 def main() -> None:

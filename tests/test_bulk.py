@@ -47,20 +47,27 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("zoo")
     write_tree(root, corpus(48))
     (root / "README.md").write_text("not a checkpoint name")
-    (root / ".cache").mkdir()
-    (root / ".cache" / "hidden.pt").write_bytes(b"x")
     return root
 
 
 def test_expand_walks_directories_globs_and_keeps_named_files(tree: Path) -> None:
+    (tree / ".cache").mkdir(exist_ok=True)
+    (tree / ".cache" / "hidden.pt").write_bytes(b"x")
     walked = bulk.expand(tree)
-    assert len(walked) == 48 and walked == sorted(walked)
-    assert not any("README" in p or ".cache" in p for p in walked)
+    excluded = bulk.expand(tree, exclude=[".cache"])
+    (tree / ".cache" / "hidden.pt").unlink()
+    # issue 30: torch opens dot-folders' files too (.cache/hidden.pt); the README is
+    # no checkpoint by name or bytes: skipped, and listed as such
+    assert len(walked) == 49 and walked == sorted(walked)
+    assert str(tree / ".cache" / "hidden.pt") in walked
+    assert not any("README" in p for p in walked)
+    assert bulk.walk(tree).skipped == [str(tree / "README.md")]
+    assert excluded == [p for p in walked if ".cache" not in p] and len(excluded) == 48
     # a glob takes what it matches, whatever the name; duplicates go
     pattern = str(tree / "d00" / "*-clean.pt")
     both = bulk.expand([pattern, str(tree / "d00"), str(tree / "README.md")])
     assert len(bulk.expand(pattern)) == 6 and set(bulk.expand(pattern)) <= set(both)
-    assert str(tree / "README.md") in both and len(both) == 49
+    assert str(tree / "README.md") in both and len(both) == 48 + 1
     assert bulk.expand(str(tree / "missing.pt")) == [str(tree / "missing.pt")]
 
 
@@ -93,7 +100,10 @@ def test_expand_url_prefixes_and_globs_through_fsspec() -> None:
         assert all(u.startswith("memory://") for u in urls)  # fsspec's own spelling
         return [u.split("zoo/", 1)[1] for u in urls]
 
-    assert names(bulk.expand("memory://zoo/")) == ["a/m.bin", "b/m.pt"]
+    # every file, dot-folders included; notes.txt is no checkpoint by name or bytes
+    assert names(bulk.expand("memory://zoo/")) == [".git/x.pt", "a/m.bin", "b/m.pt"]
+    assert names(bulk.walk("memory://zoo/").skipped) == ["b/notes.txt"]
+    assert names(bulk.expand("memory://zoo/", exclude=[".git"])) == ["a/m.bin", "b/m.pt"]
     assert bulk.expand("memory://zoo") == bulk.expand("memory://zoo/")
     assert names(bulk.expand("memory://zoo/**/*.txt")) == ["b/notes.txt"]
     assert bulk.expand("memory://zoo/b/m.pt") == ["memory://zoo/b/m.pt"]

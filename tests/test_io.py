@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import ptfile
 from oracle import assert_same, assert_sharing
-from ptfile._io import local as _io
+from ptfile._io import buffers as _io
 
 
 @pytest.fixture

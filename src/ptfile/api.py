@@ -15,10 +15,12 @@ from typing import IO, TYPE_CHECKING, Any, Final
 import numpy as np
 
 from . import config
-from ._io.local import FileLike, atomic_file, damage_as_format_error, is_path, is_url
+from ._io.atomic import atomic_file
+from ._io.local import FileLike, damage_as_format_error
+from ._io.paths import is_path, is_url
 from ._io.remote import StorageOptions, local_path, open_any, open_target
+from ._io.sink import PLAIN_BYTES, DirectSink
 from .allowlist.policy import loads_structurally, reads_numpy_values
-from .archive.sink import PLAIN_BYTES, DirectSink
 from .errors import FormatError, SaveError
 from .formats import REFUSALS, Format, ReadOptions, detect_source, read, refuse
 from .formats.inputs import Input, InputKind, resolve_input
@@ -227,7 +229,7 @@ def save(
     Storages are streamed from memory; a path target is written atomically
     (temporary file, renamed over the target once complete: a crash leaves
     the old file or the new one), beyond its first 256 MiB around the page
-    cache where the platform allows (:mod:`ptfile.archive.sink`), with the
+    cache where the platform allows (:mod:`ptfile._io.sink`), with the
     CRCs of large storages computed in a helper thread meanwhile.
 
     torch tensors (when torch is already imported) are converted through
@@ -325,7 +327,7 @@ def save(
 
 
 def _emit_direct(emit: Callable[[Callable[[Any], Any]], None], fp: IO[bytes]) -> None:
-    """Run ``emit`` into ``fp``'s file through a :class:`~ptfile.archive.sink.DirectSink`."""
+    """Run ``emit`` into ``fp``'s file through a :class:`~ptfile._io.sink.DirectSink`."""
     fp.flush()
     sink = DirectSink(fp.fileno(), PLAIN_BYTES)
     try:

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 
 from ._gc import paused_gc
-from ._io.local import FileLike, Source, damage_as_format_error, is_path
+from ._io.local import FileLike, Source, damage_as_format_error
+from ._io.paths import is_path
 from ._io.remote import StorageOptions, local_path, open_any
 from .allowlist.structural import is_module, state_dict
 from .archive import Record, ZipReader, computed_data_offset, computed_data_offsets

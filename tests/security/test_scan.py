@@ -97,7 +97,7 @@ def test_scan_result_is_json_and_stable(tmp_path: Path) -> None:
     assert doc["is_dangerous"] is True
     finding = doc["findings"][0]
     assert set(finding) == {"kind", "verdict", "location", "offset", "module", "name", "opcode",
-                            "message", "loaders"}
+                            "message", "loaders", "file_offset"}
     assert finding["location"] == "archive/data.pkl"
 
 

@@ -19,14 +19,14 @@ only the chunks it needs.
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import FormatError, PtfileError, RemoteError
 from ..limits import DEFAULT_LIMITS, Limits
-from .local import is_url
+from .local import MmapSource, Source
+from .paths import is_url
 from .remote import RemoteSource, filesystem, local_path
 
 __all__ = ["DirectoryFiles", "file_names", "local_names", "remote_names"]
@@ -84,7 +84,7 @@ class DirectoryFiles:
         self.directory = name.rstrip("/") if self.is_remote else str(local_path(name))
         self._options = storage_options
         self._limits = limits
-        self._open: dict[str, bytes | mmap.mmap | RemoteSource] = {}
+        self._open: dict[str, Source] = {}
         #: Names of the files whose bytes were read, and how many bytes in all.
         self.opened: set[str] = set()
         self.bytes_read = 0
@@ -114,7 +114,7 @@ class DirectoryFiles:
     @property
     def bytes_fetched(self) -> int:
         """For a URL: the bytes the server sent so far (range reads of every file opened)."""
-        return sum(f.bytes_fetched for f in self._open.values() if isinstance(f, RemoteSource))
+        return sum(f.bytes_fetched for f in self._open.values())
 
     def names(self) -> list[str]:
         """The directory's file names, sorted (subdirectories left out)."""
@@ -132,7 +132,7 @@ class DirectoryFiles:
                               f"{self.directory!r}")
         return name
 
-    def _file(self, name: str, what: str) -> bytes | mmap.mmap | RemoteSource:
+    def _file(self, name: str, what: str) -> Source:
         found = self._open.get(name)
         if found is None:
             self._checked(name, what)
@@ -140,15 +140,12 @@ class DirectoryFiles:
             self.opened.add(name)
         return found
 
-    def _open_file(self, name: str) -> bytes | mmap.mmap | RemoteSource:
+    def _open_file(self, name: str) -> Source:
         if self.is_remote:
             return RemoteSource(f"{self.directory}/{name}", self._options, limits=self._limits)
         path = os.path.join(self.directory, name)
-        try:
-            with open(path, "rb") as f:
-                if os.fstat(f.fileno()).st_size == 0:
-                    return b""
-                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:  # mapped read-only, without a descriptor of its own: a folder may hold many
+            return MmapSource(path, "r", descriptor=False)
         except FileNotFoundError as exc:
             raise FormatError(f"DCP checkpoint file {path!r} is missing") from exc
         except OSError as exc:
@@ -156,20 +153,19 @@ class DirectoryFiles:
 
     def size(self, name: str, what: str = "a file") -> int:
         """The byte size of the file ``name``."""
-        data = self._file(name, what)
-        return data.size if isinstance(data, RemoteSource) else len(data)
+        return self._file(name, what).size
 
     def read(self, name: str, offset: int, n: int, what: str) -> bytes | memoryview:
         """Bytes ``[offset, offset + n)`` of ``name``, checked to lie inside the file."""
         data = self._file(name, what)
-        size = data.size if isinstance(data, RemoteSource) else len(data)
-        if offset < 0 or n < 0 or offset + n > size:
+        if offset < 0 or n < 0 or offset + n > data.size:
             raise FormatError(f"{what} at [{offset}, {offset + n}) lies outside "
-                              f"{name!r} ({size} bytes)")
+                              f"{name!r} ({data.size} bytes)")
         self.bytes_read += n
-        if isinstance(data, RemoteSource):
-            return data.pread(offset, n, what) if n else b""
-        return memoryview(data)[offset:offset + n]
+        if not n:
+            return b""
+        return data.pread(offset, n, what) if data.reads_on_demand else \
+            data.view(offset, n, what)
 
     def read_whole(self, name: str, what: str) -> bytes:
         """The whole file ``name`` (a small one: metadata, an index)."""
@@ -178,13 +174,7 @@ class DirectoryFiles:
     def close(self) -> None:
         """Close every file opened (views handed out must be released first)."""
         for data in self._open.values():
-            if isinstance(data, RemoteSource):
-                data.close()
-            elif isinstance(data, mmap.mmap):
-                try:
-                    data.close()
-                except BufferError:  # a view still lives (a lazy reader's array): GC frees it
-                    pass
+            data.close()  # a map stays while a view of it lives (a lazy reader's array)
         self._open.clear()
 
     def __enter__(self) -> DirectoryFiles:  # noqa: PYI034 (typing.Self is 3.11+)

@@ -18,30 +18,25 @@ an ``EOFError`` or a silently short result.
   ~3.6 µs for the first touch of a page of a fresh map (a page fault, which
   also maps the 64 KiB around it).
 
-Writing is here too, in one place: :func:`atomic_path` (and :func:`atomic_file`
-over it) is every local write of ptfile — a temporary beside the output, renamed
-over it on success, with the modes torch's plain ``open(path, "wb")`` gives
-(``0o666`` less the umask; a replaced file's own mode).
+A path is told from a URL in :mod:`ptfile._io.paths`; a path that is not mapped is
+read whole by :func:`ptfile._io.buffers.read_file`; every local write goes through
+:mod:`ptfile._io.atomic`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import mmap as _mmap
 import os
-import re
-import secrets
-import shutil
-import stat as _stat
 import weakref
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from typing import IO, BinaryIO, Final, Protocol, Union, runtime_checkable
 
 from ..errors import FormatError, PtfileError
+from .buffers import read_file
+from .paths import is_path
 
 __all__ = [
     "BytesSource",
@@ -49,8 +44,6 @@ __all__ = [
     "FileSource",
     "MmapSource",
     "Source",
-    "atomic_file",
-    "atomic_path",
     "open_source",
 ]
 
@@ -68,17 +61,25 @@ MMAP_ACCESS: Final = {
 class Source(Protocol):
     """Random access to the bytes of one input.
 
-    Capabilities are attributes, so the layers above never test a source's class:
-    ``map_access`` is the access of a memory-mapped source (``"r"``,
-    ``"private"``, ``"shared"``; None when it is not mapped) and
+    Capabilities are attributes and methods, so the layers above never test a
+    source's class: ``map_access`` is the access of a memory-mapped source
+    (``"r"``, ``"private"``, ``"shared"``; None when it is not mapped);
     ``reads_on_demand`` is true where every read goes to the file (no whole
-    input in memory: read in small windows).
+    input in memory: read in small windows), false where the bytes are at hand
+    (:meth:`view` is then zero-copy); ``bytes_fetched`` counts what a server sent
+    (0 for a local source); :meth:`gather` reads many small ranges at once where
+    the source has a cheaper way than :meth:`view` (None where it has not).
     """
 
     size: int
     name: str | None
     map_access: str | None
     reads_on_demand: bool
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes a server sent for this source so far (0 for a local one)."""
+        ...
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         """Return exactly ``n`` bytes at ``offset`` or raise FormatError naming ``what``."""
@@ -104,6 +105,12 @@ class Source(Protocol):
     def read_all(self) -> memoryview:
         """The whole input in one buffer, read once, in order; a source whose bytes are at
         hand (in memory or mapped) returns its own view, with no copy."""
+        ...
+
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """The ``lengths[i]`` bytes at each ``offsets[i]``, concatenated, where this source
+        reads them more cheaply than through :meth:`view`; None where it does not (or
+        cannot now), and the caller reads otherwise."""
         ...
 
     def detached(self) -> Source:
@@ -148,6 +155,7 @@ class _ViewSource:
     size: int
     map_access: str | None = None
     reads_on_demand: bool = False
+    bytes_fetched: int = 0
 
     def pread(self, offset: int, n: int, what: str) -> bytes:
         check_range(self.size, offset, n, what)
@@ -169,6 +177,10 @@ class _ViewSource:
     def read_all(self) -> memoryview:
         """The input's own view (no copy)."""
         return self._view
+
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """None: slices of the view are the cheapest read of bytes in memory."""
+        return None
 
 
 class BytesSource(_ViewSource):
@@ -192,6 +204,7 @@ class FileSource:
 
     map_access: str | None = None
     reads_on_demand: bool = True
+    bytes_fetched: int = 0
 
     def __init__(self, fp: IO[bytes], name: str | None = None, *, owned: bool = False) -> None:
         self._fp = fp
@@ -246,6 +259,10 @@ class FileSource:
         """The file from the start offset to its end, in one fresh buffer."""
         return memoryview(self.read_fresh(0, self.size, "the file"))
 
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """None: the caller's positioned reads cost the same."""
+        return None
+
     def detached(self) -> FileSource:
         """This source (reads after :meth:`close` of a file ptfile opened fail as OSError)."""
         return self
@@ -263,7 +280,10 @@ _PREAD: Final = getattr(os, "pread", None)
 class MmapSource(_ViewSource):
     """A memory-mapped file; :meth:`view` returns zero-copy slices of the map."""
 
-    def __init__(self, path: str | os.PathLike[str], access: str = "private") -> None:
+    def __init__(self, path: str | os.PathLike[str], access: str = "private", *,
+                 descriptor: bool = True) -> None:
+        """Map the file at ``path`` with ``access``; ``descriptor``: keep the file's
+        descriptor for :meth:`gather` (a folder of many files maps each without one)."""
         self.name: str | None = os.fspath(path)
         self.access = self.map_access = access
         mode = "r+b" if access == "shared" else "rb"
@@ -276,8 +296,10 @@ class MmapSource(_ViewSource):
                 self._map = _mmap.mmap(fp.fileno(), 0, access=MMAP_ACCESS[access])
                 self._view = memoryview(self._map)
             # The mapped file itself, not whatever the path names later; closed with us.
-            self._fd = os.dup(fp.fileno())
+            self._fd = os.dup(fp.fileno()) if descriptor else -1
         self._close_fd = weakref.finalize(self, os.close, self._fd)
+        if not descriptor:
+            self._close_fd.detach()
 
     def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
         """The file's ``lengths[i]`` bytes at each ``offsets[i]``, concatenated.
@@ -285,7 +307,8 @@ class MmapSource(_ViewSource):
         Read with positioned reads, not through the map (see the module
         docstring).  The caller checks the ranges against :attr:`size`.  None
         when positioned reads are not available, the source is closed, or a
-        read comes back short (the file shrank since it was mapped).
+        read comes back short (the file shrank since it was mapped), or it was opened
+        without its descriptor.
         """
         if _PREAD is None or not self._close_fd.alive:
             return None
@@ -302,137 +325,6 @@ class MmapSource(_ViewSource):
         """Release our own view and descriptor; the map closes once no array uses it."""
         self._view.release()
         self._close_fd()
-
-
-#: A URL: a scheme (RFC 3986 letters) and ``://``.
-_URL: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
-
-
-def url_scheme(f: object) -> str | None:
-    """The scheme of a URL string (``"s3"`` for ``"s3://b/k"``), else None.
-
-    Examples
-    --------
-    >>> url_scheme("hf://user/repo/model.bin"), url_scheme("/tmp/model.pt")
-    ('hf', None)
-    """
-    if not isinstance(f, str):
-        return None
-    match = _URL.match(f)
-    return match.group(1).lower() if match else None
-
-
-def is_url(f: object) -> bool:
-    """True for a URL that fsspec must read (:mod:`ptfile._io.remote`): any scheme but
-    ``file``, whose URLs name local paths."""
-    scheme = url_scheme(f)
-    return scheme is not None and scheme != "file"
-
-
-def is_path(f: object) -> bool:
-    """True for local paths: ``os.PathLike`` and ``str`` arguments that are not URLs."""
-    return isinstance(f, os.PathLike) or (isinstance(f, str) and not is_url(f))
-
-
-#: Files at least this big are read by several threads at once, in chunks: the page
-#: faults of the fresh buffer and the copies then run on every core (a 2 GiB file on
-#: the 2-core benchmark VM: 1.2-2.4 s, against 2.3-3.4 s for one populated read).
-#: Smaller files are read by one thread into a populated map, which is faster there
-#: and takes half the CPU (200 MB: 0.09-0.11 s and 0.1 s of CPU, against 0.11-0.14 s
-#: and 0.2 s for the threads, whose faults contend for the same address space).
-PARALLEL_READ_MIN_BYTES: Final = 256 << 20
-_READ_CHUNK_BYTES: Final = 32 << 20
-#: Files at least this big are read into an anonymous map (:func:`read_file`).
-ANONYMOUS_MAP_BYTES: Final = 4 << 20
-#: mmap flags of that map, for a file read by one thread, where the platform has them:
-#: private, anonymous and populated (``MAP_POPULATE``, Linux: every page is made in the
-#: one ``mmap`` call, ~1.6 µs a page on the benchmark VM, instead of a fault on its first
-#: touch, ~3.5 µs a page).
-_POPULATED_FLAGS: Final = (_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS
-                           | getattr(_mmap, "MAP_POPULATE", 0)) \
-    if hasattr(_mmap, "MAP_ANONYMOUS") else None
-_READ_THREADS: Final = min(4, max(2, os.cpu_count() or 1))
-#: Positioned reads into a buffer (not on Windows).
-_PREADV: Final = getattr(os, "preadv", None)
-
-
-def read_file(path: str) -> memoryview:
-    """The whole file in one fresh, writable buffer: no second copy.
-
-    The buffer is fresh memory: unlike ``bytearray(n)`` it is not zero-filled
-    first, which would touch every page twice (+70 % on a 2 GiB file).  From
-    :data:`ANONYMOUS_MAP_BYTES` on it is an anonymous map of its own, not
-    ``numpy.empty`` memory: numpy asks for transparent huge pages on big
-    arrays, and where the kernel then compacts memory to find them, the first
-    touch of each page stalls (2 GiB read into ``numpy.empty`` memory on the
-    benchmark VM: 13 s, 5.3 s of CPU; into an anonymous map: 2.4 s, 1.0 s).
-    Big files are read in chunks by a few threads (:data:`PARALLEL_READ_MIN_BYTES`),
-    whose page faults then run on every core.  Below that, where the platform
-    can, the map's pages are all made when it is created (``MAP_POPULATE``)
-    rather than one fault at a time as the read first touches them: on the
-    benchmark VM a 29 MB file then reads in 19 ms instead of 32 ms, a 200 MB
-    file in 0.09-0.11 s instead of the threads' 0.11-0.14 s.  (Populating a
-    2 GiB map so, in the one thread that calls ``mmap``, took 2.3-3.4 s there,
-    against 1.2-2.4 s for the threads' faults.)
-    """
-    import numpy as np  # here, not at import: the CLI starts without numpy
-
-    with open(path, "rb", buffering=0) as fp:
-        size = os.fstat(fp.fileno()).st_size
-        threads = size >= PARALLEL_READ_MIN_BYTES
-        view = _anonymous_map(size, populate=not threads) if size and size >= ANONYMOUS_MAP_BYTES \
-            else np.empty(size, np.uint8).data.cast("B")
-        if threads and _read_in_chunks(fp.fileno(), view):
-            done = fp.seek(size)
-        else:
-            done = _read_into(fp, view)
-        extra = fp.read()
-        if extra or done < size:  # the file changed size while we read it
-            return memoryview(bytes(view[:done]) + extra)
-        return view
-
-
-def _anonymous_map(size: int, populate: bool) -> memoryview:
-    """``size`` bytes of fresh memory of their own (:func:`read_file`), their pages made
-    up front when ``populate`` and the platform can."""
-    if not populate or _POPULATED_FLAGS is None:
-        return memoryview(_mmap.mmap(-1, size))  # (Windows has no flags)
-    return memoryview(_mmap.mmap(-1, size, flags=_POPULATED_FLAGS))
-
-
-def _read_into(fp: IO[bytes], view: memoryview) -> int:
-    """Fill ``view`` from ``fp``'s position on; the bytes read (fewer at end of file)."""
-    done = 0
-    while done < len(view):
-        got = fp.readinto(view[done:])  # type: ignore[attr-defined]
-        if not got:
-            break
-        done += got
-    return done
-
-
-def _read_in_chunks(fd: int, view: memoryview) -> bool:
-    """Fill ``view`` with the file's first ``len(view)`` bytes, chunks read by a few
-    threads; False (the caller reads it again) if the file ended early, or
-    positioned reads or threads are not available."""
-    if _PREADV is None:
-        return False
-    preadv = _PREADV
-
-    def chunk(start: int) -> bool:
-        end = min(len(view), start + _READ_CHUNK_BYTES)
-        while start < end:
-            got = preadv(fd, [view[start:end]], start)
-            if not got:
-                return False
-            start += got
-        return True
-
-    try:
-        with ThreadPoolExecutor(_READ_THREADS) as pool:
-            return all(pool.map(chunk, range(0, len(view), _READ_CHUNK_BYTES)))
-    except RuntimeError:  # "can't start new thread" (a sandbox, or interpreter shutdown)
-        return False
 
 
 def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",
@@ -471,165 +363,3 @@ def open_source(f: FileLike, *, mmap: bool = False, access: str = "private",
     return BytesSource(bytearray(fp.read()))  # type: ignore[union-attr]
 
 
-#: Tries at a fresh temporary name beside an output before giving up (tempfile's count).
-_TEMP_ATTEMPTS: Final = 100
-_CREATE_FLAGS: Final = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-                        | getattr(os, "O_BINARY", 0))
-
-
-def _fresh_sibling(path: str, directory: bool = False) -> str:
-    """Create an empty file (a folder when ``directory``) under a fresh hidden name beside
-    ``path``, with the mode ``open(path, "wb")`` (``os.mkdir(path)``) would give it there:
-    asked of ``0o666`` (``0o777``), less the umask (or as a default ACL of the folder
-    says), applied by the kernel as for torch's ``open``."""
-    folder, stem = os.path.split(os.path.abspath(path))  # abspath: "out/" -> "out"
-    for _ in range(_TEMP_ATTEMPTS):
-        tmp = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.tmp")
-        try:
-            if directory:
-                os.mkdir(tmp, 0o777)
-            else:
-                os.close(os.open(tmp, _CREATE_FLAGS, 0o666))
-        except FileExistsError:
-            continue
-        return tmp
-    raise FileExistsError(errno.EEXIST, "no fresh temporary name left", folder)
-
-
-def _settle_mode(tmp: str, path: str, fresh: int) -> None:
-    """Give ``tmp`` the permission bits ``open(path, "wb")`` would leave: those of the
-    file (folder) ``path`` it replaces, else ``fresh`` for a new file (a writer may have
-    renamed a file of its own over the temporary: safetensors does).  A new folder
-    keeps those its writer's ``mkdir`` gave it."""
-    try:
-        old: int | None = os.stat(path).st_mode
-    except OSError:
-        old = None
-    if old is not None and ((_stat.S_ISREG(old) and os.path.isfile(tmp))
-                            or (_stat.S_ISDIR(old) and os.path.isdir(tmp))):
-        want = _stat.S_IMODE(old) & 0o777
-    elif os.path.isfile(tmp):
-        want = fresh
-    else:
-        return
-    if _stat.S_IMODE(os.stat(tmp).st_mode) != want:
-        os.chmod(tmp, want)
-
-
-def _replace(tmp: str, path: str) -> None:
-    """Rename ``tmp`` over ``path``; a folder over a folder moves the old one aside first
-    (``os.replace`` cannot), removed once the new one is in place."""
-    if not (os.path.isdir(tmp) and os.path.isdir(path) and not os.path.islink(path)):
-        os.replace(tmp, path)
-        return
-    old = _fresh_sibling(path, directory=True)
-    os.rename(path, os.path.join(old, "old"))
-    os.rename(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _as_given(exc: OSError, path: str, temps: tuple[str, ...]) -> OSError:
-    """``exc`` naming ``path`` wherever it names one of ``temps`` (or a file inside one):
-    an error speaks of the output the caller gave, never of a temporary it never named."""
-    def given(name: object) -> object:
-        if isinstance(name, str) and any(name == t or name.startswith(t + os.sep)
-                                         for t in temps):
-            return path
-        return name
-
-    filename, filename2 = given(exc.filename), given(exc.filename2)
-    if (filename, filename2) == (exc.filename, exc.filename2):
-        return exc
-    if filename2 == filename:  # a rename of the temporary over the output: one name
-        filename2 = None
-    renamed = type(exc)(exc.errno, exc.strerror, filename, None, filename2)
-    return renamed.with_traceback(exc.__traceback__)
-
-
-def _staging(path: str, same_name: bool) -> tuple[str | None, str]:
-    """The fresh temporary folder (``same_name``) and the path to write, beside ``path``,
-    its folder made first when missing (``os.makedirs``: ``0o777`` less the umask, as
-    ``mkdir -p`` and torch's ``dcp.save`` make folders)."""
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)  # its own error names the folder as given
-    try:
-        if not same_name:
-            return None, _fresh_sibling(path)
-        staging = _fresh_sibling(path, directory=True)
-    except OSError as exc:  # a folder that takes no new file: say so of the output
-        raise _as_given(exc, path, (os.path.dirname(os.path.abspath(path)),)) from None
-    return staging, os.path.join(staging, os.path.basename(os.path.abspath(path)))
-
-
-@contextlib.contextmanager
-def atomic_path(path: str, fsync: bool = False, *, same_name: bool = False) -> Iterator[str]:
-    """A temporary path beside ``path`` to write instead, renamed over ``path`` only on
-    success and removed on failure: a crash leaves the old file or the new one, never a
-    partial one.  Every local write of ptfile goes through here (or :func:`atomic_file`).
-
-    * A folder of ``path`` that does not exist yet is made first, with its parents
-      (``os.makedirs``: ``0o777`` less the umask, the mode ``mkdir -p`` and torch's
-      ``dcp.save`` give); it stays when the write fails.
-    * Modes are torch's (a plain ``open(path, "wb")``): a new file gets ``0o666`` less
-      the umask, a file (folder) that replaces another keeps the permission bits of the
-      one it replaces.  The temporary is created with ``0o666`` (``0o777``), not
-      ``mkstemp``'s ``0o600``, and the kernel applies the umask: it is never read
-      (``os.umask`` reads it only by setting it, for the whole process, a race with
-      other threads; ``/proc/self/status`` is Linux's alone).  The mode the kernel gave
-      the temporary is set again before the rename, in case the writer replaced it.
-    * The yielded path is an empty file of a fresh hidden name (``.NAME.XXXXXXXX.tmp``);
-      with ``same_name`` it is ``path``'s own name inside a fresh hidden folder, not yet
-      there, for writers that name what they write after the file (an archive's
-      folder) or that write a folder (made with ``os.mkdir``'s modes, by the writer).
-      A folder replaces a folder: the old one is removed once the new one is in place.
-    * An ``OSError`` that names the temporary (making it, writing it, renaming it) is
-      raised naming ``path`` instead: errors speak of the paths the caller gave.
-    * ``fsync``: the file (folder) is flushed to disk before the rename, and the folder
-      holding it after.
-    """
-    staging, tmp = _staging(path, same_name)
-    # A new file's mode, as the kernel just applied it (a folder's 0o777 less the umask
-    # holds the file's 0o666 less the umask).
-    fresh = _stat.S_IMODE(os.stat(staging or tmp).st_mode) & 0o666
-    try:
-        yield tmp
-        if fsync:
-            _fsync(tmp)
-        _settle_mode(tmp, path, fresh)
-        _replace(tmp, path)
-    except OSError as exc:
-        if staging is None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        renamed = _as_given(exc, path, (staging or tmp,))
-        if renamed is exc:
-            raise
-        raise renamed from None  # the same error, of the output: no second one of the temporary
-    except BaseException:
-        if staging is None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-    if fsync:
-        with contextlib.suppress(OSError):
-            _fsync(os.path.dirname(os.path.abspath(path)))
-
-
-@contextlib.contextmanager
-def atomic_file(path: str, fsync: bool) -> Iterator[IO[bytes]]:
-    """:func:`atomic_path` opened for writing: the file is renamed over ``path`` once the
-    block succeeds, with torch's modes (``save``, ``convert_dcp`` and the exports write so)."""
-    with atomic_path(path, fsync) as tmp, open(tmp, "wb") as fp:
-        yield fp

@@ -52,7 +52,8 @@ from typing import IO, Any, Final, TypeAlias
 
 from ..errors import PtfileWarning, RemoteError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
-from .local import BytesSource, FileLike, Source, check_range, is_url, open_source, url_scheme
+from .local import BytesSource, FileLike, Source, check_range, open_source
+from .paths import is_url, url_scheme
 from .progress import progress_bar
 
 __all__ = ["RemoteSource", "StorageOptions", "local_path", "open_any", "open_target",
@@ -428,6 +429,10 @@ class RemoteSource:
         with progress_bar(self.size, "download", enabled=len(spans) > 1) as update:
             self._fetch_concurrently(spans, view, update)
         return view
+
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """None: :meth:`pread_many` is how a remote source reads many ranges."""
+        return None
 
     def detached(self) -> RemoteSource:
         """This source: reads stay possible after :meth:`close`."""

@@ -45,7 +45,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, cast
 
 from .._gc import paused_gc
-from .._io.local import BytesSource, MmapSource, Source
+from .._io.local import Source
 from ..errors import ArchiveError, UnsupportedFeatureError
 from ..limits import DEFAULT_LIMITS, Limits
 from ._entries import Entries
@@ -346,15 +346,14 @@ class ZipReader:
         """Check every local header in one vectorised pass when the archive is in memory."""
         self._bulk_checked = True
         source, entries = self._source, self._entries
-        if len(self._made) < BULK_MIN_RECORDS or not isinstance(source, (BytesSource,
-                                                                           MmapSource)):
+        if len(self._made) < BULK_MIN_RECORDS or source.reads_on_demand:
             return
         from ._bulk import bulk_data_offsets, gathered_data_offsets, sparse  # numpy
 
         columns = (entries.column("header_offset"), entries.name_at, entries.name_length,
                    entries.column("compressed_size"), self._cd_offset)
         found = None
-        if isinstance(source, MmapSource) and sparse(columns[0], source.size):
+        if source.map_access is not None and sparse(columns[0], source.size):
             found = gathered_data_offsets(source.gather, source.size, entries.directory,
                                           entries.directory_offset, *columns)
         if found is None:

@@ -13,11 +13,15 @@ Inputs
   matches, whatever its name (the pattern is the caller's choice);
 * a **directory**, local, or a URL **prefix** (a URL ending in ``/``, or one
   without a checkpoint suffix that fsspec says is a directory; never probed for
-  ``http(s)://``): walked recursively, keeping the files whose suffix is one of
-  :data:`CHECKPOINT_SUFFIXES` (the names the formats ptfile reads are saved
-  under), skipping hidden folders (``.git``, ``.cache``);
-* a distributed checkpoint (a folder holding ``.metadata``) is one input, never
-  walked into;
+  ``http(s)://``): walked recursively as torch sees it
+  (:func:`ptfile.formats.walk.walk_tree`): every regular file, dot-folders and links
+  included, kept when its suffix is one of :data:`CHECKPOINT_SUFFIXES` or one of torch's
+  loaders reads its first bytes (ZIP, legacy stream, tar, a pickle that reaches code),
+  skipped otherwise (:func:`walk` lists them); ``exclude`` globs leave paths out;
+* a checkpoint folder (a DCP folder of either writer, a sharded model, a trainer
+  folder) is one input; :func:`scan` also walks its strays and subfolders, each an
+  input of its own, while :func:`inspect`, :func:`verify` and :func:`convert` do not
+  enter it;
 * anything else (a file, a URL, a path that does not exist) is itself: a
   missing file gives an error record, not silence.
 
@@ -82,12 +86,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._io.remote import StorageOptions
 from ..errors import UnsupportedFeatureError
 from ..limits import Limits
 from ..outcomes import worst
+
+if TYPE_CHECKING:
+    from ..scanning.allowing import AllowList
 from .execution import (
     PROCESS_MIN_BYTES,
     PROCESS_MIN_FILES,
@@ -100,11 +107,13 @@ from .execution import (
 from .inputs import (
     CHECKPOINT_SUFFIXES,
     OUTPUT_SUFFIXES,
+    Expansion,
     as_items,
     expand,
     expands,
     output_for,
     outputs,
+    walk,
 )
 from .tasks import (
     EXIT_ERROR,
@@ -120,11 +129,36 @@ from .tasks import (
     run_one,
 )
 
-__all__ = ["CHECKPOINT_SUFFIXES", "EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN",
-           "EXIT_UNSAFE", "PROCESS_MIN_BYTES", "PROCESS_MIN_FILES", "RETRIES", "SCAN_CODES",
-           "THREADS", "WORST_FIRST", "Record", "convert", "expand", "expands", "inspect", "local_cluster",
-           "ordered", "output_for", "require_dask", "run_one", "scan", "summarize", "verify",
-           "worst"]
+__all__ = [
+    "CHECKPOINT_SUFFIXES",
+    "EXIT_ERROR",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_UNKNOWN",
+    "EXIT_UNSAFE",
+    "PROCESS_MIN_BYTES",
+    "PROCESS_MIN_FILES",
+    "RETRIES",
+    "SCAN_CODES",
+    "THREADS",
+    "WORST_FIRST",
+    "Expansion",
+    "Record",
+    "convert",
+    "expand",
+    "expands",
+    "inspect",
+    "local_cluster",
+    "ordered",
+    "output_for",
+    "require_dask",
+    "run_one",
+    "scan",
+    "summarize",
+    "verify",
+    "walk",
+    "worst",
+]
 
 _COMMON_DOC: Final = """
     Parameters
@@ -145,6 +179,8 @@ _COMMON_DOC: Final = """
         Ceilings for each file.
     retries
         Attempts after the first on a transient I/O error (and Dask's task retries).
+    exclude
+        Globs of paths the walks leave out (``.git``, ``data/*``).
 
     Yields
     ------
@@ -168,9 +204,13 @@ def _front_door(func: Callable[..., Iterator[Record]]) -> Callable[..., Iterator
 @_front_door
 def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Pool = "auto",
          storage_options: StorageOptions = None, limits: Limits | None = None,
-         retries: int = RETRIES, allow_unknown: bool = False) -> Iterator[Record]:
+         retries: int = RETRIES, allow_unknown: bool = False,
+         exclude: Sequence[str] = (), allow: AllowList | None = None
+         ) -> Iterator[Record]:
     """Scan every file (:func:`ptfile.scan`): ``verdict`` is allowed, dangerous, unknown
-    or error; ``allow_unknown`` makes unknown's code 0.
+    or error; ``allow_unknown`` makes unknown's code 0; ``allow``
+    (:class:`ptfile.scanning.allowing.AllowList`) counts the unknown globals it names as
+    allowed (never a dangerous one).
     (parameters)
     Examples
     --------
@@ -185,7 +225,8 @@ def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Poo
     [('a.pt', 'allowed', 0), ('b.pt', 'dangerous', 1)]
     >>> tmp.cleanup()
     """
-    options = Options(storage_options, limits, retries, allow_unknown=allow_unknown)
+    options = Options(storage_options, limits, retries, allow_unknown=allow_unknown,
+                      exclude=tuple(exclude), allow=allow)
     return run("scan", urls, options, client=client, workers=workers, pool=pool)
 
 
@@ -193,7 +234,7 @@ def scan(urls: Any, *, client: Any = None, workers: int | None = None, pool: Poo
 def inspect(urls: Any, *, client: Any = None, workers: int | None = None, pool: Pool = "auto",
             storage_options: StorageOptions = None, limits: Limits | None = None,
             retries: int = RETRIES, structural: bool = False,
-            full: bool = False) -> Iterator[Record]:
+            full: bool = False, exclude: Sequence[str] = ()) -> Iterator[Record]:
     """Inspect every file (:func:`ptfile.inspect`): ``result`` holds its format, size,
     metadata and totals (``full``: the whole inspection, every tensor).
     (parameters)
@@ -207,14 +248,15 @@ def inspect(urls: Any, *, client: Any = None, workers: int | None = None, pool: 
     [3]
     >>> tmp.cleanup()
     """
-    options = Options(storage_options, limits, retries, structural=structural, full=full)
+    options = Options(storage_options, limits, retries, structural=structural, full=full,
+                      exclude=tuple(exclude))
     return run("inspect", urls, options, client=client, workers=workers, pool=pool)
 
 
 @_front_door
 def verify(urls: Any, *, client: Any = None, workers: int | None = None, pool: Pool = "auto",
            storage_options: StorageOptions = None, limits: Limits | None = None,
-           retries: int = RETRIES) -> Iterator[Record]:
+           retries: int = RETRIES, exclude: Sequence[str] = ()) -> Iterator[Record]:
     """Verify every file (:func:`ptfile.inspection.verify`): ``verdict`` ok, damaged or
     error; ``result`` is the report.
     (parameters)
@@ -228,7 +270,7 @@ def verify(urls: Any, *, client: Any = None, workers: int | None = None, pool: P
     ['ok']
     >>> tmp.cleanup()
     """
-    options = Options(storage_options, limits, retries)
+    options = Options(storage_options, limits, retries, exclude=tuple(exclude))
     return run("verify", urls, options, client=client, workers=workers, pool=pool)
 
 
@@ -237,7 +279,8 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
             client: Any = None, workers: int | None = None, pool: Pool = "auto",
             storage_options: StorageOptions = None, limits: Limits | None = None,
             retries: int = RETRIES, shared: str = "dedupe",
-            structural: bool = False, npz_upcast: bool = False) -> Iterator[Record]:
+            structural: bool = False, npz_upcast: bool = False,
+            exclude: Sequence[str] = ()) -> Iterator[Record]:
     """Convert every file to ``fmt`` (``safetensors``, ``npz`` or ``pt``), beside it or
     under ``out_prefix`` (:func:`output_for`; inputs under ``out_prefix`` are left out:
     they are earlier outputs); an existing output is ``skipped``.
@@ -258,7 +301,8 @@ def convert(urls: Any, out_prefix: str | None = None, fmt: str = "safetensors", 
         raise UnsupportedFeatureError(f"cannot convert to {fmt!r}: use one of "
                                       f"{', '.join(OUTPUT_SUFFIXES)}")
     options = Options(storage_options, limits, retries, structural=structural, fmt=fmt,
-                       shared=shared, extra={"npz_upcast": npz_upcast})
+                       shared=shared, extra={"npz_upcast": npz_upcast},
+                       exclude=tuple(exclude))
     items = as_items(urls)
     return run("convert", items, options, client=client, workers=workers, pool=pool,
                 targets=lambda found: outputs(found, items, out_prefix, fmt))

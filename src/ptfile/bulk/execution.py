@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
-from .._io.local import is_url
+from .._io.paths import is_url
 from ..errors import PtfileError, UnsupportedFeatureError
 from .inputs import expand
 from .tasks import EXIT_ERROR, Options, Record, error_of, run_one
@@ -246,7 +246,8 @@ def run(command: Command, inputs: Any, options: Options, *, client: Any, workers
          pool: Pool,
          targets: Callable[[list[str]], tuple[list[str], list[str | None]]] | None = None
          ) -> Iterator[Record]:
-    urls = expand(inputs, options.storage_options)
+    urls = expand(inputs, options.storage_options, exclude=options.exclude,
+                  inside=command == "scan")  # scan: the strays in checkpoint folders too
     outputs: list[str | None] = [None] * len(urls)
     if targets is not None:
         urls, outputs = targets(urls)

@@ -1,25 +1,30 @@
 """Which files the inputs name (globs, directories, URL prefixes), and where each
 converted file goes.
 
-A walk keeps each checkpoint once: a file with a :data:`CHECKPOINT_SUFFIXES` suffix, or a
-folder that is one checkpoint (a DCP folder of either writer, a sharded model folder:
-:func:`ptfile.formats.detection.folder_kind` decides, as for every front door), which is
-one input and is not walked into."""
+A directory or prefix is walked by :func:`ptfile.formats.walk.walk_tree`, torch's way:
+every regular file, dot-folders included, kept when it is named as a checkpoint or one of
+torch's loaders reads its first bytes; a checkpoint folder (a DCP folder of either writer,
+a sharded model folder, a trainer folder) is one input.  ``scan`` (``inside``) also walks
+the insides of checkpoint folders (their strays and subfolders, each its own input);
+``inspect``, ``verify`` and ``convert`` do not enter them.  :func:`walk` returns the
+skipped files and the links leaving the root beside the inputs."""
 
 from __future__ import annotations
 
 import glob as globbing
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-from .._io.local import is_url, url_scheme
+from .._io.paths import is_url, url_scheme
 from .._io.remote import StorageOptions, filesystem
 from ..errors import RemoteError
-from ..formats.detection import CHECKPOINT_SUFFIXES, InputKind, detect_input, folder_kind
+from ..formats.detection import CHECKPOINT_SUFFIXES, InputKind, detect_input
+from ..formats.walk import Found, Tree, walk_tree
 
-__all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "as_items", "expand", "expands", "has_magic", "output_for",
-           "outputs"]
+__all__ = ["CHECKPOINT_SUFFIXES", "OUTPUT_SUFFIXES", "Expansion", "as_items", "expand", "expands",
+           "has_magic", "output_for", "outputs", "walk"]
 
 #: Schemes whose URLs have no folders to probe (a probe would be a GET of the page).
 _FLAT_SCHEMES: Final = frozenset({"http", "https"})
@@ -35,66 +40,81 @@ def _suffix(name: str) -> str:
     return os.path.splitext(name.rstrip("/"))[1].lower()
 
 
-def _walk_local(root: str) -> list[str]:
-    found = []
-    for folder, dirs, files in os.walk(root):
-        if folder_kind(files) is not InputKind.FOLDER:  # one checkpoint: not walked into
-            found.append(folder)
-            dirs.clear()
-            continue
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [os.path.join(folder, f) for f in files if _suffix(f) in CHECKPOINT_SUFFIXES]
-    return found
-
-
-def _expand_local(item: str) -> list[str]:
+def _expand_local(item: str, exclude: Sequence[str], inside: bool) -> Tree:
     if has_magic(item):
-        return [p for p in globbing.glob(item, recursive=True) if os.path.isfile(p)]
+        return Tree(files=tuple(Found(p) for p in globbing.glob(item, recursive=True)
+                                if os.path.isfile(p)))
     if os.path.isdir(item):
-        return _walk_local(os.path.normpath(item))
-    return [os.path.normpath(item)]
+        return walk_tree(os.path.normpath(item), exclude, inside=inside)
+    return Tree(files=(Found(os.path.normpath(item)),))
 
 
-def _walk_remote(fs: Any, path: str) -> list[str]:
-    files = [p for p, info in fs.find(path, detail=True).items() if info.get("type") != "directory"]
-    by_folder: dict[str, list[str]] = {}
-    for p in files:
-        folder, _, name = p.rpartition("/")
-        by_folder.setdefault(folder, []).append(name)
-    ones = sorted(f for f, names in by_folder.items()  # one checkpoint each: not walked into
-                  if folder_kind(names) is not InputKind.FOLDER and not _hidden(f + "/", path))
-    ones = [f for f in ones if not any(f.startswith(o + "/") for o in ones)]
-    kept = [p for p in files if _suffix(p) in CHECKPOINT_SUFFIXES and not _hidden(p, path)
-            and not any(p.startswith(o + "/") for o in ones)]
-    return kept + ones
-
-
-def _hidden(path: str, root: str) -> bool:
-    """True when a folder between ``root`` and ``path`` is hidden (``.git``, ``.cache``)."""
-    return any(part.startswith(".") for part in path[len(root):].split("/")[:-1])
-
-
-def _expand_url(item: str, storage_options: StorageOptions) -> list[str]:
+def _expand_url(item: str, storage_options: StorageOptions, exclude: Sequence[str],
+                inside: bool) -> Tree:
     fs, path = filesystem(item, storage_options)
     try:
         if has_magic(path):
             matched = fs.glob(path, detail=True)
-            paths = [p for p, info in matched.items() if info.get("type") != "directory"]
-        elif url_scheme(item) not in _FLAT_SCHEMES and (
-                item.endswith("/") or _suffix(path) not in CHECKPOINT_SUFFIXES) \
-                and fs.isdir(path):
-            paths = _walk_remote(fs, path.rstrip("/"))
-        else:
-            return [item]
+            return Tree(files=tuple(Found(fs.unstrip_protocol(p)) for p, info in matched.items()
+                                    if info.get("type") != "directory"))
+        if not (url_scheme(item) not in _FLAT_SCHEMES and (
+                item.endswith("/") or _suffix(path) not in CHECKPOINT_SUFFIXES)
+                and fs.isdir(path)):
+            return Tree(files=(Found(item),))
     except (OSError, ValueError) as exc:  # fsspec's listing errors: not found, denied, bad bucket
         raise RemoteError(f"{item}: cannot list: {type(exc).__name__}: {exc}", url=item) from exc
-    return [fs.unstrip_protocol(p) for p in paths]
+    return walk_tree(fs.unstrip_protocol(path.rstrip("/")), exclude, inside=inside,
+                     storage_options=storage_options)
 
 
-def expand(inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-           storage_options: StorageOptions = None) -> list[str]:
-    """The files that ``inputs`` name (globs, directories, URL prefixes expanded), sorted
-    and without duplicates.
+@dataclass(frozen=True)
+class Expansion:
+    """What the inputs name: ``files`` (files and checkpoint folders, sorted, each once),
+    the ``skipped`` files no loader reads, the files whose real path leaves the folder
+    that named them (``outside``: path → real path), and the folders reached again through
+    links (``repeated``)."""
+
+    files: list[str]
+    skipped: list[str]
+    outside: dict[str, str]
+    repeated: list[str]
+
+
+def walk(inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Expansion,
+         storage_options: StorageOptions = None, *, exclude: Sequence[str] = (),
+         inside: bool = False) -> Expansion:
+    """:func:`expand`, with what the walks skipped and found outside their folders.
+
+    Raises
+    ------
+    RemoteError
+        A URL pattern or prefix cannot be listed.
+    UnsupportedFeatureError
+        fsspec, or the backend a URL needs, is not installed.
+    """
+    if isinstance(inputs, Expansion):
+        return inputs
+    files: set[str] = set()
+    skipped: set[str] = set()
+    outside: dict[str, str] = {}
+    repeated: set[str] = set()
+    for item in as_items(inputs):
+        tree = _expand_url(item, storage_options, exclude, inside) if is_url(item) else \
+            _expand_local(item, exclude, inside)
+        files.update(tree.paths())
+        skipped.update(tree.skipped)
+        repeated.update(tree.repeated)
+        outside.update({f.path: f.target for f in tree.files if f.target is not None})
+    return Expansion(sorted(files), sorted(skipped - files), dict(sorted(outside.items())),
+                     sorted(repeated))
+
+
+def expand(inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Expansion,
+           storage_options: StorageOptions = None, *, exclude: Sequence[str] = (),
+           inside: bool = False) -> list[str]:
+    """The files that ``inputs`` name (globs, directories, URL prefixes expanded: the
+    module docstring), sorted and without duplicates; ``exclude`` globs leave files and
+    folders out of the walks, ``inside`` walks into checkpoint folders too.
 
     Raises
     ------
@@ -112,14 +132,12 @@ def expand(inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     ...     os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
     ...     open(os.path.join(root, name), "wb").close()
     >>> [os.path.relpath(p, root) for p in expand([root, os.path.join(root, "*.pt")])]
+    ['.git/c.pt', 'a.pt', 'sub/b.bin']
+    >>> [os.path.relpath(p, root) for p in expand(root, exclude=[".git"])]
     ['a.pt', 'sub/b.bin']
     >>> tmp.cleanup()
     """
-    found: set[str] = set()
-    for item in as_items(inputs):
-        found.update(_expand_url(item, storage_options) if is_url(item) else
-                     _expand_local(item))
-    return sorted(found)
+    return walk(inputs, storage_options, exclude=exclude, inside=inside).files
 
 
 def expands(item: str, storage_options: StorageOptions = None, *, probe: bool = False) -> bool:

@@ -7,9 +7,10 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
-from .._io.local import atomic_path, is_url
+from .._io.atomic import atomic_path
+from .._io.paths import is_url
 from .._io.remote import StorageOptions, filesystem, watched_sources
 from ..errors import PtfileError, RemoteError, UnsupportedFeatureError
 from ..limits import Limits
@@ -26,6 +27,9 @@ from ..outcomes import (
     WORST_FIRST,
     exit_code,
 )
+
+if TYPE_CHECKING:
+    from ..scanning.allowing import AllowList
 
 __all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_UNSAFE",
            "RETRIES", "SCAN_CODES", "WORST_FIRST", "Options", "Record", "error_of",
@@ -46,17 +50,23 @@ class Options:
     retries: int = RETRIES
     backoff: float = BACKOFF_SECONDS
     allow_unknown: bool = False
+    #: scan: the unknown globals to count as allowed (:mod:`ptfile.scanning.allowing`).
+    allow: AllowList | None = None
     structural: bool = False
     full: bool = False
     fmt: str = "safetensors"
     shared: str = "dedupe"
     extra: dict[str, Any] = field(default_factory=dict)
+    exclude: tuple[str, ...] = ()
 
 
 def _scan(url: str, o: Options, _target: str | None) -> tuple[str, dict[str, Any]]:
     from ..scanning import scan as scan_one
 
-    result = scan_one(url, limits=o.limits, storage_options=o.storage_options).to_dict()
+    # A checkpoint folder's strays and subfolders are inputs of their own in a bulk scan
+    # (the walk listed them): the folder's record is its checkpoint's.
+    found = scan_one(url, limits=o.limits, storage_options=o.storage_options, whole=False)
+    result = (o.allow.apply(found) if o.allow else found).to_dict()
     return result["verdict"], result
 
 

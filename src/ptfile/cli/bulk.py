@@ -51,7 +51,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from .._io.local import is_url
+from .._io.paths import is_url
 from .._io.progress import progress_bar
 from ..errors import PtfileError
 from ..formats.inputs import Input, InputKind
@@ -96,6 +96,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--retries", type=int, default=RETRIES, metavar="N",
                    help=f"attempts after the first on transient I/O errors (default "
                         f"{RETRIES})")
+    g.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                   help="leave out of folder walks the files and folders whose path (relative "
+                        "to the folder named) or name matches GLOB (repeatable: --exclude .git "
+                        "--exclude 'data/*')")
+    g.add_argument("--list-skipped", action="store_true",
+                   help="list the files a folder walk skipped (no loader of torch's reads "
+                        "them): in the text report, and in the JSON summary (skipped_files)")
     g.add_argument("--progress", action="store_true",
                    help="show the progress bar even when stderr is not a terminal")
     if command == "convert":
@@ -193,12 +200,14 @@ def _client(args: argparse.Namespace, remote: bool) -> Iterator[Any]:
         yield client
 
 
-def _records(args: argparse.Namespace, urls: list[str], client: Any) -> Iterator[bulk.Record]:
+def _records(args: argparse.Namespace, urls: bulk.Expansion,
+             client: Any) -> Iterator[bulk.Record]:
     from .. import bulk
     common = {"client": client, "workers": None if client else args.workers,
-              "storage_options": dict(args.storage_options) or None, "retries": args.retries}
+              "storage_options": dict(args.storage_options) or None, "retries": args.retries,
+              "exclude": args.exclude}
     if args.command == "scan":
-        return bulk.scan(urls, allow_unknown=args.allow_unknown, **common)
+        return bulk.scan(urls, allow_unknown=args.allow_unknown, allow=args.allow_list, **common)
     if args.command == "inspect":
         return bulk.inspect(urls, structural=args.structural, **common)
     if args.command == "verify":
@@ -224,11 +233,15 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         No file matches, or an input cannot be listed.
     """
     from .. import bulk
-    from .._io.local import is_url
+    from .._io.paths import is_url
     options = dict(args.storage_options) or None
-    urls = bulk.expand(_inputs(args), options)
+    found = bulk.walk(_inputs(args), options, exclude=args.exclude,
+                      inside=args.command == "scan")
+    urls = found.files
     if not urls:
-        raise PtfileError(f"no files match {' '.join(_inputs(args))}")
+        raise PtfileError(f"no files match {' '.join(_inputs(args))}"
+                          + (f" ({len(found.skipped)} skipped: no loader of torch's reads "
+                             "them; --list-skipped lists them)" if found.skipped else ""))
     start = time.perf_counter()
     done: list[bulk.Record] = []
     fmt = output_format(args, out)
@@ -237,7 +250,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     with _client(args, any(map(is_url, urls))) as client, \
             progress_bar(len(urls), args.command, not getattr(args, "no_progress", False),
                          unit="file", force=args.progress) as step:
-        for record in _records(args, urls, client):
+        for record in _records(args, found, client):
             if fmt == "sarif":
                 scanned.append(record["result"] or {"path": record["path"],
                                                     "error": record["error"]})
@@ -249,6 +262,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                                                 "bytes_fetched")})
             step(1)
     summary = bulk.summarize(done, time.perf_counter() - start)
+    summary.update(_walked(found, args.list_skipped))
     if fmt == "sarif":
         _write_sarif(args, scanned, int(summary["exit_code"]), out)
     elif text is not None:
@@ -256,6 +270,19 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         _write(summary, out)
     return int(summary["exit_code"])
+
+
+def _walked(found: bulk.Expansion, listed: bool) -> dict[str, Any]:
+    """What the walk adds to the summary: the skipped files (counted; listed on request),
+    the files reached through links out of their folder, the folders reached again."""
+    doc: dict[str, Any] = {"skipped": len(found.skipped)}
+    if listed:
+        doc["skipped_files"] = found.skipped
+    if found.outside:
+        doc["outside"] = found.outside
+    if found.repeated:
+        doc["repeated"] = found.repeated
+    return doc
 
 
 def _write_sarif(args: argparse.Namespace, scanned: list[dict[str, Any]], code: int,

@@ -63,7 +63,7 @@ from ..outcomes import (
     worst,
 )
 from . import bulk as _cli_bulk
-from .text import finding_line, shown, size, table, tally
+from .text import finding_line, inert, shown, size, table, tally
 
 if TYPE_CHECKING:  # imported by the commands that need them: --help needs no numpy
     from ..inspection import Inspection
@@ -105,7 +105,7 @@ def _tensor_row(t: TensorInfo, shared: set[str]) -> list[str]:
         f"{t.data_offset + t.storage_offset * t.dtype.itemsize:#x}"
     flags = ("param " if t.is_parameter else "") + ("shared" if t.storage_key in shared else "")
     return [shown(t.name) if t.name else "(root)", t.dtype.name, str(list(t.shape)), str(t.stride),
-            str(t.storage_key), offset, size(t.nbytes), flags.strip()]
+            shown(t.storage_key), offset, size(t.nbytes), flags.strip()]
 
 
 def _tree_lines(node: Any, by_name: dict[str, TensorInfo], prefix: str, limit: int,
@@ -132,20 +132,20 @@ def _node_label(node: Any, by_name: dict[str, TensorInfo]) -> str:
         return f"{kind}{t.dtype.name}{list(t.shape)}"
     if "items" in node:
         return f"{shown(node['type'])} ({len(node['items'])})"
-    return f"{shown(node['type'])} = {node.get('value', node.get('repr'))!r}"[:100]
+    return f"{shown(node['type'])} = {inert(repr(node.get('value', node.get('repr'))))}"[:100]
 
 
 def _render_header(ins: Inspection, out: TextIO) -> None:
     meta = ins.metadata
     kind = meta.get("format", ins.format) if ins.format in ("dcp", "set") else ins.format
-    out.write(f"{shown(ins.path or '<stream>')}: {kind} checkpoint, {size(ins.file_size)}\n")
+    out.write(f"{shown(ins.path or '<stream>')}: {shown(kind)} checkpoint, {size(ins.file_size)}\n")
     keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix", "stage",
             "world_size", "tag", "optimizer", "model_dtype", "ds_version")
-    details = " · ".join(f"{k} {meta[k]}" for k in keys if k in meta)
+    details = " · ".join(f"{k} {shown(meta[k])}" for k in keys if k in meta)
     if details:
         out.write(f"  {details}\n")
     if "serialization_id" in meta:
-        out.write(f"  serialization_id {meta['serialization_id']}\n")
+        out.write(f"  serialization_id {shown(meta['serialization_id'])}\n")
 
 
 def _render_totals(ins: Inspection, out: TextIO) -> None:
@@ -190,7 +190,7 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     if ins.zero:
         _render_zero(ins.zero, out)
     if ins.program is not None:
-        out.write("\n" + "".join(line + "\n" for line in ins.program.lines()))
+        out.write("\n" + "".join(inert(line) + "\n" for line in ins.program.lines()))
     shared = set(ins.shared)
     tensors = ins.tensors if not limit else ins.tensors[:limit]
     out.write(f"\nTensors ({len(ins.tensors):,})\n")
@@ -216,13 +216,13 @@ def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     _render_totals(ins, out)
     if ins.shared:
         out.write("\nShared storages\n")
-        out.writelines(f"  storage {key}: {', '.join(map(shown, names))}\n" for key, names in list(ins.shared.items())[: limit or None])
+        out.writelines(f"  storage {shown(key)}: {', '.join(map(shown, names))}\n" for key, names in list(ins.shared.items())[: limit or None])
 
 
 def _render_chunks(chunks: dict[str, list[dict[str, Any]]], out: TextIO, limit: int) -> None:
     """A DCP checkpoint's chunks: where each tensor's pieces are stored."""
     rows = [[shown(name), str(c["offsets"]), str(c["sizes"]), shown(c["file"]), str(c["offset"]),
-             str(c["length"]), " ".join(c["transforms"])]
+             str(c["length"]), " ".join(map(shown, c["transforms"]))]
             for name, found in chunks.items() for c in found]
     out.write(f"\nChunks ({len(rows):,})\n")
     table([["tensor", "offsets", "sizes", "file", "offset", "length", ""],
@@ -254,7 +254,7 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     results, codes = [], [EXIT_OK]
     for path in args.files:
         try:
-            result = scan(_cli_bulk.record_of(args, path))
+            result = args.allow_list.apply(scan(_cli_bulk.record_of(args, path)))
         except (PtfileError, OSError) as exc:
             codes.append(exit_code("scan", ERROR))
             results.append({"path": path, "error": f"{type(exc).__name__}: {exc}",
@@ -320,8 +320,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
         out.writelines(f"  {shown(alias)}: same data as {shown(kept)} (stored once)\n"
                        for alias, kept in aliases.items())
         # Its lines quote names from the file: one with anything unsafe is shown as a repr.
-        out.writelines(line if shown(line.strip()) == line.strip() else f"  {shown(line.strip())}\n"
-                       for line in convert.describe(summary))
+        out.writelines(inert(line.rstrip("\n")) + "\n" for line in convert.describe(summary))
     return exit_code("convert", "converted")
 
 
@@ -329,7 +328,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from .._io.local import is_url
+    from .._io.paths import is_url
     from ..inspection import verify
 
     record = _cli_bulk.record_of(args, args.file)
@@ -369,8 +368,8 @@ def _render_diff(report: Any, out: TextIO, verbose: bool) -> None:
         return
     out.writelines(f"- {shown(name)}\n" for name in report.removed)
     out.writelines(f"+ {shown(name)}\n" for name in report.added)
-    out.writelines(f"~ {shown(name)}: {change}\n" for name, change in report.changed.items())
-    out.writelines(f"~ {shown(name)}: {a} -> {b}\n"  # reprs: escaped already
+    out.writelines(f"~ {shown(name)}: {inert(change)}\n" for name, change in report.changed.items())
+    out.writelines(f"~ {shown(name)}: {inert(a)} -> {inert(b)}\n"  # reprs: of any object
                    for name, (a, b) in report.values_changed.items())
     out.writelines(f"~ {shown(name) or '(the whole object)'}: {a or 'no container'} -> "
                    f"{b or 'no container'} (nesting)\n"
@@ -463,8 +462,18 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
                         "sarif: one SARIF 2.1.0 log for CI code scanning (one result per "
                         "finding; rules by capability)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list allowed globals")
-    p.add_argument("--allow-unknown", action="store_true",
+    g = p.add_argument_group("allowing (also from pyproject.toml's [tool.ptfile] table)")
+    g.add_argument("--allow", action="append", default=[], metavar="MODULE.NAME",
+                   help="count this unknown global as allowed (repeatable; a glob matches "
+                        "module.name: 'transformers.training_args.*'); never a dangerous "
+                        "one: --allow posix.system is an error")
+    g.add_argument("--allow-numpy", action="store_true",
+                   help="count numpy's arrays, scalars, dtypes and RNG states "
+                        "(ptfile.NUMPY_GLOBALS) as allowed; object arrays stay dangerous")
+    g.add_argument("--allow-unknown", action="store_true",
                    help="exit 0, not 3, for files whose worst verdict is unknown")
+    g.add_argument("--no-config", action="store_true",
+                   help="read no [tool.ptfile] table from pyproject.toml")
 
 
 def _args_convert(p: argparse.ArgumentParser) -> None:
@@ -565,7 +574,7 @@ def _say_warnings(command: str) -> None:
         if not issubclass(category, PtfileWarning):
             default(message, category, filename, lineno, file, line)
             return
-        print(f"ptfile {command}: warning: {message}", file=file or sys.stderr)
+        print(f"ptfile {command}: warning: {inert(message)}", file=file or sys.stderr)
 
     warnings.showwarning = show
     warnings.simplefilter("default", PtfileWarning)
@@ -573,6 +582,8 @@ def _say_warnings(command: str) -> None:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     try:
+        if args.command == "scan":
+            _allowing(args)
         if _cli_bulk.is_bulk(args):
             return _cli_bulk.run(args, out)
         _cli_bulk.single(args)
@@ -585,8 +596,19 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             _print_json({"error": type(exc).__name__, "message": message,
                          "path": _input_of(args) or getattr(exc, "input", None),
                          "exit_code": EXIT_ERROR}, out)
-        print(f"ptfile {args.command}: error: {message}", file=sys.stderr)
+        print(f"ptfile {args.command}: error: {inert(message)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _allowing(args: argparse.Namespace) -> None:
+    """scan's allow-list: ``--allow``, ``--allow-numpy`` and the ``[tool.ptfile]`` table
+    (:mod:`.config`) as ``args.allow_list`` (a pattern that would pass a dangerous name
+    raises, exit 2)."""
+    from ..scanning.allowing import AllowList
+    from . import config
+
+    config.apply(args)
+    args.allow_list = AllowList(tuple(args.allow), numpy=args.allow_numpy)
 
 
 def _input_of(args: argparse.Namespace) -> str | None:

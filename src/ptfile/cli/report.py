@@ -139,11 +139,25 @@ class TextReport:
         rows += [[shown(path), verdict, why] for path, verdict, why in sorted(self.rows)]
         table(rows, out, indent="")
         out.write(f"\n{self._totals(summary)}\n")
+        self._walked(summary, out)
         if self.attention:
             out.write(f"\nNeeds attention ({len(self.attention)})\n")
             for _rank, path, verdict, lines in sorted(self.attention, key=lambda a: a[:2]):
                 out.write(f"{shown(path)}: {verdict}\n")
                 out.writelines(f"  {line}\n" for line in lines)
+
+    @staticmethod
+    def _walked(summary: dict[str, Any], out: TextIO) -> None:
+        """The walk's notes: files skipped (listed with --list-skipped), links out of the
+        folder, folders reached again."""
+        skipped = summary.get("skipped") or 0
+        if skipped:
+            hint = "" if "skipped_files" in summary else " (--list-skipped lists them)"
+            out.write(f"{skipped} file{'s' if skipped != 1 else ''} skipped: no loader of "
+                      f"torch's reads them{hint}\n")
+            out.writelines(f"  {shown(p)}\n" for p in summary.get("skipped_files", []))
+        out.writelines(f"link out of the folder: {shown(path)} -> {shown(target)} (scanned)\n" for path, target in summary.get("outside", {}).items())
+        out.writelines(f"folder reached again through a link, walked once: {shown(path)}\n" for path in summary.get("repeated", []))
 
     def _totals(self, summary: dict[str, Any]) -> str:
         counts = Counter(verdict for _path, verdict, _why in self.rows)

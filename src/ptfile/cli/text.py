@@ -9,14 +9,21 @@ such name goes through :func:`shown` before it is written: a name made of printa
 characters (``str.isprintable``: no control, format or separator character but the
 space) and no backslash is written as it is; any other is written as its ``repr``, quoted
 and escaped (``'ev\\x1b[31mil.pt'``), so that what is shown is unambiguous and inert.
-JSON output needs none of this: JSON escapes control characters itself.
+``str.isprintable`` is false for every character of the Unicode categories Cc (controls:
+ESC, carriage return, backspace), Cf (format: the bidi overrides and isolates U+202A to U+202E and
+U+2066 to U+2069, zero-width joiners), Zl and Zp (line and paragraph separators), Zs but the space,
+Cs, Co and Cn, and ``repr`` writes each of them as an escape (``\\u202e``).  A sentence of
+ptfile's own that quotes names (an error message, a line of an exported program's
+signature) goes through :func:`inert` instead: the same characters escaped in place, the
+sentence unquoted.  JSON and SARIF output need none of this: JSON escapes control
+characters itself, and a name is kept exact there.
 """
 
 from __future__ import annotations
 
 from typing import Any, TextIO
 
-__all__ = ["finding_line", "global_name", "shown", "size", "table", "tally"]
+__all__ = ["finding_line", "global_name", "inert", "shown", "size", "table", "tally"]
 
 
 def shown(name: object) -> str:
@@ -30,6 +37,21 @@ def shown(name: object) -> str:
     """
     text = str(name)
     return text if text.isprintable() and "\\" not in text else repr(text)
+
+
+def inert(text: object) -> str:
+    """``text`` with each character that is not printable written as its escape, in place:
+    for sentences of ptfile's own that quote names (the quotes stay readable; a backslash
+    is kept, so use :func:`shown` for a name on its own).
+
+    Examples
+    --------
+    >>> inert("refused evil\\x1b[2K\\rmodel: clean"), inert("fine: a.b")
+    ('refused evil\\\\x1b[2K\\\\rmodel: clean', 'fine: a.b')
+    """
+    text = str(text)
+    return text if text.isprintable() else \
+        "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def size(n: float) -> str:

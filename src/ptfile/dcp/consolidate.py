@@ -51,8 +51,9 @@ from typing import Any, Final
 import numpy as np
 
 from .. import config
+from .._io.atomic import atomic_file
 from .._io.directory import DirectoryFiles
-from .._io.local import FileSource, atomic_file
+from .._io.local import FileSource
 from ..allowlist.policy import reads_numpy_values
 from ..archive import ZipReader
 from ..archive.records import METHOD_STORED

@@ -58,7 +58,7 @@ from typing import IO, Any, Final
 import numpy as np
 
 from .. import config
-from .._io.local import atomic_path
+from .._io.atomic import atomic_path
 from ..errors import SaveError
 from ..formats.zipped import write_zip
 from ..model import dtypes
@@ -285,7 +285,7 @@ def _planned(state_dict: Mapping[Any, Any]) -> list[_Item]:
 @contextlib.contextmanager
 def _atomic_directory(target: str) -> Iterator[str]:
     """A fresh directory (``os.mkdir``'s modes) renamed to ``target`` once the block
-    succeeds (:func:`ptfile._io.local.atomic_path`: an existing directory is replaced then)."""
+    succeeds (:func:`ptfile._io.atomic.atomic_path`: an existing directory is replaced then)."""
     if os.path.exists(target) and not os.path.isdir(target):
         raise SaveError(f"{target!r} exists and is not a directory")
     with atomic_path(target, fsync=True, same_name=True) as tmp:

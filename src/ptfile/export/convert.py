@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from .. import api
-from .._io.local import FileSource, is_path, is_url
+from .._io.local import FileSource
+from .._io.paths import is_path, is_url
 from .._io.remote import StorageOptions, open_target
 from ..allowlist.structural import is_module
 from ..dcp.consolidate import convert_dcp
@@ -83,8 +84,14 @@ def target_kind(output: str, source: str | Input,
     --------
     >>> target_kind("model.safetensors", "model.pt")
     'safetensors'
-    >>> target_kind("out/", "pytorch_model.bin.index.json")
+    >>> import json, os, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> index = os.path.join(tmp.name, "pytorch_model.bin.index.json")
+    >>> with open(index, "w") as fp:
+    ...     json.dump({"weight_map": {"w": "pytorch_model-00001-of-00001.bin"}}, fp)
+    >>> target_kind("out/", index)  # .bin shards to safetensors shards
     'safetensors'
+    >>> tmp.cleanup()
     """
     record = resolve_input(source, storage_options)
     if record.from_index and _dcp_kind(output) == "hf":  # shards to shards, the other form

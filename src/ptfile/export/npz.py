@@ -43,7 +43,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .._io.local import atomic_file
+from .._io.atomic import atomic_file
 from ..errors import SaveError, UnsupportedFeatureError
 from ..model.tensor import Tensor
 from .safetensors import SharedPolicy, plan

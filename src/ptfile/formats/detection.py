@@ -37,6 +37,32 @@ checks for ``model.json`` before anything else, and ``torch.load`` finds no
 ``data.pkl``; ptfile's front doors refuse it by name
 (:class:`~ptfile.errors.UnsupportedFeatureError`), ``scan`` names it.
 
+Which files torch's loaders could read at all (a folder walk's question, asked of every
+file under the folder, checkpoint or not) is :func:`loader_of`, from a file's first
+:data:`SNIFF_BYTES` and its name, as torch 2.13 dispatches
+(``torch/serialization.py``: ``load``, ``_is_zipfile``, ``_legacy_load``):
+
+===============  ===========================================================================
+reading          when
+===============  ===========================================================================
+``safetensors``  the path ends in ``.safetensors`` (exactly: ``torch.load`` tests
+                 ``fspath.endswith(".safetensors")`` before anything else, and reads such a
+                 file with the safetensors package only, whatever its bytes)
+``zip``          ``PK\\x03\\x04`` at byte 0 (``_is_zipfile``; ``torch.jit.load`` and
+                 ``_load_for_lite_interpreter`` ask the same of a ZIP: lite modules are ZIPs)
+``legacy``       the legacy stream's magic (:data:`LEGACY_MAGIC_PICKLE`)
+``tar``          a block ``tarfile`` accepts (its checksum: ustar, GNU, pax or V7 headers):
+                 ``_legacy_load`` tries ``tarfile.open(mode="r:")`` first
+``pickle``       anything the unpickler may read into code or a ``STOP`` from byte 0
+                 (:func:`ptfile.picklevm.prefix.reaches_code`): ``_legacy_load``'s first
+                 ``pickle.load``, and ``pickle.load``
+===============  ===========================================================================
+
+Anything else no loader reads (a TorchScript flatbuffer, ``PTMF`` at byte 4, holds no
+pickle).  A file whose bytes are safetensors but whose name is not is *not* read as
+safetensors by ``torch.load``, which reads it as a tar or a pickle: the scanner judges that
+reading too (:mod:`ptfile.scanning.scanner`).
+
 What an *input* is (a file, a URL, a checkpoint folder of some kind, a folder of many
 files) is decided before, once, by :func:`ptfile.formats.inputs.resolve_input`, whose
 record every front door carries; its names stay importable from here.
@@ -52,9 +78,10 @@ from typing import Final
 from .._gc import paused_gc
 from .._io.local import Source
 from ..archive import ZipReader
-from ..archive.tar import is_tar
+from ..archive.tar import is_tar, tarfile_accepts
 from ..errors import FormatError
 from ..limits import DEFAULT_LIMITS, Limits
+from ..picklevm.prefix import reaches_code
 from .inputs import (
     CHECKPOINT_SUFFIXES,
     DCP_METADATA_NAME,
@@ -70,6 +97,7 @@ __all__ = [
     "DCP_METADATA_NAME",
     "HEAD_BYTES",
     "LEGACY_MAGIC_PICKLE",
+    "SNIFF_BYTES",
     "ZIP_MARKERS",
     "Detected",
     "Format",
@@ -81,7 +109,9 @@ __all__ = [
     "folded_markers",
     "folder_kind",
     "kind_of_markers",
+    "loader_of",
     "resolve_input",
+    "torch_reads_safetensors",
     "zip_kind",
 ]
 
@@ -128,6 +158,52 @@ _SNIFFERS: Final[tuple[tuple[Format, Callable[[bytes], bool]], ...]] = (
     # Last: "{" after the 8-byte header length (JSON may start with whitespace).
     (Format.SAFETENSORS, lambda head: head[8:].lstrip(b" \t\n\r")[:1] == b"{"),
 )
+
+#: How many leading bytes :func:`loader_of` needs: a tar header block.
+SNIFF_BYTES: Final = 512
+#: The name ``torch.load`` reads with the safetensors package (case counts).
+_SAFETENSORS_NAME: Final = ".safetensors"
+
+#: The readings of :func:`loader_of`, in torch's order after the name: (reading, test of the
+#: leading bytes and the file's size).
+_LOADERS: Final[tuple[tuple[str, Callable[[bytes, int], bool]], ...]] = (
+    ("zip", lambda head, size: head[:4] == b"PK\x03\x04"),
+    ("legacy", lambda head, size: detect(head) is Format.LEGACY),
+    ("tar", lambda head, size: tarfile_accepts(head)),
+    ("pickle", lambda head, size: reaches_code(head[:SNIFF_BYTES], size)),
+)
+
+
+def torch_reads_safetensors(name: str | None) -> bool:
+    """Whether ``torch.load`` reads the file named ``name`` with the safetensors package:
+    a path ending in ``.safetensors``, exactly (a file object, ``name`` None, never is).
+
+    Examples
+    --------
+    >>> torch_reads_safetensors("m.safetensors"), torch_reads_safetensors("m.SAFETENSORS")
+    (True, False)
+    """
+    return name is not None and name.endswith(_SAFETENSORS_NAME)
+
+
+def loader_of(head: bytes, name: str | None, size: int) -> str | None:
+    """Which of torch's readings opens a file of ``size`` bytes named ``name`` that starts
+    with ``head`` (its first :data:`SNIFF_BYTES` or all of it): ``safetensors``, ``zip``,
+    ``legacy``, ``tar`` or ``pickle`` (module docstring), or None when no loader reads it.
+
+    Examples
+    --------
+    >>> loader_of(b"PK\\x03\\x04" + bytes(60), "model.weights", 64)
+    'zip'
+    >>> loader_of(b"# a README\\n", "README.md", 11) is None
+    True
+    >>> loader_of(b"", "empty.safetensors", 0)
+    'safetensors'
+    """
+    if torch_reads_safetensors(name):
+        return "safetensors"
+    return next((reading for reading, reads in _LOADERS if reads(head, size)), None)
+
 
 #: A torch ZIP's kind, by the records that mark it (first match wins): ``model.json``
 #: sends ``torch.jit.load`` (which ``torch.load`` calls for ``constants.pkl``) to the

@@ -51,7 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._io.local import is_url, url_scheme
+from .._io.paths import is_url, url_scheme
 from ..errors import FormatError, LimitExceededError, PtfileError
 from ..limits import DEFAULT_LIMITS, Limits
 
@@ -62,6 +62,7 @@ __all__ = [
     "Input",
     "InputKind",
     "Part",
+    "checkpoint_files",
     "detect_input",
     "folder_kind",
     "is_checkpoint_name",
@@ -291,6 +292,28 @@ def folder_kind(names: Iterable[str]) -> InputKind:
     <InputKind.ZERO: 'zero'>
     """
     return _classify(list(names))[0]
+
+
+def checkpoint_files(names: Iterable[str]) -> tuple[InputKind, frozenset[str]]:
+    """What a folder holding ``names`` is, and which of them its checkpoint reads as that
+    kind: a DCP folder's metadata and ``.distcp`` files (their items, by the metadata), a
+    set's parts; none for a folder of many files.  The others are strays a folder walk
+    looks at one by one (:mod:`ptfile.formats.walk`).
+
+    Examples
+    --------
+    >>> kind, files = checkpoint_files([".metadata", "__0_0.distcp", "extra.pt"])
+    >>> kind, sorted(files)
+    (<InputKind.DCP: 'dcp'>, ['.metadata', '__0_0.distcp'])
+    """
+    names = list(names)
+    kind, parts = _classify(names)
+    if kind is InputKind.DCP:
+        return kind, frozenset(n for n in names if DCP_METADATA_NAME.fullmatch(n)
+                               or n.endswith(".distcp"))
+    if kind is InputKind.ZERO:  # a tag folder's rank files (a run folder's tags are folders)
+        return kind, frozenset(n for n in names if _ZERO_RANK_FILE.fullmatch(n))
+    return kind, frozenset(n for p in parts for n in (*p.files, *([p.index] if p.index else [])))
 
 
 def _classify(names: list[str]) -> tuple[InputKind, tuple[Part, ...]]:

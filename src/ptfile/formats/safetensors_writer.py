@@ -42,7 +42,7 @@ from typing import IO, Any, Final
 
 import numpy as np
 
-from .._io.local import atomic_file
+from .._io.atomic import atomic_file
 from ..errors import SaveError, UnsupportedFeatureError
 from ..model.dtypes import DType
 from .safetensors import CODES, LENGTH_BYTES

@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._gc import paused_gc
-from .._io.local import Source, is_path, is_url
+from .._io.local import Source
+from .._io.paths import is_path, is_url
 from ..allowlist.policy import FindClass
 from ..allowlist.reduction import PERSISTENT_TYPES, Reducer, ordered_bytes
 from ..archive import ZipReader, ZipWriter

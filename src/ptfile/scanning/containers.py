@@ -116,6 +116,15 @@ class Window:
     def read_all(self) -> memoryview:
         return memoryview(self.pread(0, self.size, "window"))
 
+    def gather(self, offsets: Sequence[int], lengths: Sequence[int]) -> bytes | None:
+        """None: a window reads through :meth:`pread`."""
+        return None
+
+    @property
+    def bytes_fetched(self) -> int:
+        """What the server sent for the whole source (0 for a local one)."""
+        return self._source.bytes_fetched
+
     def detached(self) -> Window:
         return self
 

@@ -82,22 +82,25 @@ def _is_deepspeed_class(module: str, name: str) -> bool:
     return True
 
 
-def scan_zero(record: Input, scan_file: Callable[[str], ScanResult], *, limits: Limits
-              ) -> ScanResult:
-    """The findings of every checkpoint file of a DeepSpeed ZeRO checkpoint: the tag
-    folder's (``latest``'s, for a run folder) model and optimizer files, each scanned
-    whole and located as ``<tag>/<file>:…``.  DeepSpeed's own checkpoint classes
-    (``ZeroStageEnum``, the loss scalers, ``fragment_address``), which ptfile reads as
-    inert records, are allowed; anything else (a ``client_state`` object) keeps the
-    scanner's verdict."""
+def scan_zero(record: Input, scan_file: Callable[[Any], ScanResult], *, limits: Limits,
+              tags: bool = True) -> ScanResult:
+    """The findings of every checkpoint file of a DeepSpeed ZeRO checkpoint: a tag folder's
+    model and optimizer files, each scanned whole; for a run folder, with ``tags``, those of
+    the tag folder ``latest`` names, located as ``<tag>/<file>:…`` (a whole-folder scan
+    walks every tag folder instead: :mod:`ptfile.scanning.folders`).  DeepSpeed's own
+    checkpoint classes (``ZeroStageEnum``, the loss scalers, ``fragment_address``), which
+    ptfile reads as inert records, are allowed; anything else (a ``client_state`` object)
+    keeps the scanner's verdict."""
     from ..zero.files import tag_folder
 
     location = str(record.location)
-    try:
-        folder, tag, names = tag_folder(location, list(record.names), None,
-                                        record.storage_options, limits)
-    except PtfileError:  # no latest: the folder's own files
-        folder, tag, names = location, "", list(record.names)
+    folder, tag, names = location, "", list(record.names)
+    if tags:
+        try:
+            folder, tag, names = tag_folder(location, names, None, record.storage_options,
+                                            limits)
+        except PtfileError:  # no latest: the folder's own files
+            pass
     inner = Input(record.kind, record.given, folder, record.storage_options, tuple(names))
     findings: list[Finding] = []
     for f in scan_set(inner, scan_file).findings:

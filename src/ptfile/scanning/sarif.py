@@ -32,13 +32,25 @@ PTF301    could-not-scan          error     the file is missing, damaged or no
 PTF900    allowed                 none      allowed names (``--verbose`` only)
 ========  ======================  ========  ==========================================
 
-Locations: ``artifactLocation.uri`` is the file as given (a relative path, with
-``/``, or the URL); the record or member inside it is a logical location
-(``kind: "member"``) and the byte offset of the opcode or header within that
-record is ``region.byteOffset`` when the finding has one (``properties`` repeats
-it as ``offsetInRecord`` with the record's name, and lists the ``loaders`` that
-would run it).  ``partialFingerprints`` key each result by file, record, rule
-and name, so a code-scanning service tracks it across commits.
+Locations, as GitHub code scanning reads them (:func:`artifact_uri`, :func:`region_of`):
+
+* ``artifactLocation.uri`` is the file relative to the current directory (the
+  repository's root in CI), with ``/`` and percent-encoded (``uriBaseId``
+  ``%SRCROOT%``); a file outside it is an absolute ``file://`` URI, a URL stays as it is.
+* ``region.startLine`` is always 1: a checkpoint is binary, it has no lines, and GitHub
+  refuses a result without one.  ``region.byteOffset`` is the byte **of the file** that
+  the finding names (:attr:`~ptfile.scanning.Finding.file_offset`): the opcode of a bare
+  or legacy stream, of a stored ZIP record (the record's data offset plus the opcode's
+  place in it), of a tar member, or the archive header.  A finding with no such byte (in
+  a compressed record, in a payload nested in a constant, in a file of a DCP folder, which
+  is scanned as one input) has no ``byteOffset``; its place is in ``properties``.
+* The record or member is a logical location (``kind: "member"``); ``properties`` gives
+  ``record`` and ``offsetInRecord`` (the offset within that record, as ``--json``'s
+  ``offset``) and the ``loaders`` that would run it.
+
+``partialFingerprints`` key each result by file, record, rule and name, so a
+code-scanning service tracks it across commits.  Each rule carries GitHub's
+``security-severity`` (:data:`SEVERITY`) and the ``security`` tag.
 """
 
 from __future__ import annotations
@@ -46,9 +58,12 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
-__all__ = ["RULES", "SARIF_SCHEMA", "SARIF_VERSION", "rule_of", "to_sarif"]
+__all__ = ["RULES", "SARIF_SCHEMA", "SARIF_VERSION", "SEVERITY", "artifact_uri", "region_of",
+           "rule_of", "to_sarif"]
 
 SARIF_VERSION: Final = "2.1.0"
 SARIF_SCHEMA: Final = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -82,6 +97,13 @@ RULES: Final[dict[str, tuple[str, str, str]]] = {
                "The file could not be scanned: missing, damaged or not a checkpoint."),
     "PTF900": ("allowed", "none", "A name on torch's weights-only allowlist (or yours)."),
 }
+
+#: GitHub's ``security-severity`` of each rule (9.0 and up: critical; 7.0: high; 4.0:
+#: medium): running code or native code is critical, the other error rules high, the
+#: warnings medium.
+SEVERITY: Final = {"PTF101": "9.8", "PTF102": "8.1", "PTF103": "8.1", "PTF104": "9.8",
+                   "PTF105": "8.8", "PTF106": "7.5", "PTF107": "8.1", "PTF108": "9.0",
+                   "PTF201": "5.0", "PTF202": "4.0", "PTF301": "5.0"}
 
 #: Module prefixes by capability, first match wins (the rest of the dangerous names run code).
 _CAPABILITIES: Final = (
@@ -140,8 +162,45 @@ def rule_of(finding: Mapping[str, Any]) -> str:
                 "PTF101")
 
 
+def artifact_uri(path: str, root: str | None = None) -> str:
+    """The SARIF ``uri`` of a scanned file: relative to ``root`` (the current directory)
+    when it is under it, with ``/`` and percent-encoded; else an absolute ``file://`` URI;
+    a URL as it is.
+
+    Examples
+    --------
+    >>> artifact_uri("/repo/models/a b.pt", "/repo"), artifact_uri("/repo/x/m.pt", "/repo")
+    ('models/a%20b.pt', 'x/m.pt')
+    >>> artifact_uri("/elsewhere/m.pt", "/repo"), artifact_uri("s3://b/m.pt", "/repo")
+    ('file:///elsewhere/m.pt', 's3://b/m.pt')
+    """
+    if "://" in path:
+        return path
+    root = os.path.abspath(root or os.getcwd())
+    full = os.path.abspath(path)
+    if os.path.commonpath([root, full]) != root:
+        return Path(full).as_uri()
+    return quote(Path(os.path.relpath(full, root)).as_posix(), safe="/")
+
+
 def _uri(path: str) -> str:
-    return path if "://" in path else path.replace(os.sep, "/")
+    return artifact_uri(path)
+
+
+def region_of(finding: Mapping[str, Any]) -> dict[str, Any]:
+    """A finding's SARIF region: line 1 (a binary file's only one; GitHub needs a line),
+    and the byte of the file it names when there is one (``file_offset``).
+
+    Examples
+    --------
+    >>> region_of({"offset": 169, "file_offset": 233}), region_of({"offset": 5})
+    ({'startLine': 1, 'byteOffset': 233}, {'startLine': 1})
+    """
+    region: dict[str, Any] = {"startLine": 1}
+    offset = finding.get("file_offset")
+    if isinstance(offset, int) and offset >= 0:
+        region["byteOffset"] = offset
+    return region
 
 
 def _fingerprint(*parts: object) -> str:
@@ -155,10 +214,9 @@ def _result(path: str, finding: Mapping[str, Any]) -> dict[str, Any]:
     message = str(finding.get("message") or "") or f"{finding.get('kind')}: {name}"
     if name and name not in message:
         message = f"{name}: {message}"
-    physical: dict[str, Any] = {"artifactLocation": {"uri": _uri(path)}}
     offset = finding.get("offset")
-    if isinstance(offset, int) and offset >= 0:
-        physical["region"] = {"byteOffset": offset}
+    physical: dict[str, Any] = {"artifactLocation": _artifact(path),
+                                "region": region_of(finding)}
     location: dict[str, Any] = {"physicalLocation": physical}
     if record and record != "file":
         location["logicalLocations"] = [{"name": record, "fullyQualifiedName": record,
@@ -175,10 +233,16 @@ def _result(path: str, finding: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _artifact(path: str) -> dict[str, Any]:
+    uri = _uri(path)
+    return {"uri": uri} if ":" in uri.split("/", 1)[0] else {"uri": uri, "uriBaseId": "%SRCROOT%"}
+
+
 def _error(path: str, error: str) -> dict[str, Any]:
     return {"ruleId": "PTF301", "ruleIndex": list(RULES).index("PTF301"), "level": "error",
             "message": {"text": f"could not scan: {error}"},
-            "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(path)}}}],
+            "locations": [{"physicalLocation": {"artifactLocation": _artifact(path),
+                                                "region": {"startLine": 1}}}],
             "partialFingerprints": {"ptfileFinding/v1": _fingerprint(path, "PTF301")}}
 
 
@@ -213,7 +277,9 @@ def to_sarif(docs: Iterable[Mapping[str, Any]], *, version: str, verbose: bool =
     rules = [{"id": rid, "name": name, "shortDescription": {"text": text},
               "fullDescription": {"text": text}, "defaultConfiguration": {"level": level},
               "help": {"text": f"{text} See `ptfile scan --help` and the documentation's "
-                               "security model (docs/security.md) for what each loader runs."}}
+                               "security model (docs/security.md) for what each loader runs."},
+              "properties": {"tags": ["security"], **(
+                  {"security-severity": SEVERITY[rid]} if rid in SEVERITY else {})}}
              for rid, (name, level, text) in RULES.items()]
     invocation: dict[str, Any] = {"executionSuccessful": not any(
         r["ruleId"] == "PTF301" for r in results)}
@@ -224,7 +290,7 @@ def to_sarif(docs: Iterable[Mapping[str, Any]], *, version: str, verbose: bool =
         "runs": [{
             "tool": {"driver": {"name": "ptfile", "version": version,
                                 "semanticVersion": version, "rules": rules}},
-            "artifacts": [{"location": {"uri": _uri(p)}} for p in dict.fromkeys(artifacts)],
+            "artifacts": [{"location": _artifact(p)} for p in dict.fromkeys(artifacts)],
             "invocations": [invocation],
             "results": results,
             "columnKind": "unicodeCodePoints",

@@ -69,19 +69,22 @@ hands each source to its container's scan.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Final
 
-from .._io.local import FileLike, Source, is_path
+from .._io.local import FileLike, Source
+from .._io.paths import is_path
 from .._io.remote import StorageOptions, local_path, open_any
 from ..archive import tar
 from ..errors import ArchiveError, FormatError, PickleStreamError, UnknownFormatError
 from ..formats import Format, detect
-from ..formats.inputs import InputKind, resolve_input
+from ..formats.detection import loader_of, torch_reads_safetensors
+from ..formats.inputs import Input, InputKind, resolve_input
 from ..limits import DEFAULT_LIMITS, Limits
 from .loaders.stream import LEGACY_PICKLES
 from .loaders.tar import legacy_tar, tarfile_header
 from .reads import holds_zip, stream_head
-from .stream import Scan, bare_pickle, bytes_source, looks_like_pickle, scan_file_stream
+from .stream import Scan, bare_pickle, bytes_source, in_file, looks_like_pickle, scan_file_stream
 from .tar import scan_tar, scan_tar_head
 from .verdicts import Finding, ScanResult, Verdict
 from .zip import scan_zip
@@ -89,9 +92,13 @@ from .zip import scan_zip
 __all__ = ["scan"]
 
 
-def _scan_source(s: Scan, source: Source, where: str, depth: int) -> str:
+def _scan_source(s: Scan, source: Source, where: str, depth: int,
+                 named_safetensors: bool = False) -> str:
     """Scan ``source`` as the loader detects it (:func:`ptfile.formats.detect`), and as a
-    tar too when it has a tar header (torch tries ``tarfile`` first on every non-ZIP file)."""
+    tar too when it has a tar header (torch tries ``tarfile`` first on every non-ZIP file).
+    Safetensors bytes are torch.load's safetensors only under a ``.safetensors`` name
+    (``named_safetensors``); under any other, torch.load reads them as a tar or a pickle,
+    and that reading is judged too (:func:`_scan_torch_reading`)."""
     head = source.pread(0, min(source.size, 512), "file signature")
     fmt = detect(head)
     if fmt is Format.ZIP:
@@ -100,6 +107,8 @@ def _scan_source(s: Scan, source: Source, where: str, depth: int) -> str:
         from ..formats.safetensors import read_header  # (its dtypes import numpy)
 
         read_header(source, s.limits)
+        if not named_safetensors:
+            _scan_torch_reading(s, source, head, where, depth)
         return "safetensors"
     legacy = fmt is Format.LEGACY
     if tar.is_tar(head) or tarfile_header(head):  # tarfile accepts v7 headers too
@@ -113,18 +122,34 @@ def _scan_source(s: Scan, source: Source, where: str, depth: int) -> str:
               message="the file holds a ZIP archive but does not start with one: torch.load "
               "reads the leading bytes, torch.jit.load and ZIP tools the archive")
         scan_zip(s, source, f"{where}(zip)" if where else "(zip)", depth)
+    mark = len(s.findings)
     if looks_like_pickle(head) or legacy:
         scan_file_stream(s, data, where, depth, legacy)
-        return "legacy" if legacy else "pickle"
-    if bare_pickle(s, data, where, depth):
-        return "pickle"
-    s.add("format", Verdict.UNKNOWN, where or "file", 0,
-          message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
-    return "unknown"
+        kind = "legacy" if legacy else "pickle"
+    elif bare_pickle(s, data, where, depth):
+        kind = "pickle"
+    else:
+        s.add("format", Verdict.UNKNOWN, where or "file", 0,
+              message=f"not a known checkpoint format (starts {head[:8].hex(' ')})")
+        return "unknown"
+    s.findings[mark:] = in_file(s.findings[mark:], where or "stream", s.at(source, 0))
+    return kind
+
+
+def _scan_torch_reading(s: Scan, source: Source, head: bytes, where: str, depth: int) -> None:
+    """What torch.load reads in safetensors bytes under another name (a polyglot): the
+    tar ``tarfile`` accepts in its first block (and the stream at byte 0, as for every
+    tar), else the pickle at byte 0 when the unpickler may reach code there
+    (:func:`ptfile.formats.detection.loader_of`'s readings)."""
+    if tarfile_header(head):
+        scan_tar(s, source, legacy_tar(source, s.limits), depth)
+        scan_tar_head(s, source, depth)
+    elif loader_of(head, None, source.size) == "pickle":
+        bare_pickle(s, stream_head(source, s.limits, 0), where, depth)
 
 
 def scan(f: FileLike | bytes, *, limits: Limits | None = None,
-         storage_options: StorageOptions = None) -> ScanResult:
+         storage_options: StorageOptions = None, whole: bool = True) -> ScanResult:
     """Statically scan a checkpoint: every global, call target and anomaly, with verdicts.
 
     Nothing is imported, called or unpickled.  The scan reads records and
@@ -140,6 +165,10 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
         ``max_depth`` decide the hazard findings).
     storage_options : dict, optional
         For a URL: fsspec's options for its backend.
+    whole : bool
+        A checkpoint folder: its checkpoint and every other file in it and under it a
+        loader reads (:mod:`ptfile.scanning.folders`); False: its checkpoint only (a bulk
+        walk scans the others as inputs of their own).
 
     Returns
     -------
@@ -164,38 +193,52 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
     if record.kind is InputKind.FOLDER:
         raise record.many_files("scan them in bulk (ptfile.bulk.scan, or the command line's scan "
                                "of the folder)")
-    if record.kind.is_dcp_readable:  # a DCP checkpoint: its pickles, each a file
-        from .dcp import scan_directory  # (the DCP metadata model imports numpy)
+    if record.is_folder:
+        def scan_file(path: object) -> ScanResult:
+            return scan(path, limits=limits, storage_options=storage_options)  # type: ignore[arg-type]
 
-        return scan_directory(record, lambda data: scan(data, limits=limits),
-                              limits=limits)
-    if record.kind is InputKind.ZERO:  # every rank file, DeepSpeed's classes as data
-        from .dcp import scan_zero
+        if not whole:
+            return _scan_checkpoint_folder(record, scan_file, limits, tags=True)
+        from .folders import scan_folder  # its walk reaches a ZeRO run folder's tag folders
 
-        return scan_zero(record, lambda path: scan(path, limits=limits,
-                                                   storage_options=storage_options),
-                         limits=limits)
-    if record.is_folder:  # a checkpoint set: every checkpoint file in it
-        from .dcp import scan_set
-
-        return scan_set(record, lambda path: scan(path, limits=limits,
-                                                  storage_options=storage_options))
+        return scan_folder(record, lambda r: _scan_checkpoint_folder(r, scan_file, limits),
+                           scan_file)
     f = record.location
     source = bytes_source(bytes(f)) if isinstance(f, (bytes, bytearray, memoryview)) \
         else open_any(f, storage_options=storage_options, mmap=is_path(local_path(f)),
                       access="r", lazy=True, limits=limits)
     try:
-        state = Scan(limits, _scan_source)
+        state = Scan(limits, _scan_source, file=source)
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
         if source.size == 0:
             state.add("format", Verdict.UNKNOWN, "file", 0, message="empty file")
             fmt = "unknown"
-        else:
-            fmt = _scan_source(state, source, "", 0)
-        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        else:  # torch.load's dispatch by name: only a .safetensors path is safetensors
+            fmt = _scan_source(state, source, "", 0,
+                               torch_reads_safetensors(None if name is None else str(name)))
         _raise_if_damaged(state.findings)
         return ScanResult(str(name) if name is not None else None, fmt, tuple(state.findings))
     finally:
         source.close()
+
+
+def _scan_checkpoint_folder(record: Input, scan_file: Callable[[object], ScanResult],
+                            limits: Limits, *, tags: bool = False) -> ScanResult:
+    """A checkpoint folder's checkpoint, as its kind: a DCP checkpoint's pickles, a ZeRO
+    folder's rank files (``tags``: a run folder's latest tag folder too), or every
+    checkpoint file of a set."""
+    if record.kind.is_dcp_readable:
+        from .dcp import scan_directory  # (the DCP metadata model imports numpy)
+
+        return scan_directory(record, lambda data: scan(data, limits=limits),
+                              limits=limits)
+    if record.kind is InputKind.ZERO:  # DeepSpeed's classes read as data
+        from .dcp import scan_zero
+
+        return scan_zero(record, scan_file, limits=limits, tags=tags)
+    from .dcp import scan_set
+
+    return scan_set(record, scan_file)
 
 
 #: Findings that say the file cannot be read, not what it would run: the container or

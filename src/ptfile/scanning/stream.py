@@ -15,6 +15,7 @@ format (:mod:`.scanner`), which a nested ZIP is handed to.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,8 +34,8 @@ from .nested import looks_like_payload, may_hold_payload, nested_payload
 from .reads import next_head
 from .verdicts import Finding, Verdict, codec_is_standard, verdict_of
 
-__all__ = ["Scan", "bare_pickle", "bytes_source", "looks_like_pickle", "scan_file_stream",
-           "scan_pickle", "scan_stream", "tag"]
+__all__ = ["Scan", "bare_pickle", "bytes_source", "in_file", "looks_like_pickle",
+           "scan_file_stream", "scan_pickle", "scan_stream", "tag"]
 
 
 #: Bytes that are an opcode: a pickle may start with any of them.
@@ -60,6 +61,9 @@ class Scan:
     findings: list[Finding] = field(default_factory=list)
     #: Nested scans left (``Limits.max_nested_scans`` at first), shared by the probes.
     budget: list[int] = field(default_factory=list)
+    #: The file scanned (its source): offsets in it are bytes of the file
+    #: (:attr:`Finding.file_offset`); None when scanning bytes.
+    file: Source | None = None
 
     def __post_init__(self) -> None:
         if not self.budget:
@@ -70,7 +74,12 @@ class Scan:
 
     def probe(self) -> Scan:
         """A scan whose findings are kept only if the caller decides so (same budget)."""
-        return Scan(self.limits, self.scan_source, budget=self.budget)
+        return Scan(self.limits, self.scan_source, budget=self.budget, file=self.file)
+
+    def at(self, source: Source, offset: int | None) -> int | None:
+        """``offset`` in ``source`` as a byte of the file: itself when ``source`` is the
+        file scanned, else None (a window, a record's bytes)."""
+        return offset if source is self.file else None
 
     def spend(self, where: str) -> bool:
         """Take one nested scan from the budget; False (and one finding) when none is left."""
@@ -292,6 +301,22 @@ def scan_stream(s: Scan, data: bytes, where: str, depth: int, count: int = 1) ->
         s.add("stream", Verdict.UNKNOWN, where, pos, message=f"{len(data) - pos} bytes after "
               "STOP: loaders ignore them, other tools may not")
         _scan_trailing(s, data, pos, where, depth)
+
+
+#: What follows a label in the locations of findings in its own bytes: the N-th pickle of
+#: a stream, a pickle after a ``STOP`` (not `` > nested@``: a payload in a constant).
+_OWN_BYTES: Final = re.compile(r"(#\d+)?( \(after STOP@0x[0-9a-f]+\))?")
+
+
+def in_file(findings: list[Finding], label: str, base: int | None) -> list[Finding]:
+    """``findings`` with :attr:`Finding.file_offset` set, ``base`` + ``offset``, for those
+    whose offset is in the bytes of ``label`` (``label``, ``label#N``, ``label (after
+    STOP@...)``), that the file holds from ``base`` on (None: nowhere)."""
+    if base is None:
+        return findings
+    return [dataclasses.replace(f, file_offset=base + f.offset)
+            if f.offset is not None and f.location.startswith(label)
+            and _OWN_BYTES.fullmatch(f.location, len(label)) else f for f in findings]
 
 
 def tag(s: Scan, findings: list[Finding], loaders: tuple[str, ...],

@@ -19,7 +19,7 @@ from .containers import TarMember
 from .loaders import PICKLE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 from .loaders.tar import TarReading
 from .reads import next_head
-from .stream import Scan, scan_file_stream, scan_pickle, tag
+from .stream import Scan, in_file, scan_file_stream, scan_pickle, tag
 from .verdicts import Finding, Verdict
 from .zip import report_anomaly
 
@@ -32,7 +32,7 @@ def scan_tar(s: Scan, source: Source, reading: TarReading, depth: int) -> None:
     searched), and the other members (at most ``unknown``: only other tools read them).
     When ``tarfile`` refuses the archive, torch reads none of it (at most ``unknown``)."""
     for anomaly in reading.anomalies:
-        report_anomaly(s, anomaly, "tar")
+        report_anomaly(s, anomaly, "tar", s.at(source, anomaly.offset))
     if not reading.is_tar:
         s.add("archive", Verdict.UNKNOWN, "tar", 0, "", "tarfile-refuses",
               message=f"torch's tarfile refuses this archive ({reading.why_not}): torch.load "
@@ -57,7 +57,8 @@ def scan_tar(s: Scan, source: Source, reading: TarReading, depth: int) -> None:
         probe = s.probe()
         scan_pickle(probe, reading.data[member.offset], f"tar:{member.name}", region.start,
                      depth)
-        tag(s, probe.findings, region.loaders)
+        tag(s, in_file(probe.findings, f"tar:{member.name}", s.at(source, member.offset)),
+            region.loaders)
     for member, offset in reading.search:
         probe = s.probe()
         _scan_tar_member(probe, reading.data[member.offset], f"tar:{member.name}", offset,

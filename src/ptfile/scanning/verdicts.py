@@ -164,6 +164,13 @@ class Finding:
         The real loaders that would read what the finding is about
         (:data:`ptfile.scanning.loaders.LOADERS`); empty when it is about the file as
         a whole (its format, an archive anomaly every reader meets).
+    file_offset : int or None
+        The byte of the file that ``offset`` names, where the file holds it as it is:
+        an opcode of a bare or legacy stream, of a *stored* ZIP record (the record's data
+        offset plus ``offset``) or of a tar member; an archive header.  None where no
+        byte of the file is it: a record that is compressed, a payload nested in a
+        constant or a window, a file of a folder scanned as one checkpoint.  SARIF's
+        ``region.byteOffset`` is this (:mod:`ptfile.scanning.sarif`).
     """
 
     kind: str
@@ -175,6 +182,7 @@ class Finding:
     opcode: str = ""
     message: str = ""
     loaders: tuple[str, ...] = ()
+    file_offset: int | None = None
 
     @property
     def qualname(self) -> str:

@@ -20,7 +20,7 @@ from ..formats.detection import ZIP_MARKERS, folded_markers, kind_of_markers
 from .containers import Anomaly, Window, ZipEntry, read_member, walk_zip
 from .loaders.zipfamily import Region, ZipModel, zip_regions
 from .pt2 import NATIVE_CODE, UNREADABLE_CONFIG
-from .stream import Scan, bytes_source, scan_stream
+from .stream import Scan, bytes_source, in_file, scan_stream
 from .torchscript import as_torchscript_type, judge_code
 from .verdicts import Finding, Verdict
 
@@ -38,10 +38,11 @@ DIVERGENT_ANOMALIES: Final = frozenset({"duplicate-name", "case-colliding-names"
                                         "local-header-mismatch"})
 
 
-def report_anomaly(s: Scan, anomaly: Anomaly, where: str) -> None:
+def report_anomaly(s: Scan, anomaly: Anomaly, where: str, file_offset: int | None = None) -> None:
     label = anomaly.member or where or "archive"
     verdict = Verdict.DANGEROUS if anomaly.code in DIVERGENT_ANOMALIES else Verdict.UNKNOWN
-    s.add("archive", verdict, label, anomaly.offset, "", anomaly.code, message=anomaly.message)
+    s.add("archive", verdict, label, anomaly.offset, "", anomaly.code, message=anomaly.message,
+          file_offset=file_offset)
 
 
 def scan_zip(s: Scan, source: Source, where: str, depth: int, eocd: int | None = None) -> str:
@@ -54,7 +55,7 @@ def scan_zip(s: Scan, source: Source, where: str, depth: int, eocd: int | None =
         return "unknown"
     entries, anomalies = walked
     for anomaly in anomalies:
-        report_anomaly(s, anomaly, where)
+        report_anomaly(s, anomaly, where, s.at(source, anomaly.offset))
         if depth >= s.limits.max_scan_nesting:
             continue
         if anomaly.region is not None and 0 < anomaly.region[1] < source.size:
@@ -82,8 +83,15 @@ def scan_zip(s: Scan, source: Source, where: str, depth: int, eocd: int | None =
         if data is not None:
             probe = s.probe()
             scan_stream(probe, data, label, depth)
-            s.findings.extend(map(_unread_record, probe.findings))
+            located = in_file(probe.findings, label, _record_base(s, source, entry))
+            s.findings.extend(map(_unread_record, located))
     return fmt
+
+
+def _record_base(s: Scan, source: Source, entry: ZipEntry) -> int | None:
+    """Where the file holds a record's bytes as they are: its data offset when it is stored
+    (method 0) in the file scanned, else None (compressed, or in a nested archive)."""
+    return s.at(source, entry.data_offset) if entry.method == 0 else None
 
 
 def _unread_record(f: Finding) -> Finding:
@@ -136,7 +144,8 @@ def _scan_pt2_record(s: Scan, source: Source, region: Region, label: str,
     if region.how == "native":
         s.add(NATIVE_CODE, Verdict.DANGEROUS, label, entry.header_offset, "",
               entry.name.rsplit("/", 1)[-1], message="AOTInductor compiled code: "
-              "torch.export.load loads the compiled model, which runs native code")
+              "torch.export.load loads the compiled model, which runs native code",
+              file_offset=s.at(source, entry.header_offset))
         return
     data = _read_record(s, source, entry, label)
     if data is None:
@@ -144,9 +153,12 @@ def _scan_pt2_record(s: Scan, source: Source, region: Region, label: str,
     if region.how == "code":
         verdict, message = judge_code(data.decode("utf-8", "replace"), s.limits)
         s.add("torchscript-code", verdict, label, entry.header_offset, "",
-              entry.name.rsplit("/", 1)[-1], message=message)
+              entry.name.rsplit("/", 1)[-1], message=message,
+              file_offset=s.at(source, entry.header_offset))
     elif region.how == "pickle":
+        mark = len(s.findings)
         scan_stream(s, data, label, depth)
+        s.findings[mark:] = in_file(s.findings[mark:], label, _record_base(s, source, entry))
     elif not data:
         return
     elif depth >= s.limits.max_scan_nesting:
@@ -167,9 +179,11 @@ def _read_record(s: Scan, source: Source, entry: ZipEntry, label: str) -> bytes 
         data = read_member(source, entry, s.limits)
     except LimitExceededError as exc:  # a bomb: what it hides is not scanned
         s.add("limit", Verdict.DANGEROUS, label, entry.data_offset, "",
-              "max_inflate_ratio", message=f"not scanned: {exc}")
+              "max_inflate_ratio", message=f"not scanned: {exc}",
+              file_offset=s.at(source, entry.data_offset))
         return None
     if data is None:
         s.add("stream", Verdict.UNKNOWN, label, entry.data_offset,
-              message="record cannot be read (method or bounds)")
+              message="record cannot be read (method or bounds)",
+              file_offset=s.at(source, entry.data_offset))
     return data

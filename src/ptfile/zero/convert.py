@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from .._io.local import atomic_file
+from .._io.atomic import atomic_file
 from ..dcp.consolidate import SHARD_BYTES, write_hf, write_safetensors
 from ..errors import SaveError, UnsupportedFeatureError
 from ..formats.inputs import Input

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .._io.directory import local_names, remote_names
-from .._io.local import Source, is_url
+from .._io.local import Source
+from .._io.paths import is_url
 from .._io.remote import filesystem, open_any
 from ..archive.records import METHOD_STORED
 from ..errors import FormatError, PtfileError, UnsupportedFeatureError, add_note, brief

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from .._io.local import Source, is_url
+from .._io.local import Source
+from .._io.paths import is_url
 from .._io.remote import open_any
 from ..archive import ZipReader
 from ..dcp.reader import ChunkInfo

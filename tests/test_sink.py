@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ptfile.archive import sink as sink_module
-from ptfile.archive.sink import BUFFER_BYTES, DirectSink
+from ptfile._io import sink as sink_module
+from ptfile._io.sink import BUFFER_BYTES, DirectSink
 from ptfile.archive.writer import PARALLEL_CRC_BYTES, ZipWriter
 
 SIZES = [0, 1, 4095, 4096, BUFFER_BYTES - 1, BUFFER_BYTES, BUFFER_BYTES + 1, 2 * BUFFER_BYTES + 7]

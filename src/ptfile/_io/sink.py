@@ -46,9 +46,8 @@ import mmap
 import os
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
     from typing_extensions import Buffer
 
 __all__ = ["BUFFER_BYTES", "PLAIN_BYTES", "DirectSink"]
@@ -102,8 +101,11 @@ class DirectSink:
             raise ValueError(f"plain_bytes must be a multiple of {BUFFER_BYTES}")
         self._fd = fd
         self._plain_left = plain_bytes
+        import numpy  # here, not at import: nothing in ptfile._io imports numpy then
+
+        self._np = numpy
         self._map = mmap.mmap(-1, BUFFER_BYTES)  # page-aligned, as O_DIRECT needs
-        self._buffer = np.frombuffer(self._map, np.uint8)
+        self._buffer: np.ndarray = numpy.frombuffer(self._map, numpy.uint8)
         self._fill = 0
         self._direct = False if plain_bytes else _set_direct(fd, True)
 
@@ -114,6 +116,7 @@ class DirectSink:
             view = self._write_plain(view)
             if not len(view):
                 return
+        np = self._np
         source = np.frombuffer(view, np.uint8)
         done, size = 0, len(source)
         buffer = self._buffer
@@ -163,7 +166,7 @@ class DirectSink:
     def release(self) -> None:
         """Free the buffer without writing it (after a failure); idempotent."""
         self._fill = 0
-        self._buffer = np.empty(0, np.uint8)
+        self._buffer = self._np.empty(0, self._np.uint8)
         if not self._map.closed:
             self._map.close()
 

@@ -35,7 +35,14 @@ from .._io.local import Source
 from .._io.paths import is_url
 from .._io.remote import filesystem, open_any
 from ..archive.records import METHOD_STORED
-from ..errors import FormatError, PtfileError, UnsupportedFeatureError, add_note, brief
+from ..errors import (
+    FormatError,
+    LimitExceededError,
+    PtfileError,
+    UnsupportedFeatureError,
+    add_note,
+    brief,
+)
 from ..formats import open_detected
 from ..formats.detection import detect_source
 from ..formats.options import Policy, ReadOptions
@@ -58,8 +65,6 @@ _UNSUPPORTED: Final = (
 #: The file naming the latest tag, and the universal checkpoint's.
 LATEST: Final = "latest"
 _LATEST_UNIVERSAL: Final = "latest_universal"
-#: The most bytes a ``latest`` file may hold.
-_LATEST_BYTES: Final = 4096
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -97,8 +102,9 @@ def _is_dir(folder: str, storage_options: Mapping[str, Any] | None) -> bool:
 def _read_latest(path: str, storage_options: Mapping[str, Any] | None, limits: Limits) -> str:
     source = open_any(path, storage_options=storage_options, limits=limits, lazy=True)
     try:
-        if source.size > _LATEST_BYTES:
-            raise FormatError(f"{path}: {source.size} bytes, not a tag name")
+        if source.size > limits.max_json_bytes:  # a tag name is a few bytes
+            raise LimitExceededError("max_json_bytes", limits.max_json_bytes, source.size,
+                                     f"{path}: the latest tag")
         text = bytes(source.pread(0, source.size, "the latest tag"))
     finally:
         source.close()

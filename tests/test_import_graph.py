@@ -58,6 +58,8 @@ LAYERS: Final[dict[str, int]] = {
     # 6: checkpoint sets (a .bin model folder, a trainer folder), read part by part with
     # the file reader and, for a safetensors model part, the DCP readers.
     "ptfile.sets": 6,
+    # 6: DeepSpeed ZeRO checkpoints, beside DCP: rank pieces assembled tensor by tensor.
+    "ptfile.zero": 6,
     # 7..10: the front doors, in the order they build on each other.
     "ptfile.api": 7,  # load, save, open, detect_format
     "ptfile.scanning": 8,  # scan

@@ -82,6 +82,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (test_api checks
     )
     from .scanning import Finding, ScanResult, Verdict, scan
     from .scanning.unsafe_globals import get_unsafe_globals_in_checkpoint
+    from .zero import ZeroReader, ZeroSlice, load_zero
 
 __version__ = "0.1.0"
 
@@ -96,6 +97,7 @@ _EXPORTS: Final[dict[str, str]] = {
     "load_dcp": "dcp.load",
     "DCPReader": "dcp.reader", "DCPSlice": "dcp.reader",
     "save_dcp": "dcp.writer",
+    "load_zero": "zero", "ZeroReader": "zero", "ZeroSlice": "zero",
     "DTYPES": "model.dtypes", "DType": "model.dtypes",
     "Format": "formats",
     "ScriptObject": "formats.torchscript", "TorchScriptArchive": "formats.torchscript",
@@ -158,6 +160,8 @@ __all__ = [
     "UnsupportedFeatureError",
     "Verdict",
     "VerifyReport",
+    "ZeroReader",
+    "ZeroSlice",
     "__version__",
     "add_safe_globals",
     "clear_safe_globals",
@@ -172,6 +176,7 @@ __all__ = [
     "load",
     "load_dcp",
     "load_torchscript",
+    "load_zero",
     "open",
     "register_package",
     "safe_globals",

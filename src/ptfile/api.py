@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .dcp.reader import DCPReader
     from .reader import CheckpointReader
     from .sets import SetReader
+    from .zero import ZeroReader
 
 __all__ = ["detect_format", "load", "load_torchscript", "open", "save"]
 
@@ -192,6 +193,10 @@ def _load_folder(record: Input, map_location: MapLocation, mmap: bool | str | No
         from .dcp.load import load_dcp
 
         return load_dcp(record, weights_only=weights_only, structural=structural, limits=limits)
+    if record.kind is InputKind.ZERO:  # DeepSpeed's consolidated state dict
+        from .zero import load_zero
+
+        return load_zero(record, structural=structural, limits=limits)
     from .sets import load_set
 
     def load_file(path: str, part_structural: bool) -> Any:
@@ -398,8 +403,8 @@ def detect_format(f: FileLike | Input, *, limits: Limits | None = None,
     record = resolve_input(f, storage_options)
     kind = record.kind
     if kind.is_folder:
-        return Format.DCP if kind.is_dcp_readable else \
-            Format.SET if kind.is_checkpoint_folder else Format.UNKNOWN
+        return Format.DCP if kind.is_dcp_readable else Format.ZERO if kind is InputKind.ZERO \
+            else Format.SET if kind.is_checkpoint_folder else Format.UNKNOWN
     target: Any = record.location
     position = None if isinstance(target, (str, os.PathLike, bytes, bytearray, memoryview)) \
         else target.tell()
@@ -478,7 +483,7 @@ def load_torchscript(
 
 def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None,
          storage_options: StorageOptions = None, weights_only: bool | None = None,
-         structural: bool = False) -> CheckpointReader | DCPReader | SetReader:
+         structural: bool = False) -> CheckpointReader | DCPReader | SetReader | ZeroReader:
     """Open a checkpoint for lazy, metadata-first reading (``safetensors.safe_open``'s API).
 
     A file (path, file object or URL) opens as :func:`ptfile.reader.open` describes, as a
@@ -537,6 +542,10 @@ def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None
 
         return open_dcp(record, limits=limits, structural=structural,
                         numpy_values=numpy_values)
+    if record.kind is InputKind.ZERO:
+        from .zero import open_zero
+
+        return open_zero(record, limits=limits, structural=structural)
     if record.is_folder:
         from .sets import open_set
 

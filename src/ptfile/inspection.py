@@ -40,6 +40,7 @@ from .model.tree import containers
 from .model.tree import values as values_of
 from .reader import CheckpointReader, TensorInfo
 from .sets import SetReader
+from .zero import ZeroReader
 
 __all__ = ["DiffReport", "Inspection", "Problem", "RecordRow", "VerifyReport", "diff",
            "inspect", "verify"]
@@ -96,8 +97,11 @@ class Inspection:
     shared: dict[str, list[str]] = field(default_factory=dict)
     #: A ``.pt2``'s exported program: its inputs, outputs, parameters, buffers, constants.
     program: ProgramSignature | None = None
-    #: A DCP checkpoint's chunks by tensor (offsets, sizes, file, offset, length).
+    #: A DCP checkpoint's chunks by tensor (offsets, sizes, file, offset, length); a ZeRO
+    #: checkpoint's rank pieces, so described.
     chunks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: A ZeRO checkpoint's layout (:meth:`ptfile.zero.ZeroReader.summary`).
+    zero: dict[str, Any] = field(default_factory=dict)
     #: A checkpoint set's parts (:mod:`ptfile.sets`): role, files, format, tensors and
     #: totals of each; the set's ``tensors`` and ``totals`` are over every part.
     parts: list[dict[str, Any]] = field(default_factory=list)
@@ -127,6 +131,7 @@ class Inspection:
                 "shared_storages": self.shared, "tree": self.tree,
                 **({} if self.program is None else {"program": self.program.to_dict()}),
                 **({"chunks": self.chunks} if self.chunks else {}),
+                **({"zero": self.zero} if self.zero else {}),
                 **({"parts": self.parts} if self.parts else {})}
 
 
@@ -145,7 +150,7 @@ def _program(ck: Any, limits: Limits) -> ProgramSignature | None:
     return read_program(ck.zip_reader, ck.metadata()["prefix"], limits)
 
 
-def _inspection(ck: CheckpointReader | DCPReader | SetReader, path: str | None, size: int,
+def _inspection(ck: CheckpointReader | DCPReader | SetReader | ZeroReader, path: str | None, size: int,
                 limits: Limits = DEFAULT_LIMITS) -> Inspection:
     tensors = list(ck.infos())
     by_storage: dict[str, list[str]] = {}
@@ -157,7 +162,8 @@ def _inspection(ck: CheckpointReader | DCPReader | SetReader, path: str | None, 
                       metadata=ck.metadata(), records=_records(ck), tensors=tensors,
                       tree=_describe(ck.object, names),
                       shared={k: v for k, v in by_storage.items() if len(v) > 1},
-                      program=_program(ck, limits), chunks=_chunks(ck), parts=_parts(ck))
+                      program=_program(ck, limits), chunks=_chunks(ck), parts=_parts(ck),
+                      zero=ck.summary() if isinstance(ck, ZeroReader) else {})
 
 
 def _parts(ck: Any) -> list[dict[str, Any]]:
@@ -181,8 +187,9 @@ def _parts(ck: Any) -> list[dict[str, Any]]:
 
 
 def _chunks(ck: Any) -> dict[str, list[dict[str, Any]]]:
-    """A DCP checkpoint's chunks per tensor (where each is stored); none for a file."""
-    if not isinstance(ck, DCPReader):
+    """A DCP checkpoint's chunks per tensor (where each is stored), a ZeRO checkpoint's
+    pieces; none for a file."""
+    if not isinstance(ck, (DCPReader, ZeroReader)):
         return {}
     return {name: [c.to_dict() for c in ck.chunks(name)] for name in ck}
 
@@ -407,6 +414,13 @@ def _check_part(ck: Any, where: str, report: VerifyReport, progress: Progress | 
     first = len(report.problems)
     if isinstance(ck, DCPReader):
         _check_dcp(ck, report, progress)
+    elif isinstance(ck, ZeroReader):  # each rank file's records, then each tensor assembled
+        for name, archive in ck.archives():
+            first_file = len(report.problems)
+            _check_records(archive, report, progress)
+            report.problems[first_file:] = [Problem(p.severity, f"{name}:{p.where}", p.message)
+                                            for p in report.problems[first_file:]]
+        report.problems += [Problem(*found) for found in ck.check()]
     elif ck.zip_reader is not None:
         _check_records(ck.zip_reader, report, progress)
         _check_layout(ck, report)
@@ -645,7 +659,7 @@ def _named(f: FileLike) -> str | None:
 
 @contextlib.contextmanager
 def _opened(f: FileLike, limits: Limits | None, storage_options: StorageOptions,
-            structural: bool) -> Iterator[CheckpointReader | DCPReader | SetReader]:
+            structural: bool) -> Iterator[CheckpointReader | DCPReader | SetReader | ZeroReader]:
     """:func:`ptfile.open`, with the input's name added to the error it raises: a diff
     reads two inputs, and the user must know which one failed."""
     try:

@@ -33,7 +33,7 @@ torch.manual_seed(24)
 
 #: The members that are not a file's format to read: a folder's, none, and one refused by
 #: name (formats.REFUSALS).
-NO_ENTRY = frozenset({Format.DCP, Format.SET, Format.UNKNOWN, Format.TORCHSCRIPT_JSON})
+NO_ENTRY = frozenset({Format.DCP, Format.SET, Format.ZERO, Format.UNKNOWN, Format.TORCHSCRIPT_JSON})
 
 
 # --------------------------------------------------------------------------- the table

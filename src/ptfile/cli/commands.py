@@ -139,7 +139,8 @@ def _render_header(ins: Inspection, out: TextIO) -> None:
     meta = ins.metadata
     kind = meta.get("format", ins.format) if ins.format in ("dcp", "set") else ins.format
     out.write(f"{shown(ins.path or '<stream>')}: {shown(kind)} checkpoint, {size(ins.file_size)}\n")
-    keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix")
+    keys = ("version", "byteorder", "storage_alignment", "format_version", "prefix", "stage",
+            "world_size", "tag", "optimizer", "model_dtype", "ds_version")
     details = " · ".join(f"{k} {shown(meta[k])}" for k in keys if k in meta)
     if details:
         out.write(f"  {details}\n")
@@ -168,10 +169,26 @@ def _render_parts(ins: Inspection, out: TextIO) -> None:
     table(rows, out)
 
 
+def _render_zero(zero: dict[str, Any], out: TextIO) -> None:
+    """A ZeRO checkpoint's flat groups (the elements each rank saved) and special names."""
+    rows = [["group", "params", "elements", "per rank"]]
+    rows += [[str(g["index"]), str(len(g["params"])), f"{g['numel']:,}",
+              " ".join(f"{n:,}" for n in g["rank_numels"])] for g in zero["groups"]]
+    out.write(f"\nZeRO-{zero['stage']} flat groups ({len(zero['groups'])}, "
+              f"{zero['world_size']} ranks)\n")
+    table(rows, out)
+    for label, names in (("buffers", zero["buffers"]), ("frozen", zero["frozen"]),
+                         ("tied", [f"{a} -> {t}" for a, t in zero["tied"].items()])):
+        if names:
+            out.write(f"  {label}: {', '.join(shown(n) for n in names)}\n")
+
+
 def _render_inspection(ins: Inspection, out: TextIO, limit: int) -> None:
     _render_header(ins, out)
     if ins.parts:
         _render_parts(ins, out)
+    if ins.zero:
+        _render_zero(ins.zero, out)
     if ins.program is not None:
         out.write("\n" + "".join(inert(line) + "\n" for line in ins.program.lines()))
     shared = set(ins.shared)
@@ -290,7 +307,10 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     with _progress(0, "convert", not args.no_progress, unit="shard") as step:
         summary = convert.convert(record, args.output, to=to, shared=args.shared,
                                   on_step=step, storage_options=_options(args),
-                                  structural=args.structural, npz_upcast=args.npz_upcast)
+                                  structural=args.structural, npz_upcast=args.npz_upcast,
+                                  zero={"tag": args.tag, "exclude_frozen": args.exclude_frozen,
+                                        "dtype": args.dtype,
+                                        "frozen_from_module": args.frozen_from_module})
     if args.json:
         _print_json(summary, out)
     else:
@@ -476,6 +496,16 @@ def _args_convert(p: argparse.ArgumentParser) -> None:
                    "as PATH says: JSON Lines)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--structural", action="store_true", help=_STRUCTURAL_HELP)
+    zero = p.add_argument_group("DeepSpeed ZeRO folders (as zero_to_fp32.py)")
+    zero.add_argument("--tag", help="the tag folder to read (default: the one 'latest' names)")
+    zero.add_argument("--exclude-frozen", action="store_true",
+                      help="leave out the frozen parameters")
+    zero.add_argument("--frozen-from-module", action="store_true",
+                      help="ZeRO-1: take the frozen parameters (which it does not record) from "
+                           "the model file, in the model's bit16 dtype")
+    zero.add_argument("--dtype", choices=("fp32", "fp16", "bf16"),
+                      help="floating tensors' output dtype (default fp32; integer and bool "
+                           "buffers keep theirs)")
 
 
 def _args_verify(p: argparse.ArgumentParser) -> None:

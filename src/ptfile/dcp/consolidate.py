@@ -44,7 +44,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -85,7 +85,7 @@ from .load import (
     tensor_item,
 )
 
-__all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp"]
+__all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp", "write_hf", "write_safetensors"]
 
 #: The most bytes read from a data file at once, into one reused buffer.
 SLAB_BYTES: Final = 16 << 20
@@ -309,68 +309,78 @@ def _write_pt(reader: _Reader, dst: str) -> int:
     return len(fqn_of)
 
 
-def _write_safetensors(reader: _Reader, dst: str, fqns: list[str]) -> Layout:
-    """One safetensors file of ``fqns``, each tensor assembled as the writer asks for it."""
-    meta = reader.meta
-    planned = []
-    for fqn in fqns:
-        item = meta.state_dict_metadata[fqn]
-        assert isinstance(item, TensorStorageMetadata)
-        planned.append(Planned(fqn, item.dtype, tuple(item.size)))
+#: The tensor of a name, as raw elements (any dtype of the right itemsize).
+TensorOf = Callable[[str], np.ndarray]
+
+
+def write_safetensors(dst: str, planned: list[Planned], tensor_of: TensorOf,
+                      aliases: Mapping[str, str]) -> Layout:
+    """One safetensors file of ``planned``, each tensor asked of ``tensor_of`` as the
+    writer wants it; ``aliases`` (``{alias: kept}``) of the tensors kept in it are
+    recorded under ``ptfile.aliases``."""
     metadata = {"format": "pt"}
-    kept = set(fqns)
-    aliases = {a: k for a, k in sorted(reader.aliases.items()) if k in kept}
-    if aliases:
-        metadata[ALIASES] = json.dumps(aliases, sort_keys=True)
-    return save_file(dst, planned, lambda t: reader.tensor(t.name), metadata)
+    kept = {t.name for t in planned}
+    found = {a: k for a, k in sorted(aliases.items()) if k in kept}
+    if found:
+        metadata[ALIASES] = json.dumps(found, sort_keys=True)
+    return save_file(dst, planned, lambda t: tensor_of(t.name), metadata)
 
 
 def _tensor_fqns(meta: Metadata) -> list[str]:
     return [f for f, i in meta.state_dict_metadata.items() if isinstance(i, TensorStorageMetadata)]
 
 
-def _shards(meta: Metadata, fqns: list[str], most: int) -> list[list[str]]:
-    """huggingface_hub's split: in order, a new shard when the next tensor would tip it over
-    ``most`` bytes; a tensor larger than that alone in its own."""
-    shards: list[list[str]] = []
-    current: list[str] = []
-    size = 0
-    for fqn in fqns:
+def _planned(meta: Metadata) -> list[Planned]:
+    """Every tensor of the DCP metadata, in checkpoint order."""
+    out = []
+    for fqn in _tensor_fqns(meta):
         item = meta.state_dict_metadata[fqn]
         assert isinstance(item, TensorStorageMetadata)
-        nbytes = math.prod(item.size) * item.dtype.itemsize
+        out.append(Planned(fqn, item.dtype, tuple(item.size)))
+    return out
+
+
+def _shards(planned: list[Planned], most: int) -> list[list[Planned]]:
+    """huggingface_hub's split: in order, a new shard when the next tensor would tip it over
+    ``most`` bytes; a tensor larger than that alone in its own."""
+    shards: list[list[Planned]] = []
+    current: list[Planned] = []
+    size = 0
+    for tensor in planned:
+        nbytes = tensor.nbytes
         if nbytes > most:
-            shards.append([fqn])
+            shards.append([tensor])
             continue
         if size + nbytes > most:
             shards.append(current)
             current, size = [], 0
-        current.append(fqn)
+        current.append(tensor)
         size += nbytes
     if current or not shards:
         shards.append(current)
     return shards
 
 
-def _write_hf(reader: _Reader, out: str, shard_bytes: int) -> tuple[str, int, int]:
-    """The sharded folder; return the index (or only file), tensors and shards written."""
-    meta = reader.meta
-    fqns = _tensor_fqns(meta)
-    shards = _shards(meta, fqns, shard_bytes)
+def write_hf(out: str, planned: list[Planned], tensor_of: TensorOf, aliases: Mapping[str, str],
+             shard_bytes: int) -> tuple[str, int, int]:
+    """Hugging Face's sharded folder of ``planned`` (:func:`write_safetensors` per shard,
+    ``aliases`` declared in the index too); return the index (or only file), the tensors
+    and the shards written."""
+    shards = _shards(planned, shard_bytes)
     os.makedirs(out, exist_ok=True)
     if len(shards) == 1:
         target = os.path.join(out, "model.safetensors")
-        return target, len(_write_safetensors(reader, target, shards[0]).order), 1
+        return target, len(write_safetensors(target, shards[0], tensor_of, aliases).order), 1
     weight_map: dict[str, str] = {}
     total = 0
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        total += _write_safetensors(reader, os.path.join(out, name), shard).data_size
-        weight_map.update(dict.fromkeys(shard, name))
+        total += write_safetensors(os.path.join(out, name), shard, tensor_of, aliases).data_size
+        weight_map.update(dict.fromkeys((t.name for t in shard), name))
     index = os.path.join(out, "model.safetensors.index.json")
-    declared = {ALIASES: dict(sorted(reader.aliases.items()))} if reader.aliases else None
+    declared = {ALIASES: dict(sorted(aliases.items()))} if aliases else None
     save_index(index, weight_map, total, declared)
-    return index, len(fqns), len(shards)
+    return index, len(planned), len(shards)
 
 
 def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str], *,
@@ -428,9 +438,11 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
                 out, count, shards = target, _write_pt(reader, target), 0
             elif kind == "safetensors":
                 out, shards = target, 0
-                count = len(_write_safetensors(reader, target, _tensor_fqns(meta)).order)
+                count = len(write_safetensors(target, _planned(meta), reader.tensor,
+                                              reader.aliases).order)
             elif kind == "hf":
-                out, count, shards = _write_hf(reader, target, shard_bytes)
+                out, count, shards = write_hf(target, _planned(meta), reader.tensor,
+                                              reader.aliases, shard_bytes)
             else:
                 raise UnsupportedFeatureError(f"cannot convert a DCP checkpoint to {kind!r}")
         finally:

@@ -39,7 +39,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from .. import api
@@ -291,7 +291,7 @@ _UPLOAD_CHUNK_BYTES = 8 << 20
 def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedupe",
             on_step: Callable[[int], None] | None = None,
             storage_options: StorageOptions = None, structural: bool = False,
-            npz_upcast: bool = False) -> dict[str, Any]:
+            npz_upcast: bool = False, zero: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Convert ``src`` to ``dst`` as ``to``; a ``*.index.json`` source converts every shard.
 
     Returns
@@ -301,7 +301,9 @@ def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedu
         docstring; :func:`describe` words it).
 
     A DCP directory converts tensor by tensor (:mod:`ptfile.dcp.consolidate`) to ``to``
-    ``"pt"``, ``"safetensors"`` or ``"hf"`` (a sharded folder).
+    ``"pt"``, ``"safetensors"`` or ``"hf"`` (a sharded folder), and so does a DeepSpeed
+    ZeRO folder (:mod:`ptfile.zero.convert`), with ``zero``'s options (``tag``,
+    ``exclude_frozen``, ``dtype``: :func:`ptfile.zero.convert.convert_zero`'s).
 
     Raises
     ------
@@ -311,6 +313,19 @@ def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedu
     record = resolve_input(src, storage_options)
     if record.kind is InputKind.FOLDER:
         raise record.many_files("convert them in bulk (ptfile.bulk.convert, or --out-prefix)")
+    if zero and any(v not in (None, False) for v in zero.values()) \
+            and record.kind is not InputKind.ZERO:
+        raise UnsupportedFeatureError(f"{', '.join(k for k, v in zero.items() if v)}: options "
+                                      f"of DeepSpeed ZeRO folders; {record.label} is "
+                                      f"{record.kind.value}")
+    if record.kind is InputKind.ZERO:
+        from ..zero.convert import convert_zero
+
+        options = {k: v for k, v in (zero or {}).items() if v is not None}
+        summary = convert_zero(record, dst, to=to, shared=shared, **options)
+        if on_step is not None:
+            on_step(1)
+        return summary
     if record.is_folder:
         summary = _convert_folder(record, dst, to, shared, npz_upcast, on_step)
         if on_step is not None:

@@ -133,6 +133,9 @@ class Format(enum.Enum):
     #: A checkpoint set: a Hugging Face ``.bin`` model folder or a trainer folder
     #: (:mod:`ptfile.formats.inputs`, read by :mod:`ptfile.sets`).
     SET = "set"
+    #: A DeepSpeed ZeRO checkpoint folder (:mod:`ptfile.formats.inputs`, read by
+    #: :mod:`ptfile.zero`).
+    ZERO = "zero"
     UNKNOWN = "unknown"
 
 

@@ -24,6 +24,11 @@ kind            what it is (a folder's own files; subfolders are not looked at)
                 form above) beside parts :data:`ROLES` names (``optimizer.pt``,
                 ``scheduler.pt``, ``rng_state*.pth``, ``trainer_state.json``,
                 ``training_args.bin``...); any other checkpoint file in it is a part too
+``zero``        a DeepSpeed ZeRO checkpoint: a tag folder (``global_step2/``: one
+                optimizer file per rank, ``*zero_pp_rank_<r>_mp_rank_00_optim_states.pt``,
+                and ``*mp_rank_00_model_states.pt``), or the run folder above it
+                (``latest`` or ``zero_to_fp32.py``, and no other checkpoint file);
+                read by :mod:`ptfile.zero`
 ``folder``      anything else: many files, each its own checkpoint
 ==============  ==============================================================================
 
@@ -96,6 +101,13 @@ ROLES: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("training_args", re.compile(r"training_args\.bin")),
 )
 
+#: A ZeRO tag folder's rank files (:mod:`ptfile.zero.files` reads them).
+_ZERO_RANK_FILE: Final = re.compile(
+    r"(?:(?:bf16_|fp16_)?zero_pp_rank_\d+_)?mp_rank_\d+_(?:model|optim)_states\.pt"
+    r"|layer_\d+-model_states\.pt|expp_rank_\d+_mp_rank_\d+_model_states\.pt")
+#: What DeepSpeed's rank 0 writes beside the tag folders of a run folder.
+_ZERO_RUN_FILES: Final = frozenset({"latest", "zero_to_fp32.py"})
+
 #: The URL schemes whose folders cannot be listed (a listing would fetch the page).
 _FLAT_SCHEMES: Final = frozenset({"http", "https"})
 
@@ -109,6 +121,7 @@ class InputKind(enum.Enum):
     SHARDS = "shards"
     MODEL = "model"
     TRAINER = "trainer"
+    ZERO = "zero"
     FOLDER = "folder"
 
     @property
@@ -273,6 +286,10 @@ def folder_kind(names: Iterable[str]) -> InputKind:
     <InputKind.TRAINER: 'trainer'>
     >>> folder_kind(["adapter.safetensors", "model.pt"])  # two checkpoints side by side
     <InputKind.FOLDER: 'folder'>
+    >>> folder_kind(["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"])
+    <InputKind.ZERO: 'zero'>
+    >>> folder_kind(["latest", "zero_to_fp32.py"])  # the run folder above global_step2/
+    <InputKind.ZERO: 'zero'>
     """
     return _classify(list(names))[0]
 
@@ -294,6 +311,8 @@ def checkpoint_files(names: Iterable[str]) -> tuple[InputKind, frozenset[str]]:
     if kind is InputKind.DCP:
         return kind, frozenset(n for n in names if DCP_METADATA_NAME.fullmatch(n)
                                or n.endswith(".distcp"))
+    if kind is InputKind.ZERO:  # a tag folder's rank files (a run folder's tags are folders)
+        return kind, frozenset(n for n in names if _ZERO_RANK_FILE.fullmatch(n))
     return kind, frozenset(n for p in parts for n in (*p.files, *([p.index] if p.index else [])))
 
 
@@ -301,6 +320,8 @@ def _classify(names: list[str]) -> tuple[InputKind, tuple[Part, ...]]:
     """The kind of a folder holding ``names`` and, for a set, its parts."""
     if any(DCP_METADATA_NAME.fullmatch(n) for n in names):
         return InputKind.DCP, ()
+    if _is_zero(names):
+        return InputKind.ZERO, ()
     roles: list[Part] = []
     rest: list[str] = []
     for name in names:
@@ -321,6 +342,15 @@ def _classify(names: list[str]) -> tuple[InputKind, tuple[Part, ...]]:
         return (InputKind.SHARDS if model.form == "shards" else InputKind.MODEL), (model,)
     others = tuple(Part(os.path.splitext(n)[0], (n,)) for n in left)
     return InputKind.TRAINER, (*((model,) if model else ()), *roles, *others)
+
+
+def _is_zero(names: list[str]) -> bool:
+    """A ZeRO tag folder (an optimizer rank file among its checkpoint files, all rank
+    files), or its run folder (``latest``/``zero_to_fp32.py`` and no checkpoint file)."""
+    checkpoints = [n for n in names if _is_checkpoint(n)]
+    if any(n.endswith("_optim_states.pt") for n in checkpoints):
+        return all(_ZERO_RANK_FILE.fullmatch(n) for n in checkpoints)
+    return not checkpoints and bool(_ZERO_RUN_FILES.intersection(names))
 
 
 def read_index(text: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> dict[str, str]:

@@ -44,6 +44,11 @@ class Policy(enum.Enum):
     STRICT_NUMPY = "strict, numpy values"
     #: STRUCTURAL, and numpy values read as data.
     STRUCTURAL_NUMPY = "structural, numpy values"
+    #: STRICT, and DeepSpeed's checkpoint classes read as inert records
+    #: (:mod:`ptfile.formats.deepspeed`): the files of a ZeRO checkpoint.
+    STRICT_DEEPSPEED = "strict, deepspeed classes"
+    #: STRUCTURAL, and DeepSpeed's checkpoint classes read as inert records.
+    STRUCTURAL_DEEPSPEED = "structural, deepspeed classes"
 
     @classmethod
     def of(cls, *, structural: bool, numpy_values: bool = False) -> Policy:

@@ -23,6 +23,8 @@ policy              resolves                                                    
 :func:`plain`       nothing: any global is damage                               legacy header pickles
 :func:`numpy_values` :data:`ptfile.NUMPY_GLOBALS` (numpy values as data), then a   a DCP checkpoint's
                     base policy                                                 non-tensor items
+:func:`deepspeed`   DeepSpeed's checkpoint classes as inert records             the files of a ZeRO
+                    (:mod:`.deepspeed`), then a base policy                     checkpoint
 :func:`dcp`         exactly the names a DCP ``.metadata`` holds                 ``ptfile.load_dcp``
                     (:mod:`.dcp_metadata`: torch's dataclasses as per-load
                     records, ``torch.Size``, dtypes, the layout,
@@ -52,11 +54,12 @@ from ..allowlist.structural import StandInType, make_stand_in
 from ..errors import FormatError, PickleStreamError, UnsafeGlobalError, UnsupportedFeatureError
 from ..model import dtypes
 from . import dcp_metadata
+from . import deepspeed as deepspeed_classes
 from .options import FindClass, Policy
 from .script_model import JIT_GLOBALS, ScriptObject
 from .storages import fast_tensor_builders
 
-__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "fast", "make", "numpy_values", "plain",
+__all__ = ["Lenient", "Overlay", "StructuralFindClass", "dcp", "deepspeed", "fast", "make", "numpy_values", "plain",
            "script", "strict", "structural"]
 
 #: A handler for the names of one module root: an object, or None to defer to the base.
@@ -267,6 +270,23 @@ def dcp() -> FindClass:
     return Overlay(_not_dcp, names=names)
 
 
+def deepspeed(base: FindClass) -> FindClass:
+    """``base``'s policy with DeepSpeed's checkpoint classes read as inert data, fresh for
+    one load (:mod:`.deepspeed`): how a ZeRO checkpoint's files are read.
+
+    Examples
+    --------
+    >>> find = deepspeed(strict())
+    >>> find("deepspeed.runtime.zero.config", "ZeroStageEnum")(2)
+    2
+    >>> find("deepspeed.utils.tensor_fragment", "fragment_address")
+    <class 'ptfile.formats.deepspeed.fragment_address'>
+    """
+    names: dict[tuple[str, str], Any] = dict(deepspeed_classes.record_classes())
+    names[deepspeed_classes.ZERO_STAGE] = CallOnly(deepspeed_classes.zero_stage)
+    return Overlay(base, names=names)
+
+
 #: Each named policy: its ``find_class`` maker, and the maker of its bulk form (the ZIP
 #: reader's fast tensor constructors; the structural policy has none).
 _MAKERS: dict[Policy, tuple[Callable[[], FindClass], Callable[[], FindClass]]] = {
@@ -275,6 +295,9 @@ _MAKERS: dict[Policy, tuple[Callable[[], FindClass], Callable[[], FindClass]]] =
     Policy.STRICT_NUMPY: (lambda: numpy_values(strict()), lambda: numpy_values(strict())),
     Policy.STRUCTURAL_NUMPY: (lambda: numpy_values(structural()),
                               lambda: numpy_values(structural())),
+    Policy.STRICT_DEEPSPEED: (lambda: deepspeed(strict()), lambda: deepspeed(fast())),
+    Policy.STRUCTURAL_DEEPSPEED: (lambda: deepspeed(structural()),
+                                  lambda: deepspeed(structural())),
 }
 
 

@@ -42,7 +42,7 @@ from ..formats.inputs import Input, is_checkpoint_name
 from ..limits import Limits
 from .verdicts import Finding, ScanResult, Verdict, raise_if_damaged
 
-__all__ = ["scan_directory", "scan_set"]
+__all__ = ["scan_directory", "scan_set", "scan_zero"]
 
 ScanBytes = Callable[[bytes], ScanResult]
 #: The name of the finding of an item read from outside the checkpoint folder.
@@ -84,6 +84,46 @@ def scan_set(record: Input, scan_file: Callable[[str], ScanResult]) -> ScanResul
             continue
         findings += [dataclasses.replace(f, location=f"{name}:{f.location}")
                      for f in result.findings]
+    return ScanResult(record.label, record.kind.value, tuple(findings))
+
+
+def _is_deepspeed_class(module: str, name: str) -> bool:
+    """Whether ``module.name`` is one of DeepSpeed's checkpoint classes ptfile reads as
+    inert data (:mod:`ptfile.formats.deepspeed`)."""
+    try:
+        policies.deepspeed(policies.plain)(module, name)
+    except PtfileError:
+        return False
+    return True
+
+
+def scan_zero(record: Input, scan_file: Callable[[Any], ScanResult], *, limits: Limits,
+              tags: bool = True) -> ScanResult:
+    """The findings of every checkpoint file of a DeepSpeed ZeRO checkpoint: a tag folder's
+    model and optimizer files, each scanned whole; for a run folder, with ``tags``, those of
+    the tag folder ``latest`` names, located as ``<tag>/<file>:…`` (a whole-folder scan
+    walks every tag folder instead: :mod:`ptfile.scanning.folders`).  DeepSpeed's own
+    checkpoint classes (``ZeroStageEnum``, the loss scalers, ``fragment_address``), which
+    ptfile reads as inert records, are allowed; anything else (a ``client_state`` object)
+    keeps the scanner's verdict."""
+    from ..zero.files import tag_folder
+
+    location = str(record.location)
+    folder, tag, names = location, "", list(record.names)
+    if tags:
+        try:
+            folder, tag, names = tag_folder(location, names, None, record.storage_options,
+                                            limits)
+        except PtfileError:  # no latest: the folder's own files
+            pass
+    inner = Input(record.kind, record.given, folder, record.storage_options, tuple(names))
+    findings: list[Finding] = []
+    for f in scan_set(inner, scan_file).findings:
+        if f.kind == "global" and f.verdict is not Verdict.ALLOWED \
+                and _is_deepspeed_class(f.module, f.name):
+            f = dataclasses.replace(f, verdict=Verdict.ALLOWED)
+        where = f"{tag}/{f.location}" if tag and folder != location else f.location
+        findings.append(dataclasses.replace(f, location=where))
     return ScanResult(record.label, record.kind.value, tuple(findings))
 
 

@@ -196,8 +196,8 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
             return scan(path, limits=limits, storage_options=storage_options)  # type: ignore[arg-type]
 
         if not whole:
-            return _scan_checkpoint_folder(record, scan_file, limits)
-        from .folders import scan_folder
+            return _scan_checkpoint_folder(record, scan_file, limits, tags=True)
+        from .folders import scan_folder  # its walk reaches a ZeRO run folder's tag folders
 
         return scan_folder(record, lambda r: _scan_checkpoint_folder(r, scan_file, limits),
                            scan_file)
@@ -221,14 +221,19 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
 
 
 def _scan_checkpoint_folder(record: Input, scan_file: Callable[[object], ScanResult],
-                            limits: Limits) -> ScanResult:
-    """A checkpoint folder's checkpoint, as its kind: a DCP checkpoint's pickles, or every
+                            limits: Limits, *, tags: bool = False) -> ScanResult:
+    """A checkpoint folder's checkpoint, as its kind: a DCP checkpoint's pickles, a ZeRO
+    folder's rank files (``tags``: a run folder's latest tag folder too), or every
     checkpoint file of a set."""
     if record.kind.is_dcp_readable:
         from .dcp import scan_directory  # (the DCP metadata model imports numpy)
 
         return scan_directory(record, lambda data: scan(data, limits=limits),
                               limits=limits)
+    if record.kind is InputKind.ZERO:  # DeepSpeed's classes read as data
+        from .dcp import scan_zero
+
+        return scan_zero(record, scan_file, limits=limits, tags=tags)
     from .dcp import scan_set
 
     return scan_set(record, scan_file)

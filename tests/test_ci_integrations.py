@@ -275,22 +275,29 @@ def scan_code(*args: object, cwd: Path | None = None) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real Trainer run's checkpoint folder (rng_state.pth holds np.random.get_state())."""
+    """A real Trainer run's state and arguments (rng_state.pth holds np.random.get_state(),
+    training_args.bin TrainingArguments) copied out of their checkpoint folder: there a
+    scan allows them by their role (test_folders), here they are loose files."""
     folder = make_zoo(tmp_path_factory.mktemp("zoo"))["trainer"]
-    assert (folder / "rng_state.pth").exists() and (folder / "training_args.bin").exists()
-    return folder
+    loose = tmp_path_factory.mktemp("loose")
+    # other names: rng_state.pth and training_args.bin side by side make a trainer folder
+    shutil.copy(folder / "rng_state.pth", loose / "rng.pth")
+    shutil.copy(folder / "training_args.bin", loose / "args.bin")
+    (loose / "model.pt").write_bytes((folder / "optimizer.pt").read_bytes())
+    return loose
 
 
 def test_a_trainer_folder_passes_with_a_precise_allow_list(trainer: Path) -> None:
     assert scan_code(trainer)[0] == 3                        # unknown globals by default
-    assert scan_code(trainer / "rng_state.pth")[0] == 3      # numpy's names
-    assert scan_code(trainer / "rng_state.pth", "--allow-numpy")[0] == 0
+    assert scan_code(trainer / "rng.pth")[0] == 3            # numpy's names
+    assert scan_code(trainer / "rng.pth", "--allow-numpy")[0] == 0
     assert scan_code(trainer, "--allow-numpy")[0] == 3       # TrainingArguments still unknown
     allow = [arg for name in TRAINER_ALLOW for arg in ("--allow", name)]
     assert scan_code(trainer, *allow)[0] == 3                # and numpy without --allow-numpy
     code, text = scan_code(trainer, "--allow-numpy", *allow, "--json")
     assert code == 0, text
-    findings = json.loads(text)["findings"]
+    records = [json.loads(line) for line in text.splitlines()]
+    findings = [f for r in records if r.get("result") for f in r["result"]["findings"]]
     allowed_by = {f["name"]: f["message"] for f in findings if "(allowed: " in f["message"]}
     assert allowed_by["TrainingArguments"].endswith("(allowed: --allow transformers.training_args.*)")
     assert allowed_by["ndarray"].endswith("(allowed: --allow-numpy)")
@@ -298,7 +305,7 @@ def test_a_trainer_folder_passes_with_a_precise_allow_list(trainer: Path) -> Non
 
 def test_the_pyproject_table_is_read_from_the_repository(trainer: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    shutil.copytree(trainer, repo / "runs" / "checkpoint-2")
+    shutil.copytree(trainer, repo / "runs" / "checkpoint-2")  # loose files, no trainer folder
     (repo / ".git").mkdir()  # the walk up stops at the repository's root
     names = ", ".join(json.dumps(n) for n in TRAINER_ALLOW)
     (repo / "pyproject.toml").write_text(f"[tool.ptfile]\nallow = [{names}]\nallow-numpy = true\n")

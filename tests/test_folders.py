@@ -227,11 +227,25 @@ def test_scan_reads_every_file_of_a_set(zoo: dict[str, Any], tmp_path: Path) -> 
     import shutil
 
     _cli("scan", zoo["bin_sharded"])
-    # a trainer folder: training_args.bin names transformers' classes (unknown, exit 3)
-    done = _cli("scan", zoo["trainer"], "--json", check=3)
+    # a trainer folder: its rng_state (numpy) and training_args (transformers' classes)
+    # are allowed by their role, read as data as ptfile.load reads them
+    done = _cli("scan", zoo["trainer"], "--json")
     found = json.loads(done.stdout)
     findings = found["findings"] if isinstance(found, dict) else found[0]["findings"]
-    assert any(f["location"].startswith("training_args.bin:") for f in findings)
+    by_role = [f for f in findings if f["location"].startswith("training_args.bin:")]
+    assert by_role and all(f["verdict"] == "allowed" for f in by_role)
+    assert any("Trainer's arguments" in f["message"] for f in by_role)
+    # ... in those files only: numpy in the optimizer, or another class beside the
+    # arguments, stays unknown
+    moved = tmp_path / "moved"
+    shutil.copytree(zoo["trainer"], moved)
+    (moved / "optimizer.pt").write_bytes((moved / "rng_state.pth").read_bytes())
+    _cli("scan", moved, check=3)
+    other = tmp_path / "other"
+    shutil.copytree(zoo["trainer"], other)
+    (other / "training_args.bin").write_bytes(b"\x80\x02ctransformers.models.auto\nThing\n"
+                                              b")\x81q\x00.")
+    assert "transformers.models.auto.Thing" in _cli("scan", other, check=3).stdout
     # a payload in a part of a set is found, whatever the rest holds
     hostile = tmp_path / "ck"
     shutil.copytree(zoo["trainer"], hostile)

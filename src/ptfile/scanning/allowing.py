@@ -35,7 +35,7 @@ from typing import Final
 from ..errors import PtfileError
 from .verdicts import DANGEROUS_MODULES, DANGEROUS_NAMES, Finding, ScanResult, Verdict, verdict_of
 
-__all__ = ["AllowList", "AllowListError"]
+__all__ = ["ROLE_ALLOWED", "TRAINER_ARGUMENTS", "AllowList", "AllowListError"]
 
 #: Names a pattern is tried on before it is accepted: a global of each dangerous module
 #: and every dangerous name (a pattern matching any is refused).
@@ -95,6 +95,8 @@ class AllowList:
 
     names: tuple[str, ...] = ()
     numpy: bool = False
+    #: What the findings it passes say passed them (default: the option that did).
+    reason: str = ""
 
     def __post_init__(self) -> None:
         for pattern in self.names:
@@ -113,6 +115,8 @@ class AllowList:
             any(fnmatchcase(qualname, p) for p in self.names)
 
     def _why(self, module: str, name: str) -> str:
+        if self.reason:
+            return self.reason
         qualname = f"{module}.{name}"
         if self.numpy and qualname in _numpy_names():
             return "--allow-numpy"
@@ -131,3 +135,36 @@ class AllowList:
             return f
         return dataclasses.replace(f, verdict=Verdict.ALLOWED,
                                    message=f"{f.message} (allowed: {self._why(f.module, f.name)})")
+
+
+#: The classes ``transformers.Trainer`` pickles into ``training_args.bin`` (its arguments
+#: dataclass, the enums and dataclasses it holds, accelerate's state beside them): each is
+#: rebuilt by NEWOBJ and BUILD (a dataclass's ``__dict__``) or an enum's value lookup,
+#: which set attributes and run none of the file's code; ptfile reads the file
+#: structurally (:mod:`ptfile.sets.reader`).  Names outside this list stay ``unknown``.
+TRAINER_ARGUMENTS: Final = (
+    "transformers.training_args.TrainingArguments",
+    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+    "transformers.training_args.OptimizerNames",
+    "transformers.training_args.ParallelMode",
+    "transformers.trainer_utils.SchedulerType",
+    "transformers.trainer_utils.IntervalStrategy",
+    "transformers.trainer_utils.SaveStrategy",
+    "transformers.trainer_utils.HubStrategy",
+    "transformers.trainer_utils.FSDPOption",
+    "transformers.debug_utils.DebugOption",
+    "transformers.trainer_pt_utils.AcceleratorConfig",
+    "accelerate.state.PartialState",
+    "accelerate.utils.dataclasses.DistributedType",
+)
+
+#: What a trainer folder's parts hold by their role (:mod:`ptfile.formats.inputs`), read as
+#: data as :mod:`ptfile.sets` reads them: numpy's RNG state in ``rng_state*.pth``, the
+#: arguments' classes in ``training_args.bin``.  A scan of the folder allows these names in
+#: those files only; the same names anywhere else, and any other name, keep their verdict.
+ROLE_ALLOWED: Final = {
+    "rng_state": AllowList(numpy=True, reason="numpy's RNG state in a trainer folder's "
+                                              "rng_state file, read as data"),
+    "training_args": AllowList(TRAINER_ARGUMENTS, reason="transformers.Trainer's arguments "
+                                                        "in its training_args.bin"),
+}

@@ -70,8 +70,15 @@ def _located(result: ScanResult, where: str, metadata: bool) -> list[Finding]:
 def scan_set(record: Input, scan_file: Callable[[str], ScanResult]) -> ScanResult:
     """The findings of every checkpoint file of a checkpoint set (a ``.bin`` model folder,
     a trainer folder): each file is scanned whole, as the loaders read it by path, its
-    findings located as ``<file>:…``.  A file that cannot be scanned (damaged) is a
+    findings located as ``<file>:…``.  In a trainer folder, the names its parts hold by
+    their role (:data:`~.allowing.ROLE_ALLOWED`: numpy's RNG state, Trainer's arguments)
+    are allowed in those files.  A file that cannot be scanned (damaged) is a
     ``format`` finding of its own, so one bad file does not hide the others'."""
+    from ..sets.reader import role_of
+    from .allowing import ROLE_ALLOWED
+
+    roles = {name: role_of(p) for p in record.parts for name in p.files} \
+        if record.kind is InputKind.TRAINER else {}
     findings: list[Finding] = []
     for name in record.names:
         if not is_checkpoint_name(name):
@@ -82,6 +89,9 @@ def scan_set(record: Input, scan_file: Callable[[str], ScanResult]) -> ScanResul
             findings.append(Finding("format", Verdict.UNKNOWN, name, getattr(exc, "offset", None),
                                     message=f"cannot scan: {exc!s:.300}"))
             continue
+        allowed = ROLE_ALLOWED.get(roles.get(name, ""))
+        if allowed is not None:  # what the part's role says it holds, read as data
+            result = allowed.apply(result)
         findings += [dataclasses.replace(f, location=f"{name}:{f.location}")
                      for f in result.findings]
     return ScanResult(record.label, record.kind.value, tuple(findings))

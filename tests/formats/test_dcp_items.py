@@ -62,7 +62,7 @@ def _four_readers(directory: Path, out: Path, limits: ptfile.Limits | None = Non
             got[name] = type(exc)
     scanned = ptfile.scan(directory, **kw)
     got["scan"] = sorted(f.message.split(": ")[1] for f in scanned.findings
-                         if f.kind == "format")
+                         if f.kind in ("format", "limit"))
     return got
 
 

@@ -35,7 +35,7 @@ from typing import Final
 from ..errors import PtfileError
 from .verdicts import DANGEROUS_MODULES, DANGEROUS_NAMES, Finding, ScanResult, Verdict, verdict_of
 
-__all__ = ["ROLE_ALLOWED", "TRAINER_ARGUMENTS", "AllowList", "AllowListError"]
+__all__ = ["ROLE_ALLOWED", "TRAINER_ARGUMENTS", "AllowList", "AllowListError", "role_allowed"]
 
 #: Names a pattern is tried on before it is accepted: a global of each dangerous module
 #: and every dangerous name (a pattern matching any is refused).
@@ -160,11 +160,18 @@ TRAINER_ARGUMENTS: Final = (
 
 #: What a trainer folder's parts hold by their role (:mod:`ptfile.formats.inputs`), read as
 #: data as :mod:`ptfile.sets` reads them: numpy's RNG state in ``rng_state*.pth``, the
-#: arguments' classes in ``training_args.bin``.  A scan of the folder allows these names in
-#: those files only; the same names anywhere else, and any other name, keep their verdict.
+#: arguments' classes in ``training_args.bin``, with what a finding says allowed it.  A
+#: scan of the folder allows these names in those files only (:func:`role_allowed`); the
+#: same names anywhere else, and any other name, keep their verdict.
 ROLE_ALLOWED: Final = {
-    "rng_state": AllowList(numpy=True, reason="numpy's RNG state in a trainer folder's "
-                                              "rng_state file, read as data"),
-    "training_args": AllowList(TRAINER_ARGUMENTS, reason="transformers.Trainer's arguments "
-                                                        "in its training_args.bin"),
+    "rng_state": ((), True, "numpy's RNG state in a trainer folder's rng_state file"),
+    "training_args": (TRAINER_ARGUMENTS, False, "transformers.Trainer's arguments"),
 }
+
+
+@cache
+def role_allowed(role: str) -> AllowList | None:
+    """The :class:`AllowList` of a trainer folder's part of ``role`` (:data:`ROLE_ALLOWED`),
+    made when first asked (checking its names asks the allowlist, which imports numpy)."""
+    found = ROLE_ALLOWED.get(role)
+    return None if found is None else AllowList(found[0], numpy=found[1], reason=found[2])

@@ -34,7 +34,7 @@ from typing import Any, Final
 from .._io.directory import DirectoryFiles
 from ..dcp.items import ItemKind, blob_header, item_bytes, stored_items
 from ..dcp.load import dcp_files, load_metadata
-from ..errors import FormatError, PtfileError
+from ..errors import FormatError, LimitExceededError, PtfileError
 from ..formats import policies
 from ..formats.dcp_metadata import StorageInfo
 from ..formats.detection import InputKind, folder_kind
@@ -71,11 +71,11 @@ def scan_set(record: Input, scan_file: Callable[[str], ScanResult]) -> ScanResul
     """The findings of every checkpoint file of a checkpoint set (a ``.bin`` model folder,
     a trainer folder): each file is scanned whole, as the loaders read it by path, its
     findings located as ``<file>:…``.  In a trainer folder, the names its parts hold by
-    their role (:data:`~.allowing.ROLE_ALLOWED`: numpy's RNG state, Trainer's arguments)
+    their role (:func:`~.allowing.role_allowed`: numpy's RNG state, Trainer's arguments)
     are allowed in those files.  A file that cannot be scanned (damaged) is a
     ``format`` finding of its own, so one bad file does not hide the others'."""
     from ..sets.reader import role_of
-    from .allowing import ROLE_ALLOWED
+    from .allowing import role_allowed
 
     roles = {name: role_of(p) for p in record.parts for name in p.files} \
         if record.kind is InputKind.TRAINER else {}
@@ -89,7 +89,7 @@ def scan_set(record: Input, scan_file: Callable[[str], ScanResult]) -> ScanResul
             findings.append(Finding("format", Verdict.UNKNOWN, name, getattr(exc, "offset", None),
                                     message=f"cannot scan: {exc!s:.300}"))
             continue
-        allowed = ROLE_ALLOWED.get(roles.get(name, ""))
+        allowed = role_allowed(roles.get(name, ""))
         if allowed is not None:  # what the part's role says it holds, read as data
             result = allowed.apply(result)
         findings += [dataclasses.replace(f, location=f"{name}:{f.location}")
@@ -174,8 +174,14 @@ def scan_directory(directory: str | os.PathLike[str] | Input, scan_bytes: ScanBy
 
 
 def _damage(where: str, exc: PtfileError, what: str) -> Finding:
+    """The finding of what could not be read: damage (a ``format`` finding), or a ceiling
+    of ``Limits`` hit (a ``limit`` finding, ``unknown``: not read, not damage)."""
+    message = f"{what}: {type(exc).__name__}: {exc!s:.300}"
+    if isinstance(exc, LimitExceededError):
+        return Finding("limit", Verdict.UNKNOWN, where, getattr(exc, "offset", None), "",
+                       exc.limit, message=message)
     return Finding("format", Verdict.UNKNOWN, where, getattr(exc, "offset", None),
-                   message=f"{what}: {type(exc).__name__}: {exc!s:.300}")
+                   message=message)
 
 
 def _scan_item(files: DirectoryFiles, fqn: str, kind: ItemKind, info: StorageInfo,

@@ -28,7 +28,7 @@ import ptfile
 from oracle import ptfile_bits, torch_bits
 from ptfile import cli, outcomes
 from ptfile.export.safetensors import dump
-from ptfile.formats.safetensors_writer import Planned, save_file
+from ptfile.formats.safetensors.writer import Planned, save_file
 from ptfile.inspection import diff
 
 VOCAB, DIM, LAYERS = 64, 8, 2

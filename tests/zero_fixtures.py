@@ -196,12 +196,23 @@ def _launch(out: Path, world_size: int, names: list[str], port: int) -> None:
                                + text.decode(errors="replace")[-4000:])
 
 
-def generate(out: Path, cases: tuple[Case, ...] = CASES, port: int = 29533) -> Path:
-    """Make ``cases`` under ``out`` (one launch per world size); return ``out``."""
+def _free_port() -> int:
+    """A loopback port free now (runs in parallel, pytest-xdist's workers, each take one)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def generate(out: Path, cases: tuple[Case, ...] = CASES, port: int | None = None) -> Path:
+    """Make ``cases`` under ``out`` (one launch per world size, each on a free loopback port
+    unless ``port`` is given); return ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     sizes = sorted({c.world_size for c in cases})
     for i, ws in enumerate(sizes):
-        _launch(out, ws, [c.name for c in cases if c.world_size == ws], port + i)
+        _launch(out, ws, [c.name for c in cases if c.world_size == ws],
+                _free_port() if port is None else port + i)
     return out
 
 

@@ -25,7 +25,7 @@ buffer, the writer's buffer, the metadata):
 * ``.safetensors``: the header is computed from the metadata (every tensor, named by its
   FQN; non-tensor values have no place there and are left out, listed in the summary's
   ``dropped``), with ``{"format": "pt"}`` metadata, by ptfile's one safetensors
-  writer (:mod:`ptfile.formats.safetensors_writer`: the order and layout the
+  writer (:mod:`ptfile.formats.safetensors.writer`: the order and layout the
   ``safetensors`` package writes), which asks for each tensor in data order.
 * a folder: Hugging Face's sharded layout as ``huggingface_hub``'s
   ``save_torch_state_dict`` writes it: tensors in checkpoint order go to shards of at
@@ -66,8 +66,8 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
 )
 from ..formats.inputs import Input
-from ..formats.safetensors_meta import ALIASES
-from ..formats.safetensors_writer import Layout, Planned, save_file, save_index
+from ..formats.safetensors.meta import ALIASES
+from ..formats.safetensors.writer import Layout, Planned, save_file, save_index
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Storage, Tensor, contiguous_stride

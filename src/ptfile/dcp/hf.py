@@ -19,7 +19,6 @@ There is no ``planner_data``: the state dict is flat, keyed by FQN.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Final
 
@@ -33,8 +32,8 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
     size,
 )
-from ..formats.safetensors import CODES, header_json
-from ..formats.safetensors_meta import aliases_of
+from ..formats.safetensors import CODES, header_json, saved_offsets
+from ..formats.safetensors.meta import aliases_of
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import by_name
 
@@ -57,7 +56,7 @@ def _header(files: DirectoryFiles, name: str, limits: Limits) -> dict[str, Any]:
 
 def hf_aliases(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> dict[str, str]:
     """The tied names ptfile's safetensors writer left out of the folder's files
-    (each file's ``ptfile.aliases``, :mod:`ptfile.formats.safetensors_meta`): ``{alias:
+    (each file's ``ptfile.aliases``, :mod:`ptfile.formats.safetensors.meta`): ``{alias:
     kept}``, each ``kept`` a tensor of the folder, read from the headers
     :func:`hf_metadata` read."""
     names = [n for n in files.names() if n.endswith(SUFFIX)]
@@ -70,25 +69,12 @@ def hf_aliases(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> dict[s
     return out
 
 
-def _sharding(header: dict[str, Any], name: str) -> dict[str, Any] | None:
-    meta = header.get("__metadata__") or {}
-    try:
-        text = meta.get("DCP_SHARDING_INFO")
-        found = None if text is None else json.loads(text)
-    except (AttributeError, ValueError, TypeError) as exc:
-        raise FormatError(f"the DCP_SHARDING_INFO of {name!r} is damaged") from exc
-    if found is not None and not isinstance(found, dict):
-        raise FormatError(f"the DCP_SHARDING_INFO of {name!r} is not a JSON object")
-    return found
-
-
-def _entry(fqn: str, entry: Any, sharding: dict[str, Any] | None, name: str
+def _entry(fqn: str, entry: Any, saved: list[int], name: str
            ) -> tuple[str, ChunkStorageMetadata]:
-    """The dtype name and chunk of one header entry."""
+    """The dtype name and chunk of one header entry, saved at ``saved``."""
     try:
         shape = size(tuple(entry["shape"]))
         dtype = CODES[entry["dtype"]]
-        saved = [0] * len(shape) if sharding is None else sharding[fqn]["saved_offsets"]
         offsets = size(tuple(saved))
     except (KeyError, TypeError, FormatError) as exc:
         raise FormatError(f"the safetensors entry {fqn!r} of {name!r} is damaged: "
@@ -111,11 +97,11 @@ def hf_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Metad
     storage: dict[ItemKey, StorageInfo] = {}
     for name in (n for n in files.names() if n.endswith(SUFFIX)):
         header = _header(files, name, limits)
-        sharding = _sharding(header, name)
+        saved = saved_offsets(header, repr(name))
         for fqn, entry in header.items():
             if fqn == "__metadata__":
                 continue
-            dtype, chunk = _entry(fqn, entry, sharding, name)
+            dtype, chunk = _entry(fqn, entry, saved[fqn], name)
             if dtypes.setdefault(fqn, dtype) != dtype:
                 raise FormatError(f"the files disagree on the dtype of {fqn!r}")
             if (fqn, chunk.offsets) in storage:

@@ -35,7 +35,6 @@ metadata and the item disagree, and every reader raises the same
 from __future__ import annotations
 
 import enum
-import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
@@ -55,7 +54,7 @@ from ..formats.dcp_metadata import (
     TensorStorageMetadata,
 )
 from ..formats.options import Policy
-from ..formats.safetensors import CODES, header_json
+from ..formats.safetensors import CODES, header_json, saved_offsets
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Tensor
 
@@ -222,13 +221,10 @@ def blob_header(files: DirectoryFiles, fqn: str, info: StorageInfo
             lambda at, n: files.read(info.relative_path, info.offset + at, n, what),
             files.size(info.relative_path) - info.offset, files._limits, what)
         try:
-            meta = header.get("__metadata__") or {}
-            sharding = json.loads(meta["DCP_SHARDING_INFO"]) if "DCP_SHARDING_INFO" in meta \
-                else {}
-            header = {k: {**v, "saved": sharding[k]["saved_offsets"] if sharding
-                          else [0] * len(v["shape"])}
-                      for k, v in header.items() if k != "__metadata__"}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            saved = saved_offsets(header, what)
+            header = {k: {**v, "saved": saved[k]} for k, v in header.items()
+                      if k != "__metadata__"}
+        except (FormatError, TypeError) as exc:
             raise FormatError(f"{what} has a bad header: {exc!s:.200}") from exc
         found = files.memo[key] = (header, info.offset + start)
     return found

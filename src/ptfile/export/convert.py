@@ -17,7 +17,7 @@ it) has ``aliases``, ``dropped`` and ``changed`` (:class:`~ptfile.export.values.
   is not a flat state dict keeps its nesting in ``ptfile.structure``; what that cannot
   keep is reported (``key-as-text``, ``container-as-base``, ``flattened``; a tensor whose
   dotted name an earlier one took, dropped).  What the round trip keeps, and the
-  reading rule, are :mod:`ptfile.formats.safetensors_meta`'s.
+  reading rule, are :mod:`ptfile.formats.safetensors.meta`'s.
 * → ``.npz``: bfloat16 and float8 tensors as their raw bits (uint16/uint8) with the
   dtype in the ``__ptfile__`` notes, or widened to float32 with ``npz_upcast``; tied
   tensors stored once; values in the notes (:mod:`ptfile.export.npz`).
@@ -51,7 +51,7 @@ from ..dcp.consolidate import convert_dcp
 from ..errors import FormatError, UnsupportedFeatureError
 from ..formats.inputs import Input, InputKind, resolve_input
 from ..formats.safetensors import read_header
-from ..formats.safetensors_meta import OWN, STRUCTURE, VALUES, outline_text
+from ..formats.safetensors.meta import OWN, STRUCTURE, VALUES, outline_text
 from ..model.tensor import Tensor
 from ..model.tree import flatten
 from ..reader import open as open_checkpoint

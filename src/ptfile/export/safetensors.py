@@ -1,7 +1,7 @@
 """``.pt`` ⇄ ``.safetensors``: one file, or a Hugging Face sharded checkpoint shard by shard.
 
 Writing goes through ptfile's one safetensors writer
-(:mod:`ptfile.formats.safetensors_writer`: tensor by tensor, byte for byte what the
+(:mod:`ptfile.formats.safetensors.writer`: tensor by tensor, byte for byte what the
 ``safetensors`` package writes; the package is not needed), so mmapped tensors are
 written one at a time and every dtype safetensors has works (bfloat16, float8).
 
@@ -13,7 +13,7 @@ does, by a :data:`SharedPolicy`:
   (``save_model``'s ``sorted(names)[0]``: ``lm_head.weight`` before
   ``model.embed_tokens.weight``), whatever order the names come in; the other names
   are listed in the file's metadata under ``ptfile.aliases`` (JSON ``{alias: kept}``,
-  :mod:`ptfile.formats.safetensors_meta`), and ptfile's readers tie them again.
+  :mod:`ptfile.formats.safetensors.meta`), and ptfile's readers tie them again.
   Partly overlapping views are written as separate contiguous copies.
 * ``"copy"``: every name is written, duplicates included (for readers that do not
   read ``ptfile.aliases``).
@@ -44,8 +44,8 @@ import numpy as np
 from .._io.local import MmapSource
 from ..errors import FormatError, SaveError
 from ..formats.safetensors import CODES, read_header, to_tensors
-from ..formats.safetensors_meta import ALIASES
-from ..formats.safetensors_writer import Planned, save_file, save_index
+from ..formats.safetensors.meta import ALIASES
+from ..formats.safetensors.writer import Planned, save_file, save_index
 from ..model.tensor import Tensor
 
 __all__ = ["Shard", "SharedPolicy", "convert_sharded", "dump", "load_safetensors"]

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..allowlist.structural import StandIn
-from ..formats.safetensors_meta import PREFIX
+from ..formats.safetensors.meta import PREFIX
 from ..model.tensor import Tensor
 from ..model.tree import walk
 
@@ -59,7 +59,7 @@ VALUE_MAX_BYTES: Final = 64 << 10
 #: The most JSON text all values of one file may take in a header.
 METADATA_MAX_BYTES: Final = 16 << 20
 #: Header metadata names that are not values: safetensors/transformers' ``format``
-#: and ptfile's own ``ptfile.*`` (:mod:`ptfile.formats.safetensors_meta`).
+#: and ptfile's own ``ptfile.*`` (:mod:`ptfile.formats.safetensors.meta`).
 RESERVED_PREFIX: Final = PREFIX
 #: How deep a value may nest and still be kept whole (deeper ones are walked into).
 _PLAIN_DEPTH: Final = 64

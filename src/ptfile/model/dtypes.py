@@ -36,6 +36,7 @@ from ..errors import UnsupportedFeatureError
 
 __all__ = [
     "DTYPES",
+    "SAFETENSORS_CODES",
     "DType",
     "by_name",
     "by_storage",
@@ -170,6 +171,17 @@ def _numpy_to_dtype() -> dict[np.dtype, DType]:
     return {d.numpy: d for d in DTYPES.values() if d.numpy is not None and not d.is_quantized}
 
 UINT8: Final = DTYPES["uint8"]
+
+
+#: safetensors' dtype code → torch dtype name, for codes of one element per itemsize (the
+#: format: :mod:`ptfile.formats.safetensors`).
+SAFETENSORS_CODES: Final[dict[str, str]] = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+    "BOOL": "bool", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "C64": "complex64",
+}
 
 
 def by_name(name: str) -> DType:

@@ -37,7 +37,7 @@ from .._io.atomic import atomic_file
 from ..dcp.consolidate import SHARD_BYTES, write_hf, write_safetensors
 from ..errors import SaveError, UnsupportedFeatureError
 from ..formats.inputs import Input
-from ..formats.safetensors_writer import Planned
+from ..formats.safetensors.writer import Planned
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import Limits
 from ..model.dtypes import DType

@@ -52,10 +52,10 @@ import warnings
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-from ..errors import FormatError, LimitExceededError, PtfileWarning, brief
-from ..limits import DEFAULT_LIMITS, Limits
-from ..model.tensor import Tensor
-from ..model.tree import DESCEND, is_state_dict, outline, rebuild
+from ...errors import FormatError, LimitExceededError, PtfileWarning, brief
+from ...limits import DEFAULT_LIMITS, Limits
+from ...model.tensor import Tensor
+from ...model.tree import DESCEND, is_state_dict, outline, rebuild
 
 __all__ = ["ALIASES", "OWN", "PREFIX", "STRUCTURE", "VALUES", "aliases_of", "outline_text",
            "restore"]

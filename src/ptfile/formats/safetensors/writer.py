@@ -42,10 +42,10 @@ from typing import IO, Any, Final
 
 import numpy as np
 
-from .._io.atomic import atomic_file
-from ..errors import SaveError, UnsupportedFeatureError
-from ..model.dtypes import DType
-from .safetensors import CODES, LENGTH_BYTES
+from ..._io.atomic import atomic_file
+from ...errors import SaveError, UnsupportedFeatureError
+from ...model.dtypes import DType
+from .header import CODES, LENGTH_BYTES
 
 __all__ = ["ORDER", "Layout", "Planned", "plan_file", "save_file", "save_index", "write_file"]
 

@@ -14,7 +14,7 @@ ptfile decides by content instead (:mod:`.detection`: the 8-byte length, then ``
 after any JSON whitespace), so it reads more than torch (any file name, file
 objects, bytes, URLs), never less, and returns what torch returns: ``{name: Tensor}``
 in data order.  A file ptfile wrote (its own ``ptfile.*`` metadata) gives back the
-object written: tied names, values and nesting (:mod:`.safetensors_meta`).  ``map_location`` is applied to the recorded ``cpu`` tag as for every
+object written: tied names, values and nesting (:mod:`.meta`).  ``map_location`` is applied to the recorded ``cpu`` tag as for every
 format (a dict or a callable too); ``mmap`` maps the file as for every format.
 
 The format
@@ -62,7 +62,7 @@ safetensors blob ptfile meets (distributed checkpoints' too); :func:`read_header
 adds the entries' checks (:func:`check_header`) for a whole file;
 :func:`read_safetensors` is the format's reader in :data:`ptfile.formats.READERS`,
 :func:`open_safetensors` its opener in :data:`ptfile.formats.OPENERS`; the one writer
-(and index writer) is :mod:`.safetensors_writer`.
+(and index writer) is :mod:`.writer`.
 """
 
 from __future__ import annotations
@@ -73,30 +73,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .._io.local import Source
-from ..errors import FormatError, LimitExceededError, UnsupportedFeatureError, brief
-from ..limits import DEFAULT_LIMITS, Limits, applied
-from ..model.dtypes import DType, by_name
-from ..model.location import restore_location
-from ..model.tensor import Storage, Tensor, check_rank, contiguous_stride
-from .detection import Format
-from .safetensors_meta import restore
+from ..._io.local import Source
+from ...errors import FormatError, LimitExceededError, UnsupportedFeatureError, brief
+from ...limits import DEFAULT_LIMITS, Limits, applied
+from ...model.dtypes import SAFETENSORS_CODES, DType, by_name
+from ...model.location import restore_location
+from ...model.tensor import Storage, Tensor, check_rank, contiguous_stride
+from ..detection import Format
+from .meta import restore
 
 if TYPE_CHECKING:
-    from .detection import Detected
-    from .options import Opened, ReadOptions
+    from ..detection import Detected
+    from ..options import Opened, ReadOptions
 
-__all__ = ["CODES", "PACKED", "Entry", "Header", "check_header", "header_json",
-           "open_safetensors", "read_header", "read_safetensors", "to_tensors"]
+__all__ = ["CODES", "PACKED", "SHARDING_INFO", "Entry", "Header", "check_header", "header_json",
+           "open_safetensors", "read_header", "read_safetensors", "saved_offsets", "to_tensors"]
 
-#: safetensors dtype code → torch dtype name, for codes of one element per itemsize.
-CODES: Final[dict[str, str]] = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-    "BOOL": "bool", "U16": "uint16", "U32": "uint32", "U64": "uint64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "C64": "complex64",
-}
+#: safetensors dtype code → torch dtype name, for codes of one element per itemsize (kept
+#: with the dtypes, :data:`ptfile.model.dtypes.SAFETENSORS_CODES`).
+CODES: Final = SAFETENSORS_CODES
+#: The ``__metadata__`` entry torch's HuggingFaceStorageWriter writes in each file it
+#: saves a piece of a tensor to: JSON ``{name: {"saved_offsets": [...]}}``, where each
+#: tensor's piece sits in the whole tensor (:func:`saved_offsets`).
+SHARDING_INFO: Final = "DCP_SHARDING_INFO"
 #: Codes of 4-bit elements packed two to a byte → the torch dtype of one pair.
 PACKED: Final[dict[str, str]] = {"F4": "float4_e2m1fn_x2"}
 #: Codes safetensors defines that no torch dtype holds (torch.load refuses them too).
@@ -284,7 +283,7 @@ def read_safetensors(source: Source, detected: Detected, options: ReadOptions) -
     """What ``torch.load`` returns for a ``.safetensors`` file: ``{name: Tensor}`` in data
     order, views of the source's bytes (of the map, when mapped); no data with
     ``skip_data``.  A file ptfile wrote gives back the object written to it
-    (:mod:`.safetensors_meta`).
+    (:mod:`.meta`).
 
     Raises
     ------
@@ -308,7 +307,7 @@ def open_safetensors(source: Source, detected: Detected, options: ReadOptions) -
     FormatError, LimitExceededError, UnsupportedFeatureError
         As the module docstring lists.
     """
-    from .options import Opened  # here: a scan of a safetensors file imports no policy
+    from ..options import Opened  # here: a scan of a safetensors file imports no policy
 
     header = read_header(source, options.limits)
     tensors = to_tensors(header, None)
@@ -316,3 +315,46 @@ def open_safetensors(source: Source, detected: Detected, options: ReadOptions) -
                for name, t in tensors.items() if t.storage is not None}
     obj = restore(tensors, header.metadata, options.limits)
     return Opened(source, Format.SAFETENSORS, obj, header.metadata or {}, offsets=offsets)
+
+
+def saved_offsets(header: dict[str, Any], where: str) -> dict[str, list[int]]:
+    """Where each tensor of a header (its JSON object) sits in the whole tensor, by its
+    :data:`SHARDING_INFO` (torch's HuggingFaceStorageWriter), or at zeros without one: the
+    one reader of that entry, for the DCP readers of both kinds of safetensors chunk.
+
+    Raises
+    ------
+    FormatError
+        The entry is not JSON, not an object, or lacks a tensor's ``saved_offsets`` list.
+
+    Examples
+    --------
+    >>> saved_offsets({"__metadata__": {"DCP_SHARDING_INFO": '{"w": {"saved_offsets": [2]}}'},
+    ...                "w": {"shape": [2]}}, "f")
+    {'w': [2]}
+    >>> saved_offsets({"w": {"shape": [2, 3]}}, "f")
+    {'w': [0, 0]}
+    """
+    meta = header.get("__metadata__") or {}
+    try:
+        text = meta.get(SHARDING_INFO)
+        sharding = None if text is None else json.loads(text)
+    except (AttributeError, ValueError, TypeError, RecursionError) as exc:
+        raise FormatError(f"the {SHARDING_INFO} of {where} is damaged") from exc
+    if sharding is not None and not isinstance(sharding, dict):
+        raise FormatError(f"the {SHARDING_INFO} of {where} is not a JSON object")
+    out: dict[str, list[int]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            saved = sharding[name]["saved_offsets"] if sharding is not None \
+                else [0] * len(entry["shape"])
+        except (KeyError, TypeError) as exc:
+            raise FormatError(f"the {SHARDING_INFO} of {where} has no saved_offsets for "
+                              f"{brief(name, 80)}") from exc
+        if not isinstance(saved, list):
+            raise FormatError(f"the saved_offsets of {brief(name, 80)} in {where} are not "
+                              "a list")
+        out[name] = saved
+    return out

@@ -65,16 +65,9 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (test_api checks
     from .inspection import DiffReport, Inspection, VerifyReport, diff, inspect, verify
     from .limits import DEFAULT_LIMITS, Limits
     from .model.dtypes import DTYPES, DType
+    from .model.layouts import QuantizedTensor, SparseTensor
     from .model.location import register_package
-    from .model.tensor import (
-        Device,
-        Parameter,
-        QuantizedTensor,
-        Size,
-        SparseTensor,
-        Storage,
-        Tensor,
-    )
+    from .model.tensor import Device, Parameter, Size, Storage, Tensor
     from .reader import (
         CheckpointReader,
         TensorInfo,
@@ -112,8 +105,8 @@ _EXPORTS: Final[dict[str, str]] = {
     "Finding": "scanning", "ScanResult": "scanning", "Verdict": "scanning", "scan": "scanning",
     "get_unsafe_globals_in_checkpoint": "scanning.unsafe_globals",
     "StandIn": "allowlist.structural", "state_dict": "allowlist.structural",
-    "Device": "model.tensor", "Parameter": "model.tensor", "QuantizedTensor": "model.tensor", "Size": "model.tensor",
-    "SparseTensor": "model.tensor", "Storage": "model.tensor", "Tensor": "model.tensor",
+    "Device": "model.tensor", "Parameter": "model.tensor", "QuantizedTensor": "model.layouts",
+    "Size": "model.tensor", "SparseTensor": "model.layouts", "Storage": "model.tensor", "Tensor": "model.tensor",
 }
 
 __all__ = [

@@ -25,13 +25,12 @@ import numpy as np
 from ..errors import PickleStreamError, StorageError, UnsupportedFeatureError, brief
 from ..model import dtypes
 from ..model.dtypes import DType
+from ..model.layouts import QuantizedTensor, SparseTensor
 from ..model.tensor import (
     NUMPY_MAX_DIMS,
     Device,
     Parameter,
-    QuantizedTensor,
     Size,
-    SparseTensor,
     Storage,
     Tensor,
     check_rank,

@@ -39,8 +39,9 @@ import numpy as np
 from ..errors import SaveError
 from ..model import dtypes
 from ..model.dtypes import DType
+from ..model.layouts import QuantizedTensor, SparseTensor
 from ..model.location import pid_location
-from ..model.tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from ..model.tensor import Device, Parameter, Size, Storage, Tensor
 from ..picklevm.pickler import Global, PersistentId, Reduce, ViewReduce, global_
 from .rebuild import Layout, QScheme, StorageType, TensorType
 

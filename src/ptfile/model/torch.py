@@ -31,7 +31,8 @@ import torch
 
 from ..errors import UnsupportedFeatureError
 from .dtypes import DTYPES, DType
-from .tensor import Device, Parameter, QuantizedTensor, Size, SparseTensor, Storage, Tensor
+from .layouts import QuantizedTensor, SparseTensor
+from .tensor import Device, Parameter, Size, Storage, Tensor
 
 __all__ = ["from_torch", "to_torch"]
 

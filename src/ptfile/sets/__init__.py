@@ -22,13 +22,12 @@ from ..errors import FormatError, PtfileError, add_note
 from ..formats.inputs import Input, InputKind, Part
 from ..limits import DEFAULT_LIMITS, Limits
 from .reader import (
-    STRUCTURAL_ROLES,
     SetReader,
     ShardedReader,
     open_part,
     open_set,
+    part_policy,
     read_json,
-    role_of,
     role_policy,
 )
 
@@ -66,17 +65,13 @@ def load_set(record: Input, load_file: Callable[[str, bool], Any], *,
 
 def _load_part(record: Input, part: Part, load_file: Callable[[str, bool], Any],
                limits: Limits, structural: bool) -> Any:
-    role = role_of(part)
-    structural = structural or role in STRUCTURAL_ROLES
+    role, structural = part_policy(part, structural)
     if part.form == "json":
         return read_json(record, part.files[0], limits)
-    if part.form == "shards":
+    if part.form == "shards":  # the DCP readers', over the part's files alone
         from ..dcp.load import load_dcp
 
-        names = (*part.files, *([part.index] if part.index else ()))
-        return load_dcp(Input(InputKind.SHARDS, record.given, record.location,
-                              record.storage_options, names, (part,), record.weight_map),
-                        structural=structural, limits=limits)
+        return load_dcp(record.alone(part), structural=structural, limits=limits)
     if part.form == "bin-shards":
         shards = {name: load_file(record.path(name), structural) for name in part.files}
         merged: dict[str, Any] = {}

@@ -36,7 +36,6 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from .._io.directory import DirectoryFiles
 from ..errors import FormatError, LimitExceededError, PtfileError, add_note
 from ..formats import Format
 from ..formats.inputs import Input, InputKind, Part
@@ -45,8 +44,8 @@ from ..model.tensor import Tensor
 from ..reader import CheckpointReader, TensorInfo
 from ..reader import open as open_file
 
-__all__ = ["Route", "SetReader", "ShardedReader", "open_part", "open_set", "read_json", "role_of",
-           "role_policy"]
+__all__ = ["Route", "SetReader", "ShardedReader", "open_part", "open_set", "part_policy",
+           "read_json", "role_of", "role_policy"]
 
 #: Roles read structurally whatever the caller's policy (module docstring).
 STRUCTURAL_ROLES: Final = frozenset({"training_args"})
@@ -218,22 +217,26 @@ def open_part(record: Input, part: Part, *, mmap: bool = True, limits: Limits | 
         As :func:`ptfile.open` for the part's files.
     """
     limits = limits or DEFAULT_LIMITS
-    role = role_of(part)
-    structural = structural or role in STRUCTURAL_ROLES
+    role, structural = part_policy(part, structural)
     if part.form == "json":
         return read_json(record, part.files[0], limits)
-    if part.form == "shards":
+    if part.form == "shards":  # the DCP readers', over the part's files alone
         from ..dcp.reader import open_dcp
 
-        names = (*part.files, *([part.index] if part.index else ()))
-        files = DirectoryFiles(record.location, storage_options=record.storage_options,
-                               limits=limits, names=names)
-        return open_dcp(files, limits=limits, structural=structural, label="safetensors shards")
+        return open_dcp(record.alone(part), limits=limits, structural=structural,
+                        label="safetensors shards")
     if part.form == "bin-shards":
         return ShardedReader(record, part, mmap=mmap, limits=limits, structural=structural)
     with role_policy(role):
         return open_file(record.path(part.files[0]), mmap=mmap, limits=limits,
                          storage_options=record.storage_options, structural=structural)
+
+
+def part_policy(part: Part, structural: bool) -> tuple[str, bool]:
+    """A part's role (its rank aside) and whether it is read structurally: as the caller
+    asks, or by its role (:data:`STRUCTURAL_ROLES`)."""
+    role = role_of(part)
+    return role, structural or role in STRUCTURAL_ROLES
 
 
 @contextlib.contextmanager

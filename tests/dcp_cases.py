@@ -9,6 +9,8 @@ what several ranks would have written; torch's dcp_to_torch_save consolidates it
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +59,39 @@ def trained() -> dict[str, Any]:
     model(torch.randn(5, 3)).sum().backward()
     optimizer.step()
     return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+
+#: Run as a script: ``world`` gloo ranks on loopback save DTensors (sharded unevenly, with
+#: zero-size chunks, and replicated), a plain tensor and values.
+_RANKS = """
+import sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import distribute_tensor, Shard, Replicate
+from torch.distributed.device_mesh import init_device_mesh
+
+def work(rank, world, out, store_path, collectives):
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    a = torch.arange(42.).reshape(7, 6)
+    sd = {"s0": distribute_tensor(a, mesh, [Shard(0)]),
+          "s1": distribute_tensor(a.t().contiguous(), mesh, [Shard(1)]),
+          "z": distribute_tensor(torch.arange(2, dtype=torch.int32), mesh, [Shard(0)]),
+          "rep": distribute_tensor(torch.randn(4, 5).to(torch.bfloat16), mesh, [Replicate()]),
+          "plain": torch.ones(2), "meta": {"value": 3, "name": "x"}}
+    dcp.save(sd, checkpoint_id=out, use_collectives=collectives)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    out, world, collectives = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    mp.spawn(work, args=(world, out, out + ".store", collectives), nprocs=world)
+"""
+
+
+def save_ranks(directory: Path, world: int, collectives: bool) -> None:
+    script = directory.parent / "ranks.py"
+    script.write_text(_RANKS)
+    subprocess.run([sys.executable, str(script), str(directory), str(world),
+                    "1" if collectives else "0"], check=True, capture_output=True, timeout=300)

@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).parent / "remote"))
 sys.path.insert(0, str(Path(__file__).parent / "formats"))
 
 from rangeserver import RangeServer  # the tests' loopback server
-from test_dcp import _save_ranks  # the gloo harness of the DCP reading tests
+
+from dcp_cases import save_ranks  # the gloo harness of the DCP reading tests
 
 #: Run as a script: ``world`` gloo ranks on loopback save sharded DTensors through the
 #: HuggingFaceStorageWriter with ``save_distributed``, without and with consolidation.
@@ -87,7 +88,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.mkdir()
     state = _state()
     torch.save(state, root / "file.pt")
-    _save_ranks(root / "torch_dcp", 2, collectives=True)
+    save_ranks(root / "torch_dcp", 2, collectives=True)
     dcp.save(state, storage_writer=dcp.HuggingFaceStorageWriter(
         str(root / "hf_one"), fqn_to_index_mapping={"a.weight": 1, "a.bias": 1, "b": 2}))
     script = root.parent / "hf_ranks.py"

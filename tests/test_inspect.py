@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ptfile
+from counting import CountingFile
 from ptfile.inspection import diff, inspect, verify
-from test_open import CountingFile
 
 
 @pytest.fixture

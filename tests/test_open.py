@@ -14,43 +14,9 @@ import pytest
 import torch
 
 import ptfile
+from counting import CountingFile
 from ptfile._io.local import open_source
 from ptfile.archive import ZipReader
-
-
-class CountingFile(io.RawIOBase):
-    """A read-only file that counts the bytes handed out."""
-
-    def __init__(self, path: Path) -> None:
-        self._fp = path.open("rb")
-        self.bytes_read = 0
-        self.name = str(path)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._fp.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._fp.tell()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._fp.read(n)
-        self.bytes_read += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._fp.close()
-        super().close()
 
 
 @pytest.fixture

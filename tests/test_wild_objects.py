@@ -20,9 +20,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 import ptfile
+from numpy_oracle import assert_same, resolve, torch_asks
 from ptfile.cli import main as cli_main
 from ptfile.model.torch import to_torch
-from test_numpy_globals import _resolve, assert_same, torch_asks
 
 
 def torch_bytes(obj: object, **options: Any) -> bytes:
@@ -88,7 +88,7 @@ def test_numpy_scalars_load_in_torch_with_safe_globals(tmp_path: Path) -> None:
         ptfile.load(path)  # and so does ptfile's
     names = torch_asks(path)
     assert {"numpy._core.multiarray.scalar", "numpy.dtype"} <= set(names)
-    with torch.serialization.safe_globals([_resolve(n) for n in names]):
+    with torch.serialization.safe_globals([resolve(n) for n in names]):
         assert_same(torch.load(path, weights_only=True), obj)
     assert_same(numpy_load(path.read_bytes()), obj)
 

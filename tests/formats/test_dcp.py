@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import ptfile
+from dcp_cases import save_ranks
 from oracle import assert_same
 
 
@@ -133,53 +133,17 @@ def test_empty_state_dict(tmp_path: Path) -> None:
     assert ptfile.load_dcp(tmp_path) == {}
 
 
-#: Run as a script: ``world`` gloo ranks on loopback save DTensors (sharded unevenly, with
-#: zero-size chunks, and replicated), a plain tensor and values.
-_RANKS = """
-import sys
-import torch, torch.distributed as dist, torch.multiprocessing as mp
-import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import distribute_tensor, Shard, Replicate
-from torch.distributed.device_mesh import init_device_mesh
-
-def work(rank, world, out, store_path, collectives):
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
-                            world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(0)
-    a = torch.arange(42.).reshape(7, 6)
-    sd = {"s0": distribute_tensor(a, mesh, [Shard(0)]),
-          "s1": distribute_tensor(a.t().contiguous(), mesh, [Shard(1)]),
-          "z": distribute_tensor(torch.arange(2, dtype=torch.int32), mesh, [Shard(0)]),
-          "rep": distribute_tensor(torch.randn(4, 5).to(torch.bfloat16), mesh, [Replicate()]),
-          "plain": torch.ones(2), "meta": {"value": 3, "name": "x"}}
-    dcp.save(sd, checkpoint_id=out, use_collectives=collectives)
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    out, world, collectives = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-    mp.spawn(work, args=(world, out, out + ".store", collectives), nprocs=world)
-"""
-
-
-def _save_ranks(directory: Path, world: int, collectives: bool) -> None:
-    script = directory.parent / "ranks.py"
-    script.write_text(_RANKS)
-    subprocess.run([sys.executable, str(script), str(directory), str(world),
-                    "1" if collectives else "0"], check=True, capture_output=True, timeout=300)
-
-
 def test_sharded_across_ranks(tmp_path: Path) -> None:
     """3 ranks: uneven shards, a zero-size chunk, chunks on every rank; then the same values
     saved with use_collectives=False (one __<rank>.metadata each) merge to the same dict."""
-    _save_ranks(tmp_path / "ckpt", 3, collectives=True)
+    save_ranks(tmp_path / "ckpt", 3, collectives=True)
     dcp_to_torch_save(tmp_path / "ckpt", tmp_path / "out.pt")
     got = ptfile.load_dcp(tmp_path / "ckpt")
     assert_same(got, torch.load(tmp_path / "out.pt", weights_only=False))
     sizes = [c.sizes for c in _metadata(tmp_path / "ckpt").state_dict_metadata["z"].chunks]
     assert torch.Size([0]) in sizes
     assert np.array_equal(got["s1"].numpy(), np.arange(42.0).reshape(7, 6).T)
-    _save_ranks(tmp_path / "solo", 3, collectives=False)
+    save_ranks(tmp_path / "solo", 3, collectives=False)
     assert sorted(p.name for p in (tmp_path / "solo").glob("*.metadata")) == [
         f"__{r}.metadata" for r in range(3)]
     assert_same(ptfile.load_dcp(tmp_path / "solo"), torch.load(tmp_path / "out.pt",

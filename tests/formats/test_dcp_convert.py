@@ -22,10 +22,9 @@ from ptfile.export.safetensors import dump, load_safetensors
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-from test_dcp import _save_ranks  # noqa: E402  (the gloo harness of the reading tests)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
-from dcp_cases import trained  # noqa: E402
+from dcp_cases import save_ranks, trained  # noqa: E402
 
 
 def convert_dcp(src: Path | str, dst: Path, **options: Any) -> dict[str, Any]:
@@ -89,7 +88,7 @@ def test_slabs_smaller_than_rows(checkpoint: Path, tmp_path: Path,
 
 def test_sharded_across_ranks(tmp_path: Path) -> None:
     """3 gloo ranks: uneven shards, a zero-size chunk, replicated bf16."""
-    _save_ranks(tmp_path / "ckpt", 3, collectives=True)
+    save_ranks(tmp_path / "ckpt", 3, collectives=True)
     (tmp_path / "torch").mkdir()
     expected = _torch_consolidated(tmp_path / "ckpt", tmp_path / "torch" / "out.pt")
     convert_dcp(tmp_path / "ckpt", tmp_path / "out.pt")

@@ -16,7 +16,7 @@ import ptfile
 from ptfile.scanning import DANGEROUS_MODULES, DANGEROUS_NAMES, Verdict, verdict_of
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from test_interop import CASES
+from torch_objects import CASES
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 

@@ -220,6 +220,7 @@ def test_sarif_over_a_folder_is_one_log(files: dict[str, Path]) -> None:
     assert {r["ruleId"] for r in verbose["runs"][0]["results"]} == {"PTF900"}
 
 
+@pytest.mark.slow  # pre-commit builds its own environment
 @pytest.mark.skipif(shutil.which("git") is None, reason="pre-commit needs git")
 def test_pre_commit_hook_blocks_a_hostile_checkpoint(files: dict[str, Path],
                                                      tmp_path: Path) -> None:

@@ -133,6 +133,7 @@ def test_empty_state_dict(tmp_path: Path) -> None:
     assert ptfile.load_dcp(tmp_path) == {}
 
 
+@pytest.mark.slow  # gloo ranks in child processes
 def test_sharded_across_ranks(tmp_path: Path) -> None:
     """3 ranks: uneven shards, a zero-size chunk, chunks on every rank; then the same values
     saved with use_collectives=False (one __<rank>.metadata each) merge to the same dict."""

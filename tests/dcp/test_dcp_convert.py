@@ -86,6 +86,7 @@ def test_slabs_smaller_than_rows(checkpoint: Path, tmp_path: Path,
     assert (tmp_path / "cut" / "whole.pt").read_bytes() == (tmp_path / "whole.pt").read_bytes()
 
 
+@pytest.mark.slow  # gloo ranks in child processes
 def test_sharded_across_ranks(tmp_path: Path) -> None:
     """3 gloo ranks: uneven shards, a zero-size chunk, replicated bf16."""
     save_ranks(tmp_path / "ckpt", 3, collectives=True)

@@ -22,6 +22,8 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 import ptfile
 from oracle import assert_same
 
+pytestmark = pytest.mark.slow  # FSDP2 and tensor-parallel ranks in child processes
+
 #: Run as a script: 2 gloo ranks on loopback train a small MLP (2 Adam steps) under FSDP2,
 #: tensor parallelism and both on a (1, 2) mesh, saving ``get_state_dict`` with dcp.save;
 #: then DTensors through the HuggingFace writer, distributed, with and without consolidation.

@@ -35,6 +35,8 @@ from ptfile.formats.detection import InputKind, detect_input, folder_kind
 from ptfile.reader import CheckpointReader
 from rangeserver import RangeServer  # the tests' loopback server
 
+pytestmark = pytest.mark.slow  # its tree is written by gloo ranks in child processes
+
 #: Run as a script: ``world`` gloo ranks on loopback save sharded DTensors through the
 #: HuggingFaceStorageWriter with ``save_distributed``, without and with consolidation.
 _HF_RANKS = """

@@ -31,6 +31,8 @@ from test_scan_regressions import known_gap
 from harness import CONTRACT_BROKEN, Case, collect, evaluate, summary
 from variants import benign_files
 
+pytestmark = pytest.mark.slow  # 3,000 variants through the real loaders: about a minute
+
 #: Variants per run: derandomized in CI; PTFILE_HARNESS_SEED draws others.
 VARIANTS = int(os.environ.get("PTFILE_HARNESS_VARIANTS", "3000"))
 SEED = os.environ.get("PTFILE_HARNESS_SEED")

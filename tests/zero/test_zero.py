@@ -27,6 +27,8 @@ from ptfile.errors import FormatError, UnsafeGlobalError, UnsupportedFeatureErro
 from ptfile.export.convert import convert
 from ptfile.zero import open_zero
 
+pytestmark = pytest.mark.slow  # DeepSpeed trains and saves every case first (gloo ranks)
+
 torch = pytest.importorskip("torch")
 if importlib.util.find_spec("deepspeed") is None:
     pytest.skip("DeepSpeed is not installed (pyproject's test extra pins it)",

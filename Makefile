@@ -46,9 +46,11 @@ test: lint docs
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
 # The inner loop (docs/development.md): lint, types and the tests not marked slow, leaving
-# out the folders that run child processes by the dozen (remote servers, the scanner's
-# real-loader oracles, the real-world corpus).  make test before a merge.
-CHECK_SKIP := --ignore=tests/remote --ignore=tests/realworld --ignore=tests/scanning
+# out what runs child processes by the dozen (remote servers, the scanner's real-loader
+# oracles, the real-world corpus, the installed command's journeys, every docs example).
+# make test before a merge.
+CHECK_SKIP := --ignore=tests/remote --ignore=tests/realworld --ignore=tests/scanning \
+	--ignore=tests/test_journeys.py --ignore=tests/test_docs.py
 
 check: lint
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow" $(CHECK_SKIP)

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test check lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,22 @@ $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict --quiet
 
+# The whole suite, slow tests included, one worker per core; a worker takes a whole file
+# (module fixtures are built once, the files of one module never race).
+PYTEST_PARALLEL := -n auto --dist loadfile
+
 test: lint docs
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+
+# The inner loop (docs/development.md): lint, types and the tests not marked slow, leaving
+# out what runs child processes by the dozen (remote servers, the scanner's real-loader
+# oracles, the real-world corpus, the installed command's journeys, every docs example).
+# make test before a merge.
+CHECK_SKIP := --ignore=tests/remote --ignore=tests/realworld --ignore=tests/scanning \
+	--ignore=tests/test_journeys.py --ignore=tests/test_docs.py
+
+check: lint
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow" $(CHECK_SKIP)
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test,bench]'

@@ -6,7 +6,7 @@ Usage::
     python benchmarks/bulk.py                   # 1,000 files of ~256 KiB on loopback S3
     python benchmarks/bulk.py --files 200 --elems 4096
 
-The files are ``tests/bulk_corpus.py``'s mix (clean ``ptfile.save``/``torch.save``
+The files are ``tests/support/bulk_corpus.py``'s mix (clean ``ptfile.save``/``torch.save``
 ZIPs, legacy streams, dangerous ZIPs and pickles, damaged files, files that are no
 checkpoint), ``--elems`` float32 values per tensor, uploaded to moto's S3 server on
 127.0.0.1.  Each row gives the wall time, files per second and bytes fetched per
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from bulk_corpus import corpus  # noqa: E402 - the tests' corpus, by path
 

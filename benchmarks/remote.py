@@ -6,7 +6,7 @@ Usage::
     python benchmarks/remote.py --scale 0.25  # smaller A/B
 
 A and B are ``benchmarks/run.py``'s files A2 and B, served by the tests' loopback range
-server (``tests/remote/rangeserver.py``), which counts GET requests and body
+server (``tests/support/rangeserver.py``), which counts GET requests and body
 bytes.  For ``inspect``, ``scan``, ``open`` + the first tensor and a full
 ``load``, each row gives ptfile's seconds (best of ``--repeat``), requests and
 MiB fetched, then the same for ``torch.load(fsspec.open(url))`` (torch reads the
@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "remote"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 sys.path.insert(0, str(HERE))
 
-from rangeserver import RangeServer  # noqa: E402 - the tests' server, by path
 from run import make_files  # noqa: E402
+
+from rangeserver import RangeServer  # noqa: E402 - the tests' server, by path
 
 
 def _ptfile_ops(url: str) -> dict[str, Callable[[], Any]]:

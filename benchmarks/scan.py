@@ -6,9 +6,9 @@ Usage::
     python benchmarks/scan.py --harness  # the harness's files, real torch as oracle (+ modelscan)
 
 The corpus is generated here, nothing is downloaded: the hostile checkpoints of
-``tests/security/hostile.py`` (each payload would only create a marker file),
+``tests/support/hostile.py`` (each payload would only create a marker file),
 the nested payloads, two-way ZIPs and ``.pt2`` archives of
-``tests/security/test_scan_{nested,readings,pt2}.py`` with their benign twins,
+``tests/scanning/test_scan_{nested,readings,pt2}.py`` with their benign twins,
 plus benign files torch writes (state dicts, a whole pickled module, a
 TorchScript model, a legacy file, a protocol-4 file).  Each scanner reads every
 file from disk in this process; a file counts as *flagged* when the scanner
@@ -19,10 +19,10 @@ A hostile file that is not flagged is a miss; a benign file that torch loads
 with ``weights_only=True`` and that is flagged is a false positive.
 
 ``--harness`` (issue 23 item 5) runs the scan harness's files instead: ``--variants``
-recipes (default 1000) drawn from ``--seed`` (default 23) by ``tests/security/variants.py``,
+recipes (default 1000) drawn from ``--seed`` (default 23) by ``tests/support/variants.py``,
 each with a payload that only creates its own sentinel, plus the harness's benign files torch
 writes (``variants.benign_files``).  The ground truth is real torch: the harness's sandboxed
-oracle (``tests/security/loader_oracle.py``, through ``harness.evaluate``) opens every file
+oracle (``tests/support/loader_oracle.py``, through ``harness.evaluate``) opens every file
 with ``torch.load`` (``weights_only`` False and True, ``mmap``), ``torch.jit.load``,
 ``torch.export.load`` and ``pickle.load``; a file is *fired* when one of them created its
 sentinel.  Then ptfile, picklescan, modelscan 0.8.8 and fickling scan every file, flagged as
@@ -50,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "security"))
+sys.path[:0] = [str(HERE.parent / "tests" / "support"), str(HERE.parent / "tests" / "scanning")]
 
 from hostile import corpus  # noqa: E402 - the tests' generators, by path
 

@@ -1,14 +1,14 @@
 """Long campaign of the scan harness (issue 23): real torch loaders against ``ptfile scan``.
 
-Draws container variants (``tests/security/variants.py``) in rounds, each round from a new
+Draws container variants (``tests/support/variants.py``) in rounds, each round from a new
 hypothesis seed; runs every real loader on them in the sandboxed child
-(``tests/security/loader_oracle.py``); scans them with ``ptfile.scan``.  Stops after
+(``tests/support/loader_oracle.py``); scans them with ``ptfile.scan``.  Stops after
 ``--minutes`` or ``--variants``, prints how many variants it tried per technique, and
 writes every miss — a file a real loader ran whose scan exits 0, a benign torch-written
 file that does not scan clean, a file ``ptfile.load`` ran, a scan that raised something
 other than a PtfileError — to ``--out``: the file's bytes, and a JSON with the recipe,
 the loaders that fired and scan's verdict.  Misses already filed as xfail regressions
-(``tests/security/test_scan_regressions.py``) are counted apart, not written.
+(``tests/scanning/test_scan_regressions.py``) are counted apart, not written.
 
     python fuzz/scan_campaign.py --minutes 30 --out fuzz/scan-misses
     python fuzz/scan_campaign.py --variants 50000 --techniques tar pt2 --seed 7
@@ -25,10 +25,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "security"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "scanning"))
+
+from test_scan_regressions import known_gap
 
 from harness import CONTRACT_BROKEN, Case, collect, evaluate
-from test_scan_regressions import known_gap
 from variants import TECHNIQUES, benign_files
 
 

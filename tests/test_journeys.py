@@ -21,8 +21,6 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "remote"))
-
 from rangeserver import RangeServer
 
 #: The console script next to this interpreter: what ``pip install`` put on the PATH.

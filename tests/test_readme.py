@@ -7,14 +7,12 @@ server, so it carries a ``skip-test`` marker there and runs here, with ``url`` p
 from __future__ import annotations
 
 import doctest
-import sys
 from pathlib import Path
 
 import fsspec
 import torch
 
 REMOTE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "guide" / "remote.md"
-sys.path.insert(0, str(Path(__file__).parent / "remote"))
 
 from rangeserver import RangeServer  # noqa: E402 - the tests' loopback server
 

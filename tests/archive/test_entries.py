@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from archive_helpers import GOLDEN, ZIP_GOLDEN, write_archive, zip64_sample
 from hypothesis import given
 from hypothesis import strategies as st
 
+from archive_helpers import GOLDEN, ZIP_GOLDEN, write_archive, zip64_sample
 from ptfile._io.local import BytesSource, FileSource, MmapSource
 from ptfile.archive import ZipReader
 from ptfile.archive._bulk import bulk_data_offsets, gathered_data_offsets, sparse

@@ -7,10 +7,10 @@ import zipfile
 from collections.abc import Callable
 
 import pytest
-from archive_helpers import GOLDEN, zip64_sample
 from hypothesis import given
 from hypothesis import strategies as st
 
+from archive_helpers import GOLDEN, zip64_sample
 from ptfile._io.local import BytesSource, FileSource, Source
 from ptfile.archive import ZipReader
 from ptfile.errors import PtfileError

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from archive_helpers import GOLDEN, NOT_ZIP_GOLDEN, TORCH_WRITTEN, ZIP_GOLDEN, write_archive
 
+from archive_helpers import GOLDEN, NOT_ZIP_GOLDEN, TORCH_WRITTEN, ZIP_GOLDEN, write_archive
 from ptfile._io.local import BytesSource, FileSource, MmapSource, Source
 from ptfile.archive import Record, ZipReader
 from ptfile.errors import ArchiveError, LimitExceededError, UnsupportedFeatureError

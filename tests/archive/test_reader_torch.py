@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 
 import pytest
-from archive_helpers import torch_save_options
 
+from archive_helpers import torch_save_options
 from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader, computed_data_offset, computed_next_header_offset
 

@@ -8,10 +8,10 @@ import zipfile
 from typing import Any
 
 import pytest
-from archive_helpers import GOLDEN, TORCH_WRITTEN, zip64_sample
 from hypothesis import given
 from hypothesis import strategies as st
 
+from archive_helpers import GOLDEN, TORCH_WRITTEN, zip64_sample
 from ptfile._io.local import BytesSource
 from ptfile.archive import (
     ZipReader,

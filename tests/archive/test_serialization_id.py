@@ -10,10 +10,10 @@ import zlib
 from pathlib import Path
 
 import pytest
-from archive_helpers import GOLDEN, torch_file_writer, write_archive
 from hypothesis import given
 from hypothesis import strategies as st
 
+from archive_helpers import GOLDEN, torch_file_writer, write_archive
 from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader
 from ptfile.archive import serialization_id as sid

@@ -10,10 +10,10 @@ from __future__ import annotations
 import io
 
 import torch
-from archive_helpers import GOLDEN, ZIP_GOLDEN, torch_file_writer, write_archive, zip64_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from archive_helpers import GOLDEN, ZIP_GOLDEN, torch_file_writer, write_archive, zip64_sample
 from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader
 from ptfile.archive._entries import parse_entries

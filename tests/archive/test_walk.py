@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from archive_helpers import GOLDEN, ZIP_GOLDEN, torch_save_options, write_archive, zip64_sample
 
+from archive_helpers import GOLDEN, ZIP_GOLDEN, torch_save_options, write_archive, zip64_sample
 from ptfile._io.local import BytesSource
 from ptfile.archive import ZipReader
 from ptfile.archive.records import (

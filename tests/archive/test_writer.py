@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from archive_helpers import (
     GOLDEN,
     TORCH_WRITTEN,
@@ -15,9 +18,6 @@ from archive_helpers import (
     torch_save_options,
     write_archive,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
 from ptfile._io.local import BytesSource
 from ptfile.archive import SERIALIZATION_ID_NAME, ZipReader, ZipWriter
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from archive_helpers import write_archive
 from hypothesis import given
 from hypothesis import strategies as st
 
+from archive_helpers import write_archive
 from ptfile._io.local import BytesSource
 from ptfile.archive import MAX_ALIGNMENT, SERIALIZATION_ID_NAME, ZipReader, ZipWriter
 

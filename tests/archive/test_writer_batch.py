@@ -6,10 +6,10 @@ import io
 from collections.abc import Iterator
 
 import pytest
-from archive_helpers import write_archive
 from hypothesis import given
 from hypothesis import strategies as st
 
+from archive_helpers import write_archive
 from ptfile.archive import SERIALIZATION_ID_NAME, ZipWriter
 from ptfile.archive.writer import BATCH_FLUSH_BYTES, BATCH_PAYLOAD_BYTES
 

@@ -9,8 +9,8 @@ from typing import BinaryIO
 
 import numpy as np
 import pytest
-from archive_helpers import rebuild, write_archive
 
+from archive_helpers import rebuild, write_archive
 from ptfile._io.local import BytesSource, FileSource
 from ptfile.archive import SERIALIZATION_ID_NAME, ZipReader, ZipWriter, computed_data_offset
 

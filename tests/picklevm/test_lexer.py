@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pvm_support import PROTOCOLS, normalised_pickletools, objects, outcome
 
 from ptfile.errors import LimitExceededError, PickleStreamError, PtfileError
 from ptfile.limits import Limits
 from ptfile.picklevm import BY_CODE, BY_NAME, OPCODES, Opcode, StreamInfo, check_stream, genops
+from pvm_support import PROTOCOLS, normalised_pickletools, objects, outcome
 
 # --------------------------------------------------------------------------- valid streams
 

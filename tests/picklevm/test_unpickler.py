@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pvm_support import PROTOCOLS, find_builtin, objects, same
 
 from ptfile.errors import (
     LimitExceededError,
@@ -27,6 +26,7 @@ from ptfile.errors import (
 )
 from ptfile.limits import Limits
 from ptfile.picklevm import unpickle
+from pvm_support import PROTOCOLS, find_builtin, objects, same
 
 
 def _load(data: bytes, **kwargs: Any) -> Any:

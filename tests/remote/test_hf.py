@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hubserver import HubServer
 
 import ptfile
+from hubserver import HubServer
 from oracle import assert_same
 
 pytest.importorskip("huggingface_hub")

@@ -66,6 +66,7 @@ def test_files_on_s3_still_open_as_files(s3: dict[str, Any]) -> None:
 def test_suffixless_http_url_is_not_listed_as_a_directory(tmp_path: Path) -> None:
     """fsspec would answer "is it a directory?" over HTTP by fetching the whole page."""
     import torch
+
     from rangeserver import RangeServer
 
     torch.save({"w": torch.zeros(1 << 18)}, tmp_path / "model")

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from rangeserver import Behaviour, RangeServer
 
 import ptfile
 from oracle import assert_same
 from ptfile.model.tree import flatten
+from rangeserver import Behaviour, RangeServer
 
 torch.manual_seed(13)
 GOLDEN = Path(__file__).parent.parent / "golden"

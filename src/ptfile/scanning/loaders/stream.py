@@ -2,7 +2,7 @@
 
 Specified against torch 2.13's ``torch/serialization.py`` and CPython 3.11's
 ``pickle`` (the C unpickler); every claim is checked by
-``tests/security/test_scan_tar_loaders.py``, which runs the real loaders.
+``tests/scanning/test_scan_tar_loaders.py``, which runs the real loaders.
 
 ``torch.load`` (``load``, then ``_legacy_load``)
     A file that does not start with ``PK\\x03\\x04`` (``_is_zipfile`` reads the

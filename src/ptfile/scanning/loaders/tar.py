@@ -2,7 +2,7 @@
 
 Specified against torch 2.13's ``torch/serialization.py`` (``_legacy_load`` and its
 inner ``legacy_load``) and CPython 3.11's ``tarfile``; every claim is checked by
-``tests/security/test_scan_tar_loaders.py``, which runs the real loaders on files
+``tests/scanning/test_scan_tar_loaders.py``, which runs the real loaders on files
 built as torch 0.3 wrote them.
 
 When torch reads a tar

@@ -4,7 +4,7 @@ Each function below lists the records (:class:`Region`) one loader would unpickl
 hand to ``torch.load``, compile or load as native code, with that loader's
 leniency; :func:`zip_regions` merges them (a record two loaders read is one
 region naming both).  Specified against torch 2.13's source and checked by
-running the loaders on mutated archives (``tests/security/test_scan_zip_loaders.py``).
+running the loaders on mutated archives (``tests/scanning/test_scan_zip_loaders.py``).
 
 How torch finds a record
 ------------------------

@@ -84,7 +84,7 @@ TABLE: Final[Mapping[Format, FormatEntry]] = MappingProxyType({
     Format.LEGACY: FormatEntry("legacy_pickle", "read_legacy", stream=True),
     Format.TAR: FormatEntry("legacy_tar", "read_tar", stream=True),
     Format.PT2: FormatEntry("pt2", "read_pt2", "open_pt2"),
-    Format.SAFETENSORS: FormatEntry("safetensors", "read_safetensors", "open_safetensors"),
+    Format.SAFETENSORS: FormatEntry("safetensors.header", "read_safetensors", "open_safetensors"),
 })
 
 

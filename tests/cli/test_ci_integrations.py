@@ -249,6 +249,13 @@ def test_pre_commit_hook_blocks_a_hostile_checkpoint(files: dict[str, Path],
                   "evil.pkl")
     assert hostile.returncode == 1, hostile.stdout + hostile.stderr
     assert "Failed" in hostile.stdout and "DANGEROUS" in hostile.stdout
+    # Any name: torch.load reads a payload by its path, so the hook takes every staged file
+    # and scans those a loader reads (notes.txt is skipped, model.weights is not).
+    shutil.copy(files["evil"], repo / "model.weights")
+    assert run("git", "add", "model.weights").returncode == 0
+    renamed = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "notes.txt",
+                  "model.weights")
+    assert renamed.returncode == 1 and "DANGEROUS" in renamed.stdout, renamed.stdout
     # A training checkpoint's RNG state: unknown numpy names block the commit, until the
     # repository's [tool.ptfile] table allows numpy (no blanket --allow-unknown).
     torch.save({"numpy": np.random.get_state(), "cpu": torch.get_rng_state()},
@@ -362,3 +369,24 @@ def test_the_workflow_example_parses_and_its_scan_runs(files: dict[str, Path],
     uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
             for r in log["runs"][0]["results"]}
     assert uris == {"models/evil.pkl"}
+
+
+def test_loadable_only_scans_what_a_loader_reads(files: dict[str, Path], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``scan --loadable-only`` (the hook's): a named file no torch loader reads is skipped,
+    one it reads is scanned whatever its name; with nothing left, the exit is 0."""
+    from ptfile.cli import main
+
+    (tmp_path / "README.md").write_text("# a repository\n")
+    shutil.copy(files["evil"], tmp_path / "model.weights")
+    shutil.copy(files["clean"], tmp_path / "clean.pt")
+    readme, weights, clean = (str(tmp_path / n) for n in ("README.md", "model.weights",
+                                                          "clean.pt"))
+    assert main(["scan", "--no-config", readme]) == 2  # named, no checkpoint: an error
+    capsys.readouterr()
+    assert main(["scan", "--no-config", "--loadable-only", readme]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["scan", "--no-config", "--loadable-only", "--json", readme, weights,
+                 clean]) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert [doc["path"] for doc in found] == [weights, clean]

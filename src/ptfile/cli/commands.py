@@ -119,6 +119,8 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     args.json = args.json or args.format == "json"
     results, codes = [], [EXIT_OK]
     for path in args.files:
+        if args.loadable_only and not _loadable(path):
+            continue  # no loader of torch's reads it: skipped, as a folder walk skips it
         try:
             result = args.allow_list.apply(scan(_cli_bulk.record_of(args, path)))
         except (PtfileError, OSError) as exc:
@@ -132,11 +134,28 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     if args.format == "sarif":
         _print_json(_sarif(results, args, code), out)
     elif args.json:
-        _print_json(results if len(results) > 1 else results[0], out)
+        _print_json(results if len(results) != 1 else results[0], out)
     else:
         for doc in results:
             _render_scan(doc, out, args.verbose)
     return code
+
+
+def _loadable(path: str) -> bool:
+    """Whether one of torch's loaders could read the file ``path`` (by its name and first
+    bytes: :func:`ptfile.formats.detection.loader_of`, the folder walk's test); a path that
+    is no local regular file (a folder, a URL, a missing file) is scanned as named."""
+    from ..formats.detection import SNIFF_BYTES, loader_of
+
+    if not os.path.isfile(path):
+        return True
+    try:
+        with open(path, "rb") as fp:
+            head = fp.read(SNIFF_BYTES)
+            size = os.fstat(fp.fileno()).st_size
+    except OSError:
+        return True  # the scan says what is wrong with it
+    return loader_of(head, path, size) is not None
 
 
 def _sarif(docs: list[dict[str, Any]], args: argparse.Namespace, code: int) -> Any:
@@ -328,6 +347,10 @@ def _args_scan(p: argparse.ArgumentParser) -> None:
                         "sarif: one SARIF 2.1.0 log for CI code scanning (one result per "
                         "finding; rules by capability)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list allowed globals")
+    p.add_argument("--loadable-only", action="store_true",
+                   help="skip a named file that none of torch's loaders reads (by its name "
+                        "and first bytes, as a folder walk decides): the pre-commit hook "
+                        "hands every staged file")
     g = p.add_argument_group("allowing (also from pyproject.toml's [tool.ptfile] table)")
     g.add_argument("--allow", action="append", default=[], metavar="MODULE.NAME",
                    help="count this unknown global as allowed (repeatable; a glob matches "

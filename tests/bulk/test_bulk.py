@@ -16,18 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 import ptfile
-from bulk_corpus import corpus, die_on, kind_of
+from bulk_corpus import EXPECTED, corpus, die_on, kind_of
 from ptfile import bulk
 
-#: What each kind of corpus file must give, per command.
-EXPECTED = {
-    "scan": {"clean": "allowed", "clean2": "allowed", "torch": "allowed", "legacy": "allowed",
-             "dangerous-zip": "dangerous", "dangerous-pickle": "dangerous",
-             "damaged": "error", "not-a-checkpoint": "error"},
-    "verify": {"clean": "ok", "clean2": "ok", "torch": "ok", "legacy": "ok",
-               "dangerous-zip": "ok", "dangerous-pickle": "error", "damaged": "damaged",
-               "not-a-checkpoint": "error"},
-}
 #: Fields that differ between runs.
 TIMING = ("seconds",)
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
-import sys
 import unicodedata
 import zipfile
 from pathlib import Path
@@ -23,8 +21,8 @@ import pytest
 import torch
 
 from ptfile.cli.text import inert, shown
+from terminal import PTFILE, on_terminal
 
-PTFILE = str(Path(sys.executable).parent / "ptfile")
 #: Cursor up, erase the line, back to its start: what erases a DANGEROUS line above it.
 ERASE = "\x1b[1A\x1b[2K\r"
 #: The Unicode categories no output may write as they are.
@@ -38,29 +36,6 @@ def forged_global(path: Path) -> str:
     raw = name.encode()
     path.write_bytes(b"\x80\x04\x8c\x02os\x8c" + bytes([len(raw)]) + raw + b"\x93)R.")
     return name
-
-
-def on_terminal(*args: object, cwd: Path | None = None) -> tuple[int, str, str]:
-    """The command run with stdout on a pseudo-terminal: exit code, stdout, stderr."""
-    master, slave = os.openpty()
-    proc = subprocess.Popen([PTFILE, *map(str, args)], stdout=slave, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, cwd=cwd)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 1 << 16)
-        except OSError:  # EIO: the command closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    code = proc.wait(timeout=120)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
-    return code, b"".join(chunks).decode().replace("\r\n", "\n"), err  # the tty's ONLCR
 
 
 def hidden_in(text: str) -> list[str]:

@@ -8,31 +8,20 @@ The installed command runs with its stdout on a pseudo-terminal (``pty.openpty``
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bulk_corpus import corpus, kind_of
+from bulk_corpus import EXPECTED, corpus, kind_of
+from terminal import PTFILE, on_terminal
 
-PTFILE = str(Path(sys.executable).parent / "ptfile")  # the installed command
 #: A file name a hostile folder may hold: an escape sequence that retitles the terminal, a
 #: bell, a carriage return that would write the rest over the start of the line.
 HOSTILE = "ev\x1b]0;owned\x07\ril-dangerous-pickle.pkl"
 #: Characters no text output may hold as they are (after the tty's \r\n became \n).
 RAW = ("\x1b", "\x07", "\r")
-#: What each kind of file must give, per command (the corpus's names say the kind).
-EXPECTED = {
-    "scan": {"clean": "allowed", "clean2": "allowed", "torch": "allowed", "legacy": "allowed",
-             "dangerous-zip": "dangerous", "dangerous-pickle": "dangerous",
-             "damaged": "error", "not-a-checkpoint": "error"},
-    "verify": {"clean": "ok", "clean2": "ok", "torch": "ok", "legacy": "ok",
-               "dangerous-zip": "ok", "dangerous-pickle": "error", "damaged": "damaged",
-               "not-a-checkpoint": "error"},
-}
 
 
 @pytest.fixture(scope="module")
@@ -46,27 +35,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def on_terminal(*args: str | Path) -> tuple[int, str]:
-    """Run the command with stdout on a pseudo-terminal; its exit code and what it wrote."""
-    master, slave = os.openpty()
-    proc = subprocess.Popen([PTFILE, *map(str, args)], stdout=slave, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 1 << 16)
-        except OSError:  # EIO: the command has closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    code = proc.wait(timeout=120)
-    assert proc.stderr is not None
-    assert proc.stderr.read() == b""
-    proc.stderr.close()
-    return code, b"".join(chunks).decode().replace("\r\n", "\n")  # the tty's ONLCR
+def on_tty(*args: str | Path) -> tuple[int, str]:
+    """The command on a pseudo-terminal: its exit code and what it wrote (no stderr)."""
+    code, text, err = on_terminal(*args)
+    assert err == ""
+    return code, text
 
 
 def through_pipe(*args: str | Path) -> tuple[int, str]:
@@ -106,7 +79,7 @@ def shown(path: str) -> str:
 @pytest.mark.parametrize("command", ["scan", "verify"])
 def test_a_folder_on_a_terminal_is_a_table_and_through_a_pipe_json_lines(
         folder: Path, command: str) -> None:
-    code, text = on_terminal(command, folder)
+    code, text = on_tty(command, folder)
     piped, lines = through_pipe(command, folder)
     records, summary = json_lines(lines)
     assert code == piped == summary["exit_code"] != 0
@@ -130,22 +103,22 @@ def test_a_folder_on_a_terminal_is_a_table_and_through_a_pipe_json_lines(
 
 
 def test_format_overrides_the_terminal(folder: Path) -> None:
-    code, text = on_terminal("inspect", folder, "--format", "jsonl")
+    code, text = on_tty("inspect", folder, "--format", "jsonl")
     records, summary = json_lines(text)
     assert code == summary["exit_code"] == 2 and len(records) == 9
     piped, table = through_pipe("inspect", folder, "--format", "text")
     assert piped == code and table.startswith("path ") and "Needs attention" in table
     assert set(table_rows(table)) == {shown(r["path"]) for r in records}
     # scan's --jsonl and --format jsonl are one thing; --format text on a terminal too
-    assert json_lines(on_terminal("scan", folder, "--jsonl")[1])[1]["exit_code"] == 1
-    explicit, default = on_terminal("scan", folder, "--format", "text"), on_terminal("scan", folder)
+    assert json_lines(on_tty("scan", folder, "--jsonl")[1])[1]["exit_code"] == 1
+    explicit, default = on_tty("scan", folder, "--format", "text"), on_tty("scan", folder)
     assert explicit[0] == default[0] == 1
     assert explicit[1].split("\n\n")[0] == default[1].split("\n\n")[0]  # the tables
 
 
 def test_one_named_file_on_a_terminal_is_reported_as_before(folder: Path) -> None:
     name = folder / "d00" / HOSTILE
-    code, text = on_terminal("scan", name)
+    code, text = on_tty("scan", name)
     assert code == 1 and not any(c in text for c in RAW)
     assert text.startswith(f"{shown(str(name))}: DANGEROUS (pickle; 1 dangerous)\n")
 

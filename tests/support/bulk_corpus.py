@@ -80,6 +80,17 @@ KINDS: Final[dict[str, tuple[str, Callable[[int, int], bytes]]]] = {
 }
 
 
+#: What each kind of corpus file must give, per command (the bulk API, the CLI's reports).
+EXPECTED: Final = {
+    "scan": {"clean": "allowed", "clean2": "allowed", "torch": "allowed", "legacy": "allowed",
+             "dangerous-zip": "dangerous", "dangerous-pickle": "dangerous",
+             "damaged": "error", "not-a-checkpoint": "error"},
+    "verify": {"clean": "ok", "clean2": "ok", "torch": "ok", "legacy": "ok",
+               "dangerous-zip": "ok", "dangerous-pickle": "error", "damaged": "damaged",
+               "not-a-checkpoint": "error"},
+}
+
+
 def kind_of(name: str) -> str:
     """The kind a corpus file name carries."""
     stem = name.rsplit("/", 1)[-1].split(".")[0]

@@ -273,6 +273,13 @@ class DCPReader(Mapping[str, Tensor]):
         """Bytes of the items the metadata lists (no file is opened to say)."""
         return sum(info.length for info in self.meta.storage_data.values())
 
+    def load_tensors(self) -> dict[str, Tensor]:
+        """Every tensor assembled now, with its data; an alias (:attr:`aliases`) is its kept
+        tensor, one object under both names, as :func:`ptfile.load_dcp` gives them."""
+        out = {name: self[name] for name in self._items if name not in self.aliases}
+        out.update({alias: out[kept] for alias, kept in self.aliases.items()})
+        return {name: out[name] for name in self}
+
     def tensors(self) -> dict[str, Tensor]:
         """Every tensor by FQN, without data (shape, dtype, contiguous stride); the same
         objects as in :attr:`object`."""

@@ -32,7 +32,7 @@ import builtins
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -46,6 +46,8 @@ from ..reader import open as open_file
 
 __all__ = ["Route", "SetReader", "ShardedReader", "open_part", "open_set", "part_policy",
            "read_json", "role_of", "role_policy"]
+
+_T = TypeVar("_T")
 
 #: Roles read structurally whatever the caller's policy (module docstring).
 STRUCTURAL_ROLES: Final = frozenset({"training_args"})
@@ -109,42 +111,29 @@ class _Merged(Mapping[str, Tensor]):
         ck, inner, file = self._route(name)
         return _renamed(ck.info(inner), name, file)
 
+    def _gathered(self, table: Callable[[Any], Mapping[str, _T]]
+                  ) -> Iterator[tuple[str, Route, _T]]:
+        """Each name with its route and what ``table`` (asked once per reader, for all of
+        that reader's names) gives for it."""
+        tables: dict[int, Mapping[str, _T]] = {}
+        for name, route in self._routes.items():
+            found = tables.get(id(route.reader))
+            if found is None:
+                found = tables[id(route.reader)] = table(route.reader)
+            yield name, route, found[route.name]
+
     def infos(self) -> Iterator[TensorInfo]:
         """Every tensor's metadata, in name order."""
-        by_reader: dict[int, dict[str, TensorInfo]] = {}
-        for name, (ck, inner, file) in self._routes.items():
-            infos = by_reader.get(id(ck))
-            if infos is None:
-                infos = by_reader[id(ck)] = {t.name: t for t in ck.infos()}
-            yield _renamed(infos[inner], name, file)
+        for name, route, info in self._gathered(lambda ck: {t.name: t for t in ck.infos()}):
+            yield _renamed(info, name, route.file)
 
     def tensors(self) -> dict[str, Tensor]:
         """Every tensor without data, by set name."""
-        cache: dict[int, dict[str, Tensor]] = {}
-        out = {}
-        for name, (ck, inner, _) in self._routes.items():
-            table = cache.get(id(ck))
-            if table is None:
-                table = cache[id(ck)] = ck.tensors()
-            out[name] = table[inner]
-        return out
+        return {name: t for name, _, t in self._gathered(lambda ck: ck.tensors())}
 
     def load_tensors(self) -> dict[str, Tensor]:
         """Every tensor with its data (ties inside one part kept)."""
-        cache: dict[int, dict[str, Tensor]] = {}
-        out = {}
-        for name, (ck, inner, _) in self._routes.items():
-            table = cache.get(id(ck))
-            if table is None:
-                table = cache[id(ck)] = _load_tensors(ck)
-            out[name] = table[inner]
-        return out
-
-
-def _load_tensors(ck: Any) -> dict[str, Tensor]:
-    if isinstance(ck, CheckpointReader) or hasattr(ck, "load_tensors"):
-        return ck.load_tensors()  # type: ignore[no-any-return]
-    return {name: ck[name] for name in ck}  # a DCP reader: each tensor assembled now
+        return {name: t for name, _, t in self._gathered(lambda ck: ck.load_tensors())}
 
 
 def _renamed(info: TensorInfo, name: str, file: str) -> TensorInfo:

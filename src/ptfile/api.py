@@ -162,6 +162,7 @@ def load(
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
     limits = limits or DEFAULT_LIMITS
     record = resolve_input(f, storage_options, limits=limits)
+    storage_options = record.storage_options  # a record handed in carries its own
     if record.is_folder:
         return _load_folder(record, map_location, mmap, limits, skip_data, weights_only,
                             structural, pickle_load_args)
@@ -401,6 +402,7 @@ def detect_format(f: FileLike | Input, *, limits: Limits | None = None,
     <Format.LEGACY: 'legacy'>
     """
     record = resolve_input(f, storage_options)
+    storage_options = record.storage_options  # a record handed in carries its own
     kind = record.kind
     if kind.is_folder:
         return Format.DCP if kind.is_dcp_readable else Format.ZERO if kind is InputKind.ZERO \
@@ -535,6 +537,7 @@ def open(f: FileLike | Input, *, mmap: bool = True, limits: Limits | None = None
     numpy_values = reads_numpy_values(weights_only)  # a DCP folder's values, as torch's
     structural = loads_structurally(weights_only, structural)
     record = resolve_input(f, storage_options, limits=limits or DEFAULT_LIMITS)
+    storage_options = record.storage_options  # a record handed in carries its own
     if record.kind is InputKind.FOLDER:
         raise record.many_files("open each file, or inspect/scan/verify the folder in bulk")
     if record.kind.is_dcp_readable:  # a DCP folder of either writer

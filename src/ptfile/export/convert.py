@@ -311,6 +311,8 @@ def convert(src: str | Input, dst: str, *, to: str, shared: SharedPolicy = "dedu
         From reading or writing.
     """
     record = resolve_input(src, storage_options)
+    if storage_options is None:  # a record handed in carries its own
+        storage_options = record.storage_options
     if record.kind is InputKind.FOLDER:
         raise record.many_files("convert them in bulk (ptfile.bulk.convert, or --out-prefix)")
     if zero and any(v not in (None, False) for v in zero.values()) \

@@ -188,6 +188,7 @@ def scan(f: FileLike | bytes, *, limits: Limits | None = None,
     """
     limits = limits or DEFAULT_LIMITS
     record = resolve_input(f, storage_options, limits=limits)
+    storage_options = record.storage_options  # a record handed in carries its own
     if record.kind is InputKind.FOLDER:
         raise record.many_files("scan them in bulk (ptfile.bulk.scan, or the command line's scan "
                                "of the folder)")

@@ -380,6 +380,7 @@ def test_loadable_only_scans_what_a_loader_reads(files: dict[str, Path], tmp_pat
     (tmp_path / "README.md").write_text("# a repository\n")
     shutil.copy(files["evil"], tmp_path / "model.weights")
     shutil.copy(files["clean"], tmp_path / "clean.pt")
+    (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")  # named as one: scanned
     readme, weights, clean = (str(tmp_path / n) for n in ("README.md", "model.weights",
                                                           "clean.pt"))
     assert main(["scan", "--no-config", readme]) == 2  # named, no checkpoint: an error
@@ -390,3 +391,4 @@ def test_loadable_only_scans_what_a_loader_reads(files: dict[str, Path], tmp_pat
                  clean]) == 1
     found = json.loads(capsys.readouterr().out)
     assert [doc["path"] for doc in found] == [weights, clean]
+    assert main(["scan", "--no-config", "--loadable-only", str(tmp_path / "broken.pt")]) == 2

@@ -142,20 +142,13 @@ def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _loadable(path: str) -> bool:
-    """Whether one of torch's loaders could read the file ``path`` (by its name and first
-    bytes: :func:`ptfile.formats.detection.loader_of`, the folder walk's test); a path that
-    is no local regular file (a folder, a URL, a missing file) is scanned as named."""
-    from ..formats.detection import SNIFF_BYTES, loader_of
+    """Whether a folder walk would keep the file ``path`` (:func:`ptfile.formats.walk.loadable`:
+    named as a checkpoint, or a torch loader reads its first bytes); a path that is no local
+    regular file (a folder, a URL, a missing file) or cannot be read is scanned as named,
+    so the scan says what is wrong with it."""
+    from ..formats.walk import loadable
 
-    if not os.path.isfile(path):
-        return True
-    try:
-        with open(path, "rb") as fp:
-            head = fp.read(SNIFF_BYTES)
-            size = os.fstat(fp.fileno()).st_size
-    except OSError:
-        return True  # the scan says what is wrong with it
-    return loader_of(head, path, size) is not None
+    return not os.path.isfile(path) or loadable(path) is not False
 
 
 def _sarif(docs: list[dict[str, Any]], args: argparse.Namespace, code: int) -> Any:

@@ -42,7 +42,7 @@ from typing import Any
 from .detection import SNIFF_BYTES, loader_of
 from .inputs import InputKind, checkpoint_files, is_checkpoint_name
 
-__all__ = ["Found", "Tree", "walk_tree"]
+__all__ = ["Found", "Tree", "loadable", "walk_tree"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,19 +181,28 @@ def _mode(entry: os.DirEntry[str]) -> int:
         return 0
 
 
+def loadable(path: str, name: str | None = None) -> bool | None:
+    """Whether the local file ``path`` (named ``name``, its base name by default) is one a
+    walk keeps: named as a checkpoint (not read), or one of torch's loaders reads its first
+    :data:`~.detection.SNIFF_BYTES` (:func:`~.detection.loader_of`); None when it cannot be
+    read to say."""
+    name = os.path.basename(path) if name is None else name
+    if is_checkpoint_name(name):
+        return True
+    try:
+        with open(path, "rb") as fp:
+            head = fp.read(SNIFF_BYTES)
+            size = os.fstat(fp.fileno()).st_size
+    except OSError:
+        return None
+    return loader_of(head, name, size) is not None
+
+
 def _look(walk: _Walk, path: str, name: str, real_root: str) -> None:
     """Keep ``path`` when it is named as a checkpoint or a loader reads it; else skip it."""
-    if not is_checkpoint_name(name):
-        try:
-            with open(path, "rb") as fp:
-                head = fp.read(SNIFF_BYTES)
-                size = os.fstat(fp.fileno()).st_size
-        except OSError:
-            walk.skipped.append(path)
-            return
-        if loader_of(head, name, size) is None:
-            walk.skipped.append(path)
-            return
+    if not loadable(path, name):
+        walk.skipped.append(path)
+        return
     real = os.path.realpath(path)
     inside = real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
     walk.files.append(Found(path, None if inside else real))

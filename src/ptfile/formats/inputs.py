@@ -67,6 +67,7 @@ __all__ = [
     "folder_kind",
     "is_checkpoint_name",
     "read_index",
+    "read_small",
     "resolve_input",
 ]
 
@@ -442,7 +443,7 @@ def _folder(given: object, location: str, names: list[str],
     model = record.part("model")
     if model is None or model.index is None:
         return record
-    weight_map = read_index(_read_small(record.path(model.index), storage_options, limits),
+    weight_map = read_index(read_small(record.path(model.index), storage_options, limits),
                             record.path(model.index), limits)
     return Input(kind, given, location, storage_options, tuple(names), parts, weight_map)
 
@@ -453,7 +454,7 @@ def _from_index(given: object, name: str, storage_options: Mapping[str, Any] | N
     folder, _, index = name.rstrip("/").rpartition("/" if is_url(name) else os.sep)
     folder = folder or "."
     where = name
-    weight_map = read_index(_read_small(name, storage_options, limits), where, limits)
+    weight_map = read_index(read_small(name, storage_options, limits), where, limits)
     shards = tuple(dict.fromkeys(weight_map.values()))
     st = _SHARD_INDEX.fullmatch(index) is not None
     if not st and not _BIN_INDEX.fullmatch(index):
@@ -464,21 +465,32 @@ def _from_index(given: object, name: str, storage_options: Mapping[str, Any] | N
                  (*shards, index), (part,), weight_map)
 
 
-def _read_small(path: str, storage_options: Mapping[str, Any] | None, limits: Limits) -> bytes:
-    """The bytes of a small file (an index), refusing one over ``max_json_bytes``."""
+def read_small(path: str, storage_options: Mapping[str, Any] | None, limits: Limits,
+               what: str = "the index") -> bytes:
+    """The bytes of a small file of a checkpoint folder (an index, ``trainer_state.json``,
+    DeepSpeed's ``latest``), path or URL, refusing one over ``Limits.max_json_bytes``
+    before reading it.
+
+    Raises
+    ------
+    FormatError
+        The file is missing or cannot be read.
+    LimitExceededError
+        It is larger than ``Limits.max_json_bytes``.
+    """
     from .._io.remote import open_any
 
     try:
         source = open_any(path, storage_options=storage_options, limits=limits, lazy=True)
     except FileNotFoundError as exc:
-        raise FormatError(f"{path}: the index is missing") from exc
+        raise FormatError(f"{path}: {what} is missing") from exc
     except OSError as exc:
-        raise FormatError(f"{path}: the index cannot be read: {exc}") from exc
+        raise FormatError(f"{path}: {what} cannot be read: {exc}") from exc
     try:
         if source.size > limits.max_json_bytes:
             raise LimitExceededError("max_json_bytes", limits.max_json_bytes, source.size,
-                                     f"{path}: the index")
-        return bytes(source.pread(0, source.size, "the index"))
+                                     f"{path}: {what}")
+        return bytes(source.pread(0, source.size, what))
     finally:
         source.close()
 

@@ -36,9 +36,9 @@ from typing import Any, Final, NamedTuple, TypeVar
 
 import numpy as np
 
-from ..errors import FormatError, LimitExceededError, PtfileError, add_note
+from ..errors import FormatError, PtfileError, add_note
 from ..formats import Format
-from ..formats.inputs import Input, InputKind, Part
+from ..formats.inputs import Input, InputKind, Part, read_small
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Tensor
 from ..reader import CheckpointReader, TensorInfo
@@ -240,17 +240,15 @@ def role_policy(role: str) -> Iterator[None]:
 
 
 def read_json(record: Input, name: str, limits: Limits) -> Any:
-    from .._io.remote import open_any
+    """A JSON part of a set (``trainer_state.json``), bounded as every small file of a
+    checkpoint folder is (:func:`~ptfile.formats.inputs.read_small`).
 
-    source = open_any(record.path(name), storage_options=record.storage_options,
-                      limits=limits, lazy=True)
-    try:
-        if source.size > limits.max_json_bytes:
-            raise LimitExceededError("max_json_bytes", limits.max_json_bytes, source.size,
-                                     record.path(name))
-        text = bytes(source.pread(0, source.size, name))
-    finally:
-        source.close()
+    Raises
+    ------
+    FormatError, LimitExceededError
+        Missing, unreadable, too large or not JSON.
+    """
+    text = read_small(record.path(name), record.storage_options, limits, name)
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:

@@ -37,7 +37,6 @@ from .._io.remote import filesystem, open_any
 from ..archive.records import METHOD_STORED
 from ..errors import (
     FormatError,
-    LimitExceededError,
     PtfileError,
     UnsupportedFeatureError,
     add_note,
@@ -45,6 +44,7 @@ from ..errors import (
 )
 from ..formats import open_detected
 from ..formats.detection import detect_source
+from ..formats.inputs import read_small
 from ..formats.options import Policy, ReadOptions
 from ..limits import Limits
 from ..model.dtypes import DType
@@ -100,14 +100,7 @@ def _is_dir(folder: str, storage_options: Mapping[str, Any] | None) -> bool:
 
 
 def _read_latest(path: str, storage_options: Mapping[str, Any] | None, limits: Limits) -> str:
-    source = open_any(path, storage_options=storage_options, limits=limits, lazy=True)
-    try:
-        if source.size > limits.max_json_bytes:  # a tag name is a few bytes
-            raise LimitExceededError("max_json_bytes", limits.max_json_bytes, source.size,
-                                     f"{path}: the latest tag")
-        text = bytes(source.pread(0, source.size, "the latest tag"))
-    finally:
-        source.close()
+    text = read_small(path, storage_options, limits, "the latest tag")  # a few bytes
     try:
         tag = text.decode("utf-8").strip()
     except UnicodeDecodeError as exc:

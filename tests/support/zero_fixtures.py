@@ -157,6 +157,16 @@ def _expected(case: Case, out: Path) -> None:
     convert_zero_checkpoint_to_fp32_state_dict(folder, str(out / (case.name + ".cli")))
 
 
+def _no_shm_op() -> None:
+    """Skip DeepSpeed's shared-memory all-reduce op: ``init_distributed`` compiles it with
+    ninja on CPU (about 25 s of both cores in each new environment), and only
+    ``inference_all_reduce`` uses it; training reduces through the gloo process group."""
+    import importlib
+
+    # by module name: ``deepspeed.comm.torch`` as an attribute is the torch package
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def _worker(out: str, names: list[str]) -> None:
     """Run in each rank's process: every case named, in turn."""
     import logging
@@ -165,6 +175,7 @@ def _worker(out: str, names: list[str]) -> None:
     import torch
 
     deepspeed.utils.logger.setLevel(logging.ERROR)
+    _no_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     for case in (c for c in CASES if c.name in names):
         _train_and_save(case, Path(out))

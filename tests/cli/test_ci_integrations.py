@@ -8,7 +8,8 @@ code scanning's documented rules that can be checked offline (:func:`github_prob
 its regions are bytes of the file (read back here).  The workflow of
 ``examples/github-actions/ptfile-scan.yml`` is parsed and its scan step run on a small
 tree; the hook of ``.pre-commit-hooks.yaml`` runs under the real ``pre-commit`` tool
-(``try-repo``) on a temporary git repository, with and without a ``[tool.ptfile]`` table.
+(``pre-commit run``, the hook installed from a snapshot of this working tree as ``try-repo``
+takes it) on a temporary git repository, with and without a ``[tool.ptfile]`` table.
 """
 
 from __future__ import annotations
@@ -220,51 +221,74 @@ def test_sarif_over_a_folder_is_one_log(files: dict[str, Path]) -> None:
     assert {r["ruleId"] for r in verbose["runs"][0]["results"]} == {"PTF900"}
 
 
+def _hook_repo(dest: Path) -> str:
+    """ROOT's working tree as ``pre-commit try-repo`` takes it (tracked and untracked files
+    git does not ignore, as they are now) committed in a repository of its own; its commit.
+    ``try-repo`` installs the hook into a fresh store at every call (~6 s each); from this
+    repository ``pre-commit run`` installs it once and reuses the environment."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (ROOT / name).is_file():  # a tracked file deleted in the tree is listed too
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "hooks"]):
+        subprocess.run(["git", "-C", str(dest), *args], check=True, capture_output=True,
+                       env={**os.environ, **GIT_ID})
+    return subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+          "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+
+
 @pytest.mark.slow  # pre-commit builds its own environment
 @pytest.mark.skipif(shutil.which("git") is None, reason="pre-commit needs git")
 def test_pre_commit_hook_blocks_a_hostile_checkpoint(files: dict[str, Path],
                                                      tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
+    repo, hooks = tmp_path / "repo", tmp_path / "hooks"
     repo.mkdir()
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "GIT_AUTHOR_NAME": "t",
-           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.invalid", "PATH": f"{BIN}{os.pathsep}"
-           f"{os.environ.get('PATH', '')}"}
+    hooks.mkdir()
+    env = {**os.environ, **GIT_ID, "PRE_COMMIT_HOME": str(tmp_path / "cache"),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(args), cwd=repo, env=env, capture_output=True, text=True,
                               timeout=600, check=False)
 
+    def hook(*names: str) -> subprocess.CompletedProcess[str]:
+        return run(str(BIN / "pre-commit"), "run", "ptfile-scan", "--files", *names)
+
     assert run("git", "init", "-q").returncode == 0
+    (repo / ".pre-commit-config.yaml").write_text(yaml.safe_dump({"repos": [{
+        "repo": str(hooks), "rev": _hook_repo(hooks), "hooks": [{"id": "ptfile-scan"}]}]}))
     shutil.copy(files["clean"], repo / "clean.pt")
     shutil.copy(files["evil"], repo / "evil.pkl")
     (repo / "notes.txt").write_text("not scanned")
-    assert run("git", "add", "clean.pt", "evil.pkl", "notes.txt").returncode == 0
-    pre_commit = str(BIN / "pre-commit")
-    clean = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "clean.pt",
-                "notes.txt")
+    assert run("git", "add", ".pre-commit-config.yaml", "clean.pt", "evil.pkl",
+               "notes.txt").returncode == 0
+    clean = hook("clean.pt", "notes.txt")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "Passed" in clean.stdout
-    hostile = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "clean.pt",
-                  "evil.pkl")
+    hostile = hook("clean.pt", "evil.pkl")
     assert hostile.returncode == 1, hostile.stdout + hostile.stderr
     assert "Failed" in hostile.stdout and "DANGEROUS" in hostile.stdout
     # Any name: torch.load reads a payload by its path, so the hook takes every staged file
     # and scans those a loader reads (notes.txt is skipped, model.weights is not).
     shutil.copy(files["evil"], repo / "model.weights")
     assert run("git", "add", "model.weights").returncode == 0
-    renamed = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "notes.txt",
-                  "model.weights")
+    renamed = hook("notes.txt", "model.weights")
     assert renamed.returncode == 1 and "DANGEROUS" in renamed.stdout, renamed.stdout
     # A training checkpoint's RNG state: unknown numpy names block the commit, until the
     # repository's [tool.ptfile] table allows numpy (no blanket --allow-unknown).
     torch.save({"numpy": np.random.get_state(), "cpu": torch.get_rng_state()},
                repo / "rng_state.pth")
     assert run("git", "add", "rng_state.pth").returncode == 0
-    blocked = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "rng_state.pth")
+    blocked = hook("rng_state.pth")
     assert blocked.returncode == 1 and "UNKNOWN" in blocked.stdout, blocked.stdout
     (repo / "pyproject.toml").write_text("[tool.ptfile]\nallow-numpy = true\n")
-    passed = run(pre_commit, "try-repo", str(ROOT), "ptfile-scan", "--files", "rng_state.pth")
+    passed = hook("rng_state.pth")
     assert passed.returncode == 0 and "Passed" in passed.stdout, passed.stdout
 
 

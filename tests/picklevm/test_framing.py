@@ -114,13 +114,14 @@ def test_framing_bytearray_is_bytearray8_only_from_protocol_5() -> None:
 
 def test_framing_header_lengths_switch_at_the_c_picklers_limits() -> None:
     # The 8-byte forms need 4 GiB payloads: their headers are checked on their own.
-    assert framing._str_header(255) == b"\x8c\xff"
-    assert framing._str_header(256) == b"X\x00\x01\x00\x00"
-    assert framing._str_header(2**32 - 1) == b"X\xff\xff\xff\xff"
-    assert framing._str_header(2**32) == b"\x8d" + (2**32).to_bytes(8, "little")
-    assert framing._bytes_header(255) == b"C\xff"
-    assert framing._bytes_header(2**32 - 1) == b"B\xff\xff\xff\xff"
-    assert framing._bytes_header(2**32) == b"\x8e" + (2**32).to_bytes(8, "little")
+    header = framing._payload_header
+    assert header(framing._STR_CODES, 255) == b"\x8c\xff"
+    assert header(framing._STR_CODES, 256) == b"X\x00\x01\x00\x00"
+    assert header(framing._STR_CODES, 2**32 - 1) == b"X\xff\xff\xff\xff"
+    assert header(framing._STR_CODES, 2**32) == b"\x8d" + (2**32).to_bytes(8, "little")
+    assert header(framing._BYTES_CODES, 255) == b"C\xff"
+    assert header(framing._BYTES_CODES, 2**32 - 1) == b"B\xff\xff\xff\xff"
+    assert header(framing._BYTES_CODES, 2**32) == b"\x8e" + (2**32).to_bytes(8, "little")
 
 
 @pytest.mark.parametrize("protocol", FRAMED)

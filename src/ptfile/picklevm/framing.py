@@ -114,20 +114,19 @@ def _utf8(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
 
-def _str_header(size: int) -> bytes:
-    if size <= 0xFF:
-        return OP_U8.pack(SHORT_BINUNICODE, size)
-    if size <= U32_MAX:
-        return OP_U32.pack(BINUNICODE, size)
-    return OP_U64.pack(BINUNICODE8, size)
+#: The opcodes of a str's and of a bytes' payload, by length prefix: u8, u32, u64.
+_STR_CODES: Final = (SHORT_BINUNICODE, BINUNICODE, BINUNICODE8)
+_BYTES_CODES: Final = (SHORT_BINBYTES, BINBYTES, BINBYTES8)
 
 
-def _bytes_header(size: int) -> bytes:
+def _payload_header(codes: tuple[bytes, bytes, bytes], size: int) -> bytes:
+    """The opcode and length of a payload of ``size`` bytes: the shortest prefix it fits."""
+    short, long, huge = codes
     if size <= 0xFF:
-        return OP_U8.pack(SHORT_BINBYTES, size)
+        return OP_U8.pack(short, size)
     if size <= U32_MAX:
-        return OP_U32.pack(BINBYTES, size)
-    return OP_U64.pack(BINBYTES8, size)
+        return OP_U32.pack(long, size)
+    return OP_U64.pack(huge, size)
 
 
 class FramedEmitter(Emitter):
@@ -232,14 +231,14 @@ class FramedEmitter(Emitter):
         if self.fetch_memoized(obj):
             return
         data = _utf8(obj)
-        self.write_payload(_str_header(len(data)), data)
+        self.write_payload(_payload_header(_STR_CODES, len(data)), data)
         self.memoize(obj)
 
     def save_bytes4(self, obj: bytes) -> None:
         self.boundary()
         if self.fetch_memoized(obj):
             return
-        self.write_payload(_bytes_header(len(obj)), obj)
+        self.write_payload(_payload_header(_BYTES_CODES, len(obj)), obj)
         self.memoize(obj)
 
     def save_bytearray5(self, obj: bytearray) -> None:
@@ -389,7 +388,7 @@ class FramedEmitter(Emitter):
                 self.fetch(index)
                 return
         data = _utf8(text)
-        self.write_payload(_str_header(len(data)), data)
+        self.write_payload(_payload_header(_STR_CODES, len(data)), data)
         index = len(self.memo) + self.unkeyed
         self.unkeyed += 1  # a str of its own: memoised under no id of the graph's
         self.write(MEMOIZE)

@@ -52,7 +52,6 @@ from typing import Any, Final
 
 from ..errors import PtfileError, SaveError, add_note, brief
 from ._codes import (
-    BININT1_CODES,
     BINPERSID,
     BINUNICODE,
     LONG_BINPUT,
@@ -245,7 +244,7 @@ class PairWriter(ViewWriter):
         count = len(pid)
         parts.append(head)
         parts.append(_PID_OPEN[count] if count < 4 else _PID_OPEN[4])
-        self.write_pid_items(pid, parts)
+        self.add_pid_items(pid, parts)
         size_put = self.shapes.get(id(size_)) or self.shape_put(size_)
         stride_put = self.shapes.get(id(stride)) or self.shape_put(stride)
         index = len(self.memo) + self.unkeyed
@@ -265,20 +264,6 @@ class PairWriter(ViewWriter):
             _EMPTY_REDUCE_PUT, index + 3, _TUPLE_PUT, index + 4, _REDUCE_PUT, index + 5))
         if like is None and len(self.templates) < _INT_TUPLE_CACHE_SIZE:
             self.templates[id(size_)] = self.like(view, persid + size_put, stride_put, od)
-
-    def write_pid_items(self, pid: tuple[object, ...], parts: list[bytes]) -> None:
-        """A pid's items, as :meth:`~ptfile.picklevm.views.ViewWriter.add_pid` writes them."""
-        ref, add = self.refs.get, parts.append
-        for item in pid:
-            code = ref(id(item))
-            if code is not None:
-                add(code)
-            elif type(item) is int:
-                add(BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
-            elif type(item) is str:
-                add(self.code_str(item))
-            else:
-                self.save_part(item, parts)
 
     def like(self, view: ViewReduce, size_put: bytes, stride_put: bytes,
              od: bytes) -> tuple[Any, ...]:

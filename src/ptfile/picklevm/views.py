@@ -151,8 +151,7 @@ class ViewWriter:
     def write_view(self, node: ViewReduce, key: object) -> None:
         """The bytes of ``node``'s Reduce, gathered part by part into one write."""
         func, pid = node.func, node.pid
-        refs = self.refs
-        head = refs.get(id(func))
+        head = self.refs.get(id(func))
         if head is None or type(pid) is not tuple or not pid:
             parts: list[bytes] = []
             if head is None:
@@ -163,16 +162,7 @@ class ViewWriter:
             self.write_rest(node, key, parts)
         else:
             parts = [head + MARK + MARK if len(pid) > 3 else head + MARK]
-            for item in pid:  # add_pid's items, inlined
-                code = refs.get(id(item))
-                if code is not None:
-                    parts.append(code)
-                elif type(item) is int:
-                    parts.append(BININT1_CODES[item] if 0 <= item < 0x100 else encode_int(item))
-                elif type(item) is str:
-                    parts.append(self.code_str(item))
-                else:
-                    self.save_part(item, parts)
+            self.add_pid_items(pid, parts)
             if not self.write_rest_fast(node, key, parts, len(pid)):
                 self.close_pid(len(pid), parts)
                 self.write_rest(node, key, parts)
@@ -289,13 +279,18 @@ class ViewWriter:
             self.flush(parts)
             self.save_persistent(pid)  # the pid itself skips the hook
             return
-        refs = self.refs
-        append = parts.append
         size = len(pid)
         if size > 3:
-            append(MARK)
+            parts.append(MARK)
+        self.add_pid_items(pid, parts)
+        self.close_pid(size, parts)
+
+    def add_pid_items(self, pid: tuple[object, ...], parts: list[bytes]) -> None:
+        """The items of a pid tuple, as ``save`` writes each: a str or Global met before as
+        its GET, an int or a str inline, any other item the generic way."""
+        ref, append = self.refs.get, parts.append
         for item in pid:
-            code = refs.get(id(item))
+            code = ref(id(item))
             if code is not None:
                 append(code)
             elif type(item) is int:
@@ -304,7 +299,6 @@ class ViewWriter:
                 append(self.code_str(item))
             else:
                 self.save_part(item, parts)
-        self.close_pid(size, parts)
 
     def close_pid(self, size: int, parts: list[bytes]) -> None:
         """End a pid tuple of ``size`` items: its closing opcode, PUT, BINPERSID."""

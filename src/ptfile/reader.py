@@ -117,20 +117,17 @@ MAX_SLICE_RUNS: Final = 1024
 
 
 class SliceNames:
-    """What a slice read on demand shows besides ``[...]``: safetensors' names over its
-    ``shape`` and ``dtype`` (:class:`TensorSlice`, :class:`ptfile.DCPSlice`)."""
+    """What a slice read on demand shows besides ``[...]``: the tensor's name, ``shape``
+    and ``dtype``, and safetensors' names over them (:class:`TensorSlice`,
+    :class:`ptfile.DCPSlice`, :class:`ptfile.zero.ZeroSlice`)."""
 
-    name: str
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's shape."""
-        raise NotImplementedError
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        raise NotImplementedError
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: DType) -> None:
+        #: The tensor's name in its reader.
+        self.name = name
+        #: The tensor's (full) shape.
+        self.shape = shape
+        #: The tensor's dtype (as its reader reads it).
+        self.dtype = dtype
 
     def get_shape(self) -> list[int]:
         """safetensors' name for :attr:`shape`."""
@@ -159,17 +156,8 @@ class TensorSlice(SliceNames):
     """
 
     def __init__(self, reader: CheckpointReader, tensor: Tensor, name: str) -> None:
-        self._reader, self._tensor, self.name = reader, tensor, name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's shape."""
-        return self._tensor._shape
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        return self._tensor.dtype
+        super().__init__(name, tensor._shape, tensor.dtype)
+        self._reader, self._tensor = reader, tensor
 
     def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
         t = self._tensor

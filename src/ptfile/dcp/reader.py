@@ -40,7 +40,6 @@ from ..formats.dcp_metadata import (
 )
 from ..formats.inputs import Input
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.dtypes import DType
 from ..model.selection import expand
 from ..model.tensor import Tensor, contiguous_stride
 from ..reader import SliceNames, TensorInfo
@@ -130,17 +129,8 @@ class DCPSlice(SliceNames):
     """A DCP tensor not yet read: ``[...]`` reads only the chunks the selection meets."""
 
     def __init__(self, reader: DCPReader, name: str, item: TensorStorageMetadata) -> None:
-        self._reader, self.name, self._item = reader, name, item
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's (full) shape."""
-        return self._item.size
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        return self._item.dtype
+        super().__init__(name, item.size, item.dtype)
+        self._reader, self._item = reader, item
 
     def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
         box, relative = _bounds(key, self.shape)

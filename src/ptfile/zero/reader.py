@@ -187,18 +187,9 @@ class ZeroSlice(SliceNames):
     selection meets (its first dimension's range)."""
 
     def __init__(self, reader: ZeroReader, name: str) -> None:
-        self._reader, self.name = reader, name
-        self._entry = reader.layout.entry(name)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's shape."""
-        return self._entry.shape
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        return self._reader.dtype_of(self._entry)
+        entry = reader.layout.entry(name)
+        super().__init__(name, entry.shape, reader.dtype_of(entry))
+        self._reader, self._entry = reader, entry
 
     def __getitem__(self, key: object) -> np.ndarray:
         from ..dcp.reader import _bounds  # the DCP slice's reading of a numpy index
@@ -210,8 +201,7 @@ class ZeroSlice(SliceNames):
         row = math.prod(shape[1:])
         (first, last), rest = box[0], box[1:]
         flat = self._reader.assembler.flat(entry, first * row, last * row)
-        region = cast(flat.reshape((last - first, *shape[1:])), entry.source,
-                      self._reader.dtype_of(entry))
+        region = cast(flat.reshape((last - first, *shape[1:])), entry.source, self.dtype)
         within: tuple[slice, ...] = (slice(None), *[slice(lo, hi) for lo, hi in rest])
         region = region[within]
         return np.asarray(region[relative])

@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, cast
 
 import numpy as np
 
@@ -42,7 +41,7 @@ from ..formats.inputs import Input
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.selection import expand
 from ..model.tensor import Tensor, contiguous_stride
-from ..reader import SliceNames, TensorInfo
+from ..reader import SliceNames, TensorInfo, TensorReader
 from .hf import hf_aliases
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
@@ -58,9 +57,6 @@ from .load import (
     tensor_item,
     value_info,
 )
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["BytesItem", "ChunkInfo", "DCPReader", "DCPSlice", "open_dcp"]
 
@@ -139,7 +135,7 @@ class DCPSlice(SliceNames):
         return np.asarray(values[relative])
 
 
-class DCPReader(Mapping[str, Tensor]):
+class DCPReader(TensorReader):
     """A DCP checkpoint's tensors by FQN, each read from its chunks only on request.
 
     Use :func:`ptfile.open` on the directory to make one.
@@ -163,28 +159,18 @@ class DCPReader(Mapping[str, Tensor]):
         self.aliases = {a: k for a, k in (aliases or {}).items()
                         if k in self._items and a not in items}
         self._items.update({a: self._items[k] for a, k in self.aliases.items()})
-        self._closed = False
+        self._names = self._items
         self._skeleton: dict[str, Tensor] | None = None
 
     # -- mapping -----------------------------------------------------------------------
     def _item(self, name: str) -> TensorStorageMetadata:
-        if self._closed:
-            raise ValueError("I/O operation on a closed DCPReader")
+        self._check_open()
         return self._items[name]
 
     def __getitem__(self, name: str) -> Tensor:
         """The whole tensor, assembled from its chunks."""
         item = self._item(name)
         return region_tensor(self._region(name, tuple((0, d) for d in item.size)), item)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._items
 
     def _region(self, name: str, box: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
         self._item(name)
@@ -227,8 +213,7 @@ class DCPReader(Mapping[str, Tensor]):
             as :func:`ptfile.load_dcp` reads them, and
             :func:`ptfile.safe_globals` in force when this is called).
         """
-        if self._closed:
-            raise ValueError("I/O operation on a closed DCPReader")
+        self._check_open()
         return read_value(self.meta, self.files, fqn, limits=self._limits,
                           structural=self._structural, numpy_values=self._numpy_values)
 
@@ -253,11 +238,6 @@ class DCPReader(Mapping[str, Tensor]):
         return root
 
     # -- metadata ----------------------------------------------------------------------
-    @property
-    def zip_reader(self) -> None:
-        """None: a DCP directory is not one archive."""
-        return None
-
     @property
     def source_size(self) -> int:
         """Bytes of the items the metadata lists (no file is opened to say)."""
@@ -360,13 +340,6 @@ class DCPReader(Mapping[str, Tensor]):
         """Close the data files opened so far."""
         self._closed = True
         self.files.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<DCPReader {self.files.directory!r} {len(self)} tensors>"

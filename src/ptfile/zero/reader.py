@@ -21,8 +21,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -36,12 +35,9 @@ from ..formats import Format
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DTYPES, DType
 from ..model.tensor import Storage, Tensor, contiguous_stride
-from ..reader import SliceNames, TensorInfo
+from ..reader import SliceNames, TensorInfo, TensorReader
 from .files import Piece
 from .layout import Entry, Layout
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["OUTPUT_DTYPES", "Assembler", "ZeroReader", "ZeroSlice", "output_dtype"]
 
@@ -207,7 +203,7 @@ class ZeroSlice(SliceNames):
         return np.asarray(region[relative])
 
 
-class ZeroReader(Mapping[str, Tensor]):
+class ZeroReader(TensorReader):
     """A ZeRO checkpoint's consolidated state dict, each tensor read on request.
 
     Use :func:`ptfile.open` on the folder to make one.
@@ -221,7 +217,7 @@ class ZeroReader(Mapping[str, Tensor]):
         self.layout, self.dtype = layout, dtype
         self.assembler = Assembler(layout, storage_options=storage_options,
                                    limits=limits or DEFAULT_LIMITS)
-        self._closed = False
+        self._names = dict.fromkeys(layout.names())
         self._skeleton: dict[str, Tensor] | None = None
 
     def dtype_of(self, entry: Entry) -> DType:
@@ -231,8 +227,7 @@ class ZeroReader(Mapping[str, Tensor]):
         return entry.dtype
 
     def _values(self, entry: Entry) -> np.ndarray:
-        if self._closed:
-            raise ValueError("I/O operation on a closed ZeroReader")
+        self._check_open()
         return self.assembler.values(entry, self.dtype)
 
     # -- mapping -----------------------------------------------------------------------
@@ -240,15 +235,6 @@ class ZeroReader(Mapping[str, Tensor]):
         """The whole tensor, assembled from its pieces."""
         entry = self.layout.entry(name)
         return as_tensor(self._values(entry), self.dtype_of(entry), entry.requires_grad)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.layout.names())
-
-    def __len__(self) -> int:
-        return len(self.layout.names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.layout.entries or name in self.layout.aliases
 
     # -- safe_open's API ---------------------------------------------------------------
     def get_tensor(self, name: str) -> np.ndarray:
@@ -288,11 +274,6 @@ class ZeroReader(Mapping[str, Tensor]):
     def object(self) -> dict[str, Tensor]:
         """The state dict, tensors without data (aliases: the same object as their target)."""
         return self.tensors()
-
-    @property
-    def zip_reader(self) -> None:
-        """None: a ZeRO folder is not one archive."""
-        return None
 
     @property
     def source_size(self) -> int:
@@ -391,13 +372,6 @@ class ZeroReader(Mapping[str, Tensor]):
         """Close the rank files opened so far."""
         self._closed = True
         self.assembler.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<ZeroReader {self.layout.folder!r} stage {self.layout.stage} {len(self)} tensors>"

@@ -42,7 +42,6 @@ from ..limits import DEFAULT_LIMITS, Limits
 from ..model.selection import expand
 from ..model.tensor import Tensor, contiguous_stride
 from ..reader import SliceNames, TensorInfo, TensorReader
-from .hf import hf_aliases
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
     dcp_files,
@@ -55,6 +54,7 @@ from .load import (
     region_tensor,
     storage_infos,
     tensor_item,
+    tied_aliases,
     value_info,
 )
 
@@ -367,13 +367,12 @@ def open_dcp(directory: str | Input | DirectoryFiles, *, limits: Limits | None =
     """
     limits = limits or DEFAULT_LIMITS
     files = dcp_files(directory, storage_options, limits)
-    shards = is_shards(files)
-    if label is None:
-        label = "safetensors shards" if shards else "dcp"
     try:
+        if label is None:
+            label = "safetensors shards" if is_shards(files) else "dcp"
         meta = load_metadata(files, limits)
         return DCPReader(files, meta, limits, structural=structural, numpy_values=numpy_values,
-                         label=label, aliases=hf_aliases(files, limits) if shards else None)
+                         label=label, aliases=tied_aliases(files, limits))
     except BaseException:
         files.close()
         raise

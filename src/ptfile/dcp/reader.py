@@ -50,6 +50,7 @@ from .load import (
     object_path,
     place,
     read_region,
+    read_tensor,
     read_value,
     region_tensor,
     storage_infos,
@@ -169,8 +170,9 @@ class DCPReader(TensorReader):
 
     def __getitem__(self, name: str) -> Tensor:
         """The whole tensor, assembled from its chunks."""
-        item = self._item(name)
-        return region_tensor(self._region(name, tuple((0, d) for d in item.size)), item)
+        self._item(name)
+        return read_tensor(self.meta, self.files, self.aliases.get(name, name),
+                           limits=self._limits)
 
     def _region(self, name: str, box: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
         self._item(name)

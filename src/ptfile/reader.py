@@ -117,20 +117,17 @@ MAX_SLICE_RUNS: Final = 1024
 
 
 class SliceNames:
-    """What a slice read on demand shows besides ``[...]``: safetensors' names over its
-    ``shape`` and ``dtype`` (:class:`TensorSlice`, :class:`ptfile.DCPSlice`)."""
+    """What a slice read on demand shows besides ``[...]``: the tensor's name, ``shape``
+    and ``dtype``, and safetensors' names over them (:class:`TensorSlice`,
+    :class:`ptfile.DCPSlice`, :class:`ptfile.zero.ZeroSlice`)."""
 
-    name: str
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's shape."""
-        raise NotImplementedError
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        raise NotImplementedError
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: DType) -> None:
+        #: The tensor's name in its reader.
+        self.name = name
+        #: The tensor's (full) shape.
+        self.shape = shape
+        #: The tensor's dtype (as its reader reads it).
+        self.dtype = dtype
 
     def get_shape(self) -> list[int]:
         """safetensors' name for :attr:`shape`."""
@@ -159,17 +156,8 @@ class TensorSlice(SliceNames):
     """
 
     def __init__(self, reader: CheckpointReader, tensor: Tensor, name: str) -> None:
-        self._reader, self._tensor, self.name = reader, tensor, name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's shape."""
-        return self._tensor._shape
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        return self._tensor.dtype
+        super().__init__(name, tensor._shape, tensor.dtype)
+        self._reader, self._tensor = reader, tensor
 
     def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
         t = self._tensor
@@ -177,7 +165,51 @@ class TensorSlice(SliceNames):
         return self._reader._read_view(t, self.name, offset, shape, stride)
 
 
-class CheckpointReader(Mapping[str, Tensor]):
+class TensorReader(Mapping[str, Tensor]):
+    """What every reader :func:`open` returns shares (:class:`CheckpointReader`,
+    :class:`ptfile.DCPReader`, :class:`ptfile.zero.ZeroReader`, the set readers): a
+    read-only mapping over the keys of ``_names``, in their order (membership asks them:
+    no tensor is read), a context manager that closes it, reads after :meth:`close` that
+    raise ``ValueError`` as a closed file's do, and no :attr:`zip_reader` unless the
+    tensors are in one archive."""
+
+    format: Format
+    #: The tensors' names, in order, as a mapping's keys (the values are the reader's own).
+    _names: Mapping[str, object]
+    _closed: bool = False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"I/O operation on a closed {type(self).__name__}")
+
+    @property
+    def zip_reader(self) -> ZipReader | None:
+        """The archive's validated central directory; None: the tensors are not in one
+        archive (a folder, several files, a non-ZIP format)."""
+        return None
+
+    def close(self) -> None:
+        """Release the files opened so far; arrays already returned stay valid."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class CheckpointReader(TensorReader):
     """A read-only mapping from dotted names to tensors, reading data only on request.
 
     Use :func:`open` to make one.  ``reader[name]`` and :meth:`get_tensor` read
@@ -195,11 +227,11 @@ class CheckpointReader(Mapping[str, Tensor]):
         self._object = obj
         # A whole pickled module (opened structurally) is named as its state_dict().
         self._tensors = state_dict(obj, limits=limits) if is_module(obj) else flatten(obj)
+        self._names = self._tensors
         # The storage loaded from each central directory row (None for the others).
         self._by_row: Callable[[], Sequence[Storage | None]] = tuple
         self._computed_ok: bool | None = None
         self._offsets: dict[Storage, int] | None = None
-        self._closed = False
 
     # -- mapping -----------------------------------------------------------------------
     def __getitem__(self, name: str) -> Tensor:
@@ -218,18 +250,8 @@ class CheckpointReader(Mapping[str, Tensor]):
         out.python_state, out.type_name = t.python_state, t.type_name  # its Python attributes
         return out
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._tensors
-
     def _tensor(self, name: str) -> Tensor:
-        if self._closed:
-            raise ValueError("I/O operation on a closed CheckpointReader")
+        self._check_open()
         return self._tensors[name]
 
     # -- safe_open's API ---------------------------------------------------------------
@@ -354,8 +376,7 @@ class CheckpointReader(Mapping[str, Tensor]):
 
     def infos(self) -> Iterator[TensorInfo]:
         """:meth:`info` of every tensor, in key order."""
-        if self._closed:
-            raise ValueError("I/O operation on a closed CheckpointReader")
+        self._check_open()
         offsets = self._offset_map()
         get, new, parameter, out = offsets.get, tuple.__new__, Parameter, []
         with paused_gc():  # 10^5 new tuples would trigger ~100 full collections
@@ -468,13 +489,6 @@ class CheckpointReader(Mapping[str, Tensor]):
         if not self._closed:
             self._closed = True
             self._source.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         name = self._source.name or "in-memory"

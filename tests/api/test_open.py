@@ -134,6 +134,34 @@ def test_get_slice_errors(views_file: tuple[Path, dict[str, torch.Tensor]]) -> N
         ck.get_tensor("base")
 
 
+@pytest.mark.parametrize("kind", ["file", "dcp", "bin-shards"])
+def test_every_reader_is_a_mapping_and_a_context_manager(tmp_path: Path, kind: str) -> None:
+    """One protocol for the file, DCP and set readers (ptfile.reader.TensorReader): names,
+    membership and length without reading a tensor, and reads after close refused."""
+    import torch.distributed.checkpoint as dcp
+
+    from folders import write_bin_shards
+
+    state = {"a": torch.arange(6, dtype=torch.float32), "b": torch.ones(2, 3)}
+    path = tmp_path / kind
+    if kind == "file":
+        torch.save(state, path)
+    elif kind == "dcp":
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
+    else:
+        write_bin_shards(state, path, shards=2)
+    ck = ptfile.open(path)
+    with ck as entered:
+        assert entered is ck
+        assert sorted(ck) == sorted(state) and len(ck) == len(state)
+        assert "a" in ck and "z" not in ck and 0 not in ck
+        assert (ck.zip_reader is None) is (kind != "file")
+        for name, want in state.items():
+            assert np.array_equal(ck.get_tensor(name), want.numpy())
+    with pytest.raises(ValueError, match="closed"):
+        ck.get_tensor("a")
+
+
 def test_open_damaged_raises_ptfile_errors(tmp_path: Path,
                                            views_file: tuple[Path, Any]) -> None:
     data = views_file[0].read_bytes()

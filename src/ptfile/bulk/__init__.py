@@ -91,7 +91,17 @@ from typing import TYPE_CHECKING, Any, Final
 from .._io.remote import StorageOptions
 from ..errors import UnsupportedFeatureError
 from ..limits import Limits
-from ..outcomes import worst
+from ..outcomes import (
+    EXIT_ERROR,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_UNKNOWN,
+    EXIT_UNSAFE,
+    RETRIES,
+    SCAN_CODES,
+    WORST_FIRST,
+    worst,
+)
 
 if TYPE_CHECKING:
     from ..scanning.allowing import AllowList
@@ -115,19 +125,7 @@ from .inputs import (
     outputs,
     walk,
 )
-from .tasks import (
-    EXIT_ERROR,
-    EXIT_INVALID,
-    EXIT_OK,
-    EXIT_UNKNOWN,
-    EXIT_UNSAFE,
-    RETRIES,
-    SCAN_CODES,
-    WORST_FIRST,
-    Options,
-    Record,
-    run_one,
-)
+from .tasks import Options, Record, run_one
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",

@@ -13,8 +13,9 @@ from typing import Any, Final, Literal, TypeAlias
 
 from .._io.paths import is_url
 from ..errors import PtfileError, UnsupportedFeatureError
+from ..outcomes import EXIT_ERROR
 from .inputs import expand
-from .tasks import EXIT_ERROR, Options, Record, error_of, run_one
+from .tasks import Options, Record, error_of, run_one
 
 __all__ = ["PROCESS_MIN_BYTES", "PROCESS_MIN_FILES", "THREADS", "Pool", "local_cluster",
            "require_dask", "run"]

@@ -14,29 +14,15 @@ from .._io.paths import is_url
 from .._io.remote import StorageOptions, filesystem, watched_sources
 from ..errors import PtfileError, RemoteError, UnsupportedFeatureError
 from ..limits import Limits
-from ..outcomes import (
-    BACKOFF_SECONDS,
-    ERROR,
-    EXIT_ERROR,
-    EXIT_INVALID,
-    EXIT_OK,
-    EXIT_UNKNOWN,
-    EXIT_UNSAFE,
-    RETRIES,
-    SCAN_CODES,
-    WORST_FIRST,
-    exit_code,
-)
+from ..outcomes import BACKOFF_SECONDS, ERROR, EXIT_OK, RETRIES, exit_code
 
 if TYPE_CHECKING:
     from ..scanning.allowing import AllowList
 
-__all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_UNSAFE",
-           "RETRIES", "SCAN_CODES", "WORST_FIRST", "Options", "Record", "error_of",
-           "run_one"]
+__all__ = ["Options", "Record", "error_of", "run_one"]
 
 # The exit-code table, each verdict's code and the retry policy have one home:
-# ptfile.outcomes (exit_code).
+# ptfile.outcomes (exit_code); ptfile.bulk re-exports them from there.
 
 Record: TypeAlias = dict[str, Any]
 

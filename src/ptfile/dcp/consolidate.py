@@ -71,11 +71,9 @@ from ..formats.safetensors.writer import Layout, Planned, save_file, save_index
 from ..formats.zipped import archive_prefix, write_zip
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Storage, Tensor, contiguous_stride
-from .hf import hf_aliases
 from .items import ItemKind, blob_entry, item_head, item_kind
 from .load import (
     dcp_files,
-    is_shards,
     load_metadata,
     object_path,
     place,
@@ -83,6 +81,7 @@ from .load import (
     read_value,
     storage_infos,
     tensor_item,
+    tied_aliases,
 )
 
 __all__ = ["SHARD_BYTES", "SLAB_BYTES", "convert_dcp", "write_hf", "write_safetensors"]
@@ -431,8 +430,7 @@ def convert_dcp(src: str | os.PathLike[str] | Input, dst: str | os.PathLike[str]
     limits = limits or DEFAULT_LIMITS
     with dcp_files(src, storage_options, limits) as files:
         meta = load_metadata(files, limits)
-        reader = _Reader(meta, files, limits, hf_aliases(files, limits) if is_shards(files)
-                         else None)
+        reader = _Reader(meta, files, limits, tied_aliases(files, limits))
         try:
             if kind == "pt":
                 out, count, shards = target, _write_pt(reader, target), 0

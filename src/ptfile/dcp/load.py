@@ -148,6 +148,17 @@ def is_shards(files: DirectoryFiles) -> bool:
     return folder_kind(files.names()) is InputKind.SHARDS
 
 
+def tied_aliases(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> dict[str, str]:
+    """The tied names the folder's writer left out, ``{alias: kept}``: a safetensors
+    folder's (:func:`~ptfile.dcp.hf.hf_aliases`); none for torch's DCP writer, which
+    keeps every name."""
+    if not is_shards(files):
+        return {}
+    from .hf import hf_aliases
+
+    return hf_aliases(files, limits)
+
+
 def load_metadata(files: DirectoryFiles, limits: Limits = DEFAULT_LIMITS) -> Metadata:
     """The checkpoint's :class:`Metadata`: ``.metadata``, else every ``__<rank>.metadata``
     merged, else that of a HuggingFace-writer directory's ``*.safetensors``.
@@ -427,11 +438,8 @@ def load_dcp(directory: str | os.PathLike[str] | Input, *, weights_only: bool | 
             place(root, object_path(meta, fqn),
                   read_value(meta, files, fqn, limits=limits, structural=structural,
                              numpy_values=numpy_values))
-        if is_shards(files):  # tied names a safetensors writer left out: one tensor again
-            from .hf import hf_aliases
-
-            for alias, kept in hf_aliases(files, limits).items():
-                root.setdefault(alias, root[kept])
+        for alias, kept in tied_aliases(files, limits).items():  # one tensor again
+            root.setdefault(alias, root[kept])
     return root
 
 

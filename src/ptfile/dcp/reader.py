@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, cast
 
 import numpy as np
 
@@ -40,11 +39,9 @@ from ..formats.dcp_metadata import (
 )
 from ..formats.inputs import Input
 from ..limits import DEFAULT_LIMITS, Limits
-from ..model.dtypes import DType
 from ..model.selection import expand
 from ..model.tensor import Tensor, contiguous_stride
-from ..reader import SliceNames, TensorInfo
-from .hf import hf_aliases
+from ..reader import SliceNames, TensorInfo, TensorReader
 from .items import ItemKind, chunk_bound, crc_mismatches, item_kind
 from .load import (
     dcp_files,
@@ -53,15 +50,14 @@ from .load import (
     object_path,
     place,
     read_region,
+    read_tensor,
     read_value,
     region_tensor,
     storage_infos,
     tensor_item,
+    tied_aliases,
     value_info,
 )
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["BytesItem", "ChunkInfo", "DCPReader", "DCPSlice", "open_dcp"]
 
@@ -130,17 +126,8 @@ class DCPSlice(SliceNames):
     """A DCP tensor not yet read: ``[...]`` reads only the chunks the selection meets."""
 
     def __init__(self, reader: DCPReader, name: str, item: TensorStorageMetadata) -> None:
-        self._reader, self.name, self._item = reader, name, item
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's (full) shape."""
-        return self._item.size
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        return self._item.dtype
+        super().__init__(name, item.size, item.dtype)
+        self._reader, self._item = reader, item
 
     def __getitem__(self, key: object) -> np.ndarray[Any, Any]:
         box, relative = _bounds(key, self.shape)
@@ -149,7 +136,7 @@ class DCPSlice(SliceNames):
         return np.asarray(values[relative])
 
 
-class DCPReader(Mapping[str, Tensor]):
+class DCPReader(TensorReader):
     """A DCP checkpoint's tensors by FQN, each read from its chunks only on request.
 
     Use :func:`ptfile.open` on the directory to make one.
@@ -173,28 +160,19 @@ class DCPReader(Mapping[str, Tensor]):
         self.aliases = {a: k for a, k in (aliases or {}).items()
                         if k in self._items and a not in items}
         self._items.update({a: self._items[k] for a, k in self.aliases.items()})
-        self._closed = False
+        self._names = self._items
         self._skeleton: dict[str, Tensor] | None = None
 
     # -- mapping -----------------------------------------------------------------------
     def _item(self, name: str) -> TensorStorageMetadata:
-        if self._closed:
-            raise ValueError("I/O operation on a closed DCPReader")
+        self._check_open()
         return self._items[name]
 
     def __getitem__(self, name: str) -> Tensor:
         """The whole tensor, assembled from its chunks."""
-        item = self._item(name)
-        return region_tensor(self._region(name, tuple((0, d) for d in item.size)), item)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._items
+        self._item(name)
+        return read_tensor(self.meta, self.files, self.aliases.get(name, name),
+                           limits=self._limits)
 
     def _region(self, name: str, box: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
         self._item(name)
@@ -237,8 +215,7 @@ class DCPReader(Mapping[str, Tensor]):
             as :func:`ptfile.load_dcp` reads them, and
             :func:`ptfile.safe_globals` in force when this is called).
         """
-        if self._closed:
-            raise ValueError("I/O operation on a closed DCPReader")
+        self._check_open()
         return read_value(self.meta, self.files, fqn, limits=self._limits,
                           structural=self._structural, numpy_values=self._numpy_values)
 
@@ -263,11 +240,6 @@ class DCPReader(Mapping[str, Tensor]):
         return root
 
     # -- metadata ----------------------------------------------------------------------
-    @property
-    def zip_reader(self) -> None:
-        """None: a DCP directory is not one archive."""
-        return None
-
     @property
     def source_size(self) -> int:
         """Bytes of the items the metadata lists (no file is opened to say)."""
@@ -371,13 +343,6 @@ class DCPReader(Mapping[str, Tensor]):
         self._closed = True
         self.files.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"<DCPReader {self.files.directory!r} {len(self)} tensors>"
 
@@ -404,13 +369,12 @@ def open_dcp(directory: str | Input | DirectoryFiles, *, limits: Limits | None =
     """
     limits = limits or DEFAULT_LIMITS
     files = dcp_files(directory, storage_options, limits)
-    shards = is_shards(files)
-    if label is None:
-        label = "safetensors shards" if shards else "dcp"
     try:
+        if label is None:
+            label = "safetensors shards" if is_shards(files) else "dcp"
         meta = load_metadata(files, limits)
         return DCPReader(files, meta, limits, structural=structural, numpy_values=numpy_values,
-                         label=label, aliases=hf_aliases(files, limits) if shards else None)
+                         label=label, aliases=tied_aliases(files, limits))
     except BaseException:
         files.close()
         raise

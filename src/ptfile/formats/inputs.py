@@ -496,13 +496,28 @@ def read_small(path: str, storage_options: Mapping[str, Any] | None, limits: Lim
 
 
 def _url_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
-    """The file names of the folder ``url`` names, or None when it names none (or the
-    backend cannot say): one listing request, whose answer is the folder's listing (a
-    listing of a file's own URL gives that file)."""
+    """The file names of the folder ``url`` names, asked only when its last component has
+    no suffix (:func:`url_folder_names`); None otherwise."""
+    if "." in url.rstrip("/").rsplit("/", 1)[-1]:
+        return None
+    return url_folder_names(url, storage_options)
+
+
+def url_folder_names(url: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
+    """The file names of the folder ``url`` names, or None when it names none (nothing
+    there, a file, a flat scheme such as ``https://``, or a backend that cannot say): one
+    listing request, whose answer is the folder's listing (a listing of a file's own URL
+    gives that file).
+
+    Examples
+    --------
+    >>> url_folder_names("https://host/models/", None) is None
+    True
+    """
     from .._io.directory import file_names
     from .._io.remote import filesystem
 
-    if url_scheme(url) in _FLAT_SCHEMES or "." in url.rstrip("/").rsplit("/", 1)[-1]:
+    if url_scheme(url) in _FLAT_SCHEMES:
         return None
     try:
         fs, path = filesystem(url, storage_options)

@@ -28,7 +28,6 @@ stand-ins, nothing imported or called.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -41,7 +40,7 @@ from ..formats import Format
 from ..formats.inputs import Input, InputKind, Part, read_small
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.tensor import Tensor
-from ..reader import CheckpointReader, TensorInfo
+from ..reader import CheckpointReader, TensorInfo, TensorReader
 from ..reader import open as open_file
 
 __all__ = ["Route", "SetReader", "ShardedReader", "open_part", "open_set", "part_policy",
@@ -70,25 +69,16 @@ class Route(NamedTuple):
     file: str
 
 
-class _Merged(Mapping[str, Tensor]):
+class _Merged(TensorReader):
     """Tensors of several readers under one set of names: ``routes`` maps each name to
     its :class:`Route`."""
 
     def __init__(self, routes: dict[str, Route]) -> None:
-        self._routes = routes
+        self._names = self._routes = routes
 
     def __getitem__(self, name: str) -> Tensor:
         ck, inner, _ = self._routes[name]
         return ck[inner]  # type: ignore[no-any-return]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._routes)
-
-    def __len__(self) -> int:
-        return len(self._routes)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._routes
 
     def _route(self, name: str) -> Route:
         found = self._routes.get(name)
@@ -179,11 +169,6 @@ class ShardedReader(_Merged):
         """The shards, as strings."""
         return {"format": "bin shards", "shards": str(len(self.readers)),
                 "files": ", ".join(self.readers)}
-
-    @property
-    def zip_reader(self) -> None:
-        """None: the shards are several archives."""
-        return None
 
     @property
     def source_size(self) -> int:
@@ -307,11 +292,6 @@ class SetReader(_Merged):
         return meta
 
     @property
-    def zip_reader(self) -> None:
-        """None: a set is not one archive."""
-        return None
-
-    @property
     def source_size(self) -> int:
         """Bytes of the parts' files read so far (each part's own measure)."""
         return sum(ck.source_size for ck in self.parts.values() if hasattr(ck, "source_size"))
@@ -322,12 +302,6 @@ class SetReader(_Merged):
             close = getattr(ck, "close", None)
             if callable(close):
                 close()
-
-    def __enter__(self) -> SetReader:  # noqa: PYI034 (typing.Self is 3.11+)
-        return self
-
-    def __exit__(self, *exc: builtins.object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<SetReader {self.record.label!r} {self.record.kind.value} {len(self)} tensors>"

@@ -30,10 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .._io.directory import local_names, remote_names
+from .._io.directory import local_names
 from .._io.local import Source
 from .._io.paths import is_url
-from .._io.remote import filesystem, open_any
+from .._io.remote import open_any
 from ..archive.records import METHOD_STORED
 from ..errors import (
     FormatError,
@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..formats import open_detected
 from ..formats.detection import detect_source
-from ..formats.inputs import read_small
+from ..formats.inputs import read_small, url_folder_names
 from ..formats.options import Policy, ReadOptions
 from ..limits import Limits
 from ..model.dtypes import DType
@@ -82,21 +82,12 @@ def _join(folder: str, name: str) -> str:
     return f"{folder.rstrip('/')}/{name}" if is_url(folder) else os.path.join(folder, name)
 
 
-def _listing(folder: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    if not is_url(folder):
-        return local_names(folder)
-    fs, path = filesystem(folder, storage_options)
-    return remote_names(fs, path, folder)
-
-
-def _is_dir(folder: str, storage_options: Mapping[str, Any] | None) -> bool:
-    if not is_url(folder):
-        return os.path.isdir(folder)
-    try:
-        fs, path = filesystem(folder, storage_options)
-        return bool(fs.isdir(path))
-    except Exception:  # noqa: BLE001 (a backend that cannot say: not a folder)
-        return False
+def _folder_names(folder: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
+    """The file names of ``folder``, or None when it is no folder: a URL is asked once, as
+    every folder URL is (:func:`~ptfile.formats.inputs.url_folder_names`)."""
+    if is_url(folder):
+        return url_folder_names(folder, storage_options)
+    return local_names(folder) if os.path.isdir(folder) else None
 
 
 def _read_latest(path: str, storage_options: Mapping[str, Any] | None, limits: Limits) -> str:
@@ -139,9 +130,10 @@ def tag_folder(location: str, names: list[str], tag: str | None,
     elif "/" in tag or "\\" in tag or tag in ("", ".", ".."):
         raise FormatError(f"{tag!r} is not a tag folder's name")
     folder = _join(location, tag)
-    if not _is_dir(folder, storage_options):
+    found = _folder_names(folder, storage_options)
+    if found is None:
         raise FormatError(f"{location}: the tag folder {tag!r} is missing")
-    return folder, tag, _listing(folder, storage_options)
+    return folder, tag, found
 
 
 def rank_files(folder: str, names: list[str],
@@ -169,7 +161,7 @@ def rank_files(folder: str, names: list[str],
                                       "consolidates data-parallel ZeRO checkpoints only")
     for sub, what in (("offloaded_tensors", "NVMe-offloaded optimizer state (offloaded_tensors/)"),
                       ("zero", "a universal checkpoint (zero/)")):
-        if not optim and _is_dir(_join(folder, sub), storage_options):
+        if not optim and _folder_names(_join(folder, sub), storage_options) is not None:
             raise UnsupportedFeatureError(f"{folder}: {what}: ptfile reads ZeRO checkpoints "
                                           "whose fp32 weights are in *_optim_states.pt files")
     if not model:

@@ -21,8 +21,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -36,12 +35,9 @@ from ..formats import Format
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.dtypes import DTYPES, DType
 from ..model.tensor import Storage, Tensor, contiguous_stride
-from ..reader import SliceNames, TensorInfo
+from ..reader import SliceNames, TensorInfo, TensorReader
 from .files import Piece
 from .layout import Entry, Layout
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["OUTPUT_DTYPES", "Assembler", "ZeroReader", "ZeroSlice", "output_dtype"]
 
@@ -187,18 +183,9 @@ class ZeroSlice(SliceNames):
     selection meets (its first dimension's range)."""
 
     def __init__(self, reader: ZeroReader, name: str) -> None:
-        self._reader, self.name = reader, name
-        self._entry = reader.layout.entry(name)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's shape."""
-        return self._entry.shape
-
-    @property
-    def dtype(self) -> DType:
-        """The tensor's dtype."""
-        return self._reader.dtype_of(self._entry)
+        entry = reader.layout.entry(name)
+        super().__init__(name, entry.shape, reader.dtype_of(entry))
+        self._reader, self._entry = reader, entry
 
     def __getitem__(self, key: object) -> np.ndarray:
         from ..dcp.reader import _bounds  # the DCP slice's reading of a numpy index
@@ -210,14 +197,13 @@ class ZeroSlice(SliceNames):
         row = math.prod(shape[1:])
         (first, last), rest = box[0], box[1:]
         flat = self._reader.assembler.flat(entry, first * row, last * row)
-        region = cast(flat.reshape((last - first, *shape[1:])), entry.source,
-                      self._reader.dtype_of(entry))
+        region = cast(flat.reshape((last - first, *shape[1:])), entry.source, self.dtype)
         within: tuple[slice, ...] = (slice(None), *[slice(lo, hi) for lo, hi in rest])
         region = region[within]
         return np.asarray(region[relative])
 
 
-class ZeroReader(Mapping[str, Tensor]):
+class ZeroReader(TensorReader):
     """A ZeRO checkpoint's consolidated state dict, each tensor read on request.
 
     Use :func:`ptfile.open` on the folder to make one.
@@ -231,7 +217,7 @@ class ZeroReader(Mapping[str, Tensor]):
         self.layout, self.dtype = layout, dtype
         self.assembler = Assembler(layout, storage_options=storage_options,
                                    limits=limits or DEFAULT_LIMITS)
-        self._closed = False
+        self._names = dict.fromkeys(layout.names())
         self._skeleton: dict[str, Tensor] | None = None
 
     def dtype_of(self, entry: Entry) -> DType:
@@ -241,8 +227,7 @@ class ZeroReader(Mapping[str, Tensor]):
         return entry.dtype
 
     def _values(self, entry: Entry) -> np.ndarray:
-        if self._closed:
-            raise ValueError("I/O operation on a closed ZeroReader")
+        self._check_open()
         return self.assembler.values(entry, self.dtype)
 
     # -- mapping -----------------------------------------------------------------------
@@ -250,15 +235,6 @@ class ZeroReader(Mapping[str, Tensor]):
         """The whole tensor, assembled from its pieces."""
         entry = self.layout.entry(name)
         return as_tensor(self._values(entry), self.dtype_of(entry), entry.requires_grad)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.layout.names())
-
-    def __len__(self) -> int:
-        return len(self.layout.names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.layout.entries or name in self.layout.aliases
 
     # -- safe_open's API ---------------------------------------------------------------
     def get_tensor(self, name: str) -> np.ndarray:
@@ -298,11 +274,6 @@ class ZeroReader(Mapping[str, Tensor]):
     def object(self) -> dict[str, Tensor]:
         """The state dict, tensors without data (aliases: the same object as their target)."""
         return self.tensors()
-
-    @property
-    def zip_reader(self) -> None:
-        """None: a ZeRO folder is not one archive."""
-        return None
 
     @property
     def source_size(self) -> int:
@@ -401,13 +372,6 @@ class ZeroReader(Mapping[str, Tensor]):
         """Close the rank files opened so far."""
         self._closed = True
         self.assembler.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<ZeroReader {self.layout.folder!r} stage {self.layout.stage} {len(self)} tensors>"

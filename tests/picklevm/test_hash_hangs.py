@@ -126,31 +126,38 @@ class Batch:
 def run_children(batches: dict[str, Batch]) -> dict[str, list[str]]:
     """Every batch in its own child under the address-space budget, all started at once:
     per batch, each input's line, ``timeout`` for those not done by the batch's deadline,
-    or ``died: ...`` for those a crash left."""
-    procs = {}
-    for name, batch in batches.items():
-        procs[name] = proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD.format(body=batch.body), str(BUDGET)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        assert proc.stdin is not None
-        proc.stdin.write(b"".join(struct.pack("<Q", len(d)) + d for d in batch.inputs))
-        proc.stdin.close()
-    began, out = time.monotonic(), {}
-    for name, proc in procs.items():
-        assert proc.stdout is not None and proc.stderr is not None
-        try:
-            proc.wait(timeout=max(0.0, began + batches[name].seconds - time.monotonic()))
-            tail = "died: " + proc.stderr.read().decode()[-300:]
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            tail = "timeout"
-        lines = proc.stdout.read().decode().splitlines()
-        proc.stdout.close()
-        proc.stderr.close()
-        out[name] = lines + [tail] * (len(batches[name].inputs) - len(lines))
-    return out
+    or ``died: ...`` for those a crash left.  No child outlives the call."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name, batch in batches.items():
+            procs[name] = proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD.format(body=batch.body), str(BUDGET)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+            assert proc.stdin is not None
+            proc.stdin.write(b"".join(struct.pack("<Q", len(d)) + d for d in batch.inputs))
+            proc.stdin.close()
+        began, out = time.monotonic(), {}
+        for name, proc in procs.items():
+            assert proc.stdout is not None and proc.stderr is not None
+            try:
+                proc.wait(timeout=max(0.0, began + batches[name].seconds - time.monotonic()))
+                tail = "died: " + proc.stderr.read().decode()[-300:]
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                tail = "timeout"
+            lines = proc.stdout.read().decode().splitlines()
+            out[name] = lines + [tail] * (len(batches[name].inputs) - len(lines))
+        return out
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 #: The streams of test_scan_flags_shared_tuple_keys, by (case, pad).

@@ -291,6 +291,9 @@ def torch_does(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for name, (body, _) in {**HOSTILE, **UNREADABLE, **BENIGN_BODIES, **OVER_READ}.items():
         paths[name] = str(folder / f"{name}.pt")
         Path(paths[name]).write_bytes(with_body(body))
+    for name, (head, _) in OLD_HEADERS.items():
+        paths[f"old-header-{name}"] = str(folder / f"old-header-{name}.pt")
+        Path(paths[f"old-header-{name}"]).write_bytes(with_code(head + HEAD))
     deep = {name: paths.pop(name) for name in list(paths) if name.startswith("deep")}
     result = _torch_loads(paths)
     for name, path in deep.items():  # each in its own child: torch may die on them
@@ -400,14 +403,11 @@ OLD_HEADERS = {
 }
 
 
-def test_old_import_headers_are_skipped_by_torch_and_judged_by_name(tmp_path: Path) -> None:
-    paths = {}
-    for name, (head, _) in OLD_HEADERS.items():
-        paths[name] = str(tmp_path / f"{name}.pt")
-        Path(paths[name]).write_bytes(with_code(head + HEAD))
+def test_old_import_headers_are_skipped_by_torch_and_judged_by_name(
+        torch_does: dict[str, str]) -> None:
     # torch's importer skips import lines unread (a "from" line it cannot parse).
-    assert _torch_loads(paths) == {name: "refused" if name == "from-import" else "runs"
-                                   for name in OLD_HEADERS}
+    assert {name: torch_does[f"old-header-{name}"] for name in OLD_HEADERS} == {
+        name: "refused" if name == "from-import" else "runs" for name in OLD_HEADERS}
     for name, (head, verdict) in OLD_HEADERS.items():
         assert ptfile.scan(with_code(head + HEAD)).verdict is verdict, name
 

@@ -2,8 +2,9 @@
 
 Each leniency is a file mutated from one torch writes (names in another case, records in
 subfolders, a config that names them, the old ``torch.export`` format behind a ``.pt2``),
-with a payload that only creates a sentinel file.  A sandboxed child runs the real loader:
-where it creates the sentinel, ``ptfile.scan`` must not pass the file.  Benign files torch
+with a payload that only creates a sentinel file.  One sandboxed child (:mod:`loader_oracle`)
+runs the real loader on every such file: where it creates the sentinel, ``ptfile.scan`` must
+not pass the file.  Benign files torch
 writes scan clean, and findings name the loaders that read them.
 """
 
@@ -12,17 +13,16 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import subprocess
-import sys
+import shutil
 import zipfile
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 import ptfile
 from hostile import checkpoint, raw_zip
+from loader_oracle import Job, Outcome, run_loaders, sandbox
 from ptfile.scanning import Verdict
 from ptfile.scanning.loaders import EXPORT_LOAD, JIT_LOAD, LITE_LOAD, TORCH_LOAD, TORCH_LOAD_UNSAFE
 from ptfile.scanning.pt2 import UNREADABLE_CONFIG
@@ -36,42 +36,11 @@ def payload(path: str) -> bytes:
             + path.encode() + b"X\x01\x00\x00\x00w\x86R.")
 
 
-_CHILD = r"""
-import io, logging, os, resource, sys, warnings
-warnings.simplefilter("ignore"); logging.disable(logging.CRITICAL)
-import torch, torch.export
-root, loader, path = sys.argv[1:]
-def hook(event, args):
-    if event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "socket.connect"):
-        raise PermissionError(event)
-    if event == "open" and args[1] not in (None, "r", "rb") and isinstance(args[0], str) \
-            and not os.path.realpath(args[0]).startswith(root):
-        raise PermissionError(args[0])
-resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
-data = open(path, "rb").read()
-sys.addaudithook(hook)
-try:
-    f = io.BytesIO(data)
-    {"torch.load(weights_only=False)": lambda: torch.load(f, weights_only=False),
-     "torch.load": lambda: torch.load(f),
-     "torch.jit.load": lambda: torch.jit.load(f),
-     "torch.export.load": lambda: torch.export.load(f)}[loader]()
-    print("loaded")
-except BaseException as exc:
-    print("raised", type(exc).__name__, str(exc)[:200].replace("\n", " "))
-"""
-
-
-def fires(tmp_path: Path, build: Callable[[str], bytes], loader: str) -> tuple[bool, bytes]:
-    """Whether ``loader`` creates the sentinel of the file ``build(sentinel)``; and the file."""
-    sentinel = tmp_path / "sentinel"
-    data = build(str(sentinel))
-    (tmp_path / "file").write_bytes(data)
-    out = subprocess.run([sys.executable, "-I", "-c", _CHILD, str(tmp_path), loader,
-                          str(tmp_path / "file")], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, check=False)
-    assert "Traceback" not in out.stderr, out.stderr
-    return sentinel.exists(), data
+def fires(oracle: dict[str, tuple[bytes, Outcome]], case: str, loader: str) -> tuple[bool, bytes]:
+    """Whether ``loader`` created the sentinel of the oracle's file ``case``; and the file."""
+    data, outcome = oracle[case]
+    assert outcome.crashed is None and outcome.errors.keys() == {loader}, outcome
+    return outcome.fired == (loader,), data
 
 
 def not_passed(data: bytes) -> ptfile.ScanResult | None:
@@ -116,6 +85,27 @@ def exported() -> bytes:
     return buf.getvalue()
 
 
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory: pytest.TempPathFactory, scripted: bytes,
+           exported: bytes) -> Iterator[dict[str, tuple[bytes, Outcome]]]:
+    """Every file below whose payload a real loader must run, by case, with what it did:
+    one sandboxed child (:mod:`loader_oracle`) runs them all, each with its one loader."""
+    builds: dict[str, tuple[str, Callable[[str], bytes]]] = {
+        f"data-pkl-{name}": (TORCH_LOAD_UNSAFE, _data_pkl_renamed(name)) for name in DATA_PKL_NAMES}
+    builds["constants-pkl"] = (TORCH_LOAD_UNSAFE, lambda path: _constants_pkl_renamed(scripted, path))
+    for case, build in EXPORT_CASES.items():
+        builds[f"export-{case}"] = (EXPORT_LOAD, lambda path, build=build: build(exported, path))
+    root = tmp_path_factory.mktemp("zip_loaders")
+    files, sentinels = sandbox(root)
+    jobs, data = [], {}
+    for i, (case, (loader, build)) in enumerate(builds.items()):
+        data[case] = build(str(sentinels / f"s{i}"))
+        (files / f"f{i}").write_bytes(data[case])
+        jobs.append(Job(case, files / f"f{i}", sentinels / f"s{i}", (loader,)))
+    yield {o.id: (data[o.id], o) for o in run_loaders(root, jobs)}
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def members(data: bytes) -> list[tuple[str, bytes]]:
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         return [(n, z.read(n)) for n in z.namelist()]
@@ -146,9 +136,13 @@ def _data_pkl_renamed(new: str) -> Callable[[str], bytes]:
     return lambda path: raw_zip([(f"archive/{new}", payload(path)), ("archive/version", b"3\n")])
 
 
-@pytest.mark.parametrize("name", ["DATA.PKL", "Data.pkl"])
-def test_torch_load_finds_data_pkl_in_any_case(tmp_path: Path, name: str) -> None:
-    fired, data = fires(tmp_path, _data_pkl_renamed(name), TORCH_LOAD_UNSAFE)
+DATA_PKL_NAMES = ("DATA.PKL", "Data.pkl")
+
+
+@pytest.mark.parametrize("name", DATA_PKL_NAMES)
+def test_torch_load_finds_data_pkl_in_any_case(oracle: dict[str, tuple[bytes, Outcome]],
+                                               name: str) -> None:
+    fired, data = fires(oracle, f"data-pkl-{name}", TORCH_LOAD_UNSAFE)
     assert fired
     result = not_passed(data)
     assert result is not None and result.format == "zip"
@@ -156,14 +150,16 @@ def test_torch_load_finds_data_pkl_in_any_case(tmp_path: Path, name: str) -> Non
     assert found and all(f.loaders == (TORCH_LOAD_UNSAFE, TORCH_LOAD) for f in found)
 
 
-def test_constants_pkl_in_another_case_is_a_pickle_to_torch_load(tmp_path: Path,
-                                                                 scripted: bytes) -> None:
+def _constants_pkl_renamed(scripted: bytes, path: str) -> bytes:
+    return remap(scripted, lambda n, v: (n.replace("constants.pkl", "Constants.pkl"),
+                                         payload(path) if n.endswith("/data.pkl") else v))
+
+
+def test_constants_pkl_in_another_case_is_a_pickle_to_torch_load(
+        oracle: dict[str, tuple[bytes, Outcome]]) -> None:
     """torch.load tests ``constants.pkl`` exactly: ``Constants.pkl`` is no TorchScript to it,
     and its full unpickler runs data.pkl; torch.jit.load finds it and reads TorchScript."""
-    def build(path: str) -> bytes:
-        return remap(scripted, lambda n, v: (n.replace("constants.pkl", "Constants.pkl"),
-                                             payload(path) if n.endswith("/data.pkl") else v))
-    fired, data = fires(tmp_path, build, TORCH_LOAD_UNSAFE)
+    fired, data = fires(oracle, "constants-pkl", TORCH_LOAD_UNSAFE)
     assert fired
     result = not_passed(data)
     assert result is not None
@@ -306,9 +302,9 @@ EXPORT_CASES: dict[str, Callable[[bytes, str], bytes]] = {
 
 
 @pytest.mark.parametrize("case", sorted(EXPORT_CASES))
-def test_export_load_reads_what_its_configs_name(tmp_path: Path, exported: bytes,
+def test_export_load_reads_what_its_configs_name(oracle: dict[str, tuple[bytes, Outcome]],
                                                  case: str) -> None:
-    fired, data = fires(tmp_path, lambda p: EXPORT_CASES[case](exported, p), EXPORT_LOAD)
+    fired, data = fires(oracle, f"export-{case}", EXPORT_LOAD)
     assert fired, case
     result = not_passed(data)
     assert result is not None

@@ -63,6 +63,8 @@ import torch.export.pt2_archive._package, torch._export.serde.serialize
 import torch._inductor.cpp_builder
 import ptfile
 SAFE = list(torch.serialization.get_safe_globals())
+import gc
+gc.freeze()  # the imports' objects: the collector no longer walks them after every load
 
 def _inside(path):
     try:

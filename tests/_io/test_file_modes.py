@@ -6,7 +6,8 @@ folder, bulk convert under ``--out-prefix``) makes files with the mode
 ``torch.save`` makes and folders with the mode ``dcp.save`` makes, and a file
 that replaces a 0664 (or 0600) one keeps that mode, as it does under torch.
 The umask is set in this process (and so inherited by the ``ptfile`` command, run in a
-child process: the commands of one test in one child, see :func:`ptfile_cli`).
+child process: the command lines of one test in one child, see
+:func:`commands.run_each`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,23 +26,8 @@ import torch
 import torch.distributed.checkpoint as torch_dcp
 
 import ptfile
+from commands import run_each
 from ptfile.export import dump, dump_npz
-
-#: Run as ``python -c``: each argument is one command line (a JSON list), run in turn by
-#: the entry point the installed command calls (``ptfile.cli.main``), so a test's commands
-#: share one child and one import of ptfile; prints ``[exit code, stderr]`` per command.
-_EACH = """
-import contextlib, io, json, sys
-from ptfile.cli import main
-for argv in map(json.loads, sys.argv[1:]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(argv)
-        except SystemExit as exit:
-            code = exit.code
-    print(json.dumps([code, err.getvalue()]), flush=True)
-"""
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o002], ids=lambda m: f"umask{m:03o}")
@@ -75,22 +59,10 @@ def torch_dcp_modes(folder: Path) -> dict[str, int]:
     return {"folder": mode(out), "file": mode(out / ".metadata")}
 
 
-def ptfile_each(*commands: Sequence[str | Path]) -> list[tuple[int, str]]:
-    """Each command line's exit code and error output, all run in one child process that
-    inherits this process's umask."""
-    done = subprocess.run([sys.executable, "-c", _EACH,
-                           *(json.dumps([str(a) for a in c]) for c in commands)],
-                          capture_output=True, text=True, check=False, timeout=120)
-    assert done.returncode == 0, done.stderr
-    results = [tuple(json.loads(line)) for line in done.stdout.splitlines()]
-    assert len(results) == len(commands), done.stdout
-    return results  # type: ignore[return-value]
-
-
 def ptfile_cli(*commands: Sequence[str | Path]) -> None:
-    """Run each command line (in one child); every one must succeed."""
-    for command, (code, err) in zip(commands, ptfile_each(*commands)):
-        assert code == 0, (command, err)
+    """Run each command line (in one child: :func:`commands.run_each`); each must succeed."""
+    for command, done in zip(commands, run_each(*commands)):
+        assert done.returncode == 0, (command, done.stderr)
 
 
 def tensors() -> dict[str, ptfile.Tensor]:
@@ -246,10 +218,9 @@ def test_a_write_error_names_the_output_never_its_temporary(tmp_path: Path) -> N
         ptfile.save({"w": np.ones(2, "f4")}, taken)
     assert caught.value.filename == str(taken) and ".tmp" not in str(caught.value)
     cases = ((taken, taken), (blocker / "model.safetensors", blocker))
-    for (_, named), (code, err) in zip(cases, ptfile_each(*(["convert", src, out]
-                                                            for out, _ in cases))):
-        assert code == 2, err
-        assert err.startswith(f"ptfile convert: error: {named}: "), err
-        assert ".tmp" not in err
+    for (_, named), done in zip(cases, run_each(*(["convert", src, out] for out, _ in cases))):
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"ptfile convert: error: {named}: "), done.stderr
+        assert ".tmp" not in done.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["blocker", "inside", "src.pt",
                                                            "taken.pt"]

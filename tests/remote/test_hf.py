@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import ptfile
+from commands import Ran, run_each
 from hubserver import HubServer
 from oracle import assert_same
 
@@ -80,36 +81,13 @@ def hub(repo: Path) -> Iterator[HubServer]:
         assert all(r.handled for r in server.log), [r for r in server.log if not r.handled]
 
 
-#: Run as ``python -c``: each argument is one ``ptfile`` command line (a JSON list), run in
-#: turn by the command's entry point, ``ptfile.cli.main``, in this one fresh process (one
-#: import of ptfile and huggingface_hub for all); prints ``[exit code, stdout, stderr]``
-#: per command line.
-_EACH = """
-import contextlib, io, json, sys
-from ptfile.cli import main
-for argv in map(json.loads, sys.argv[1:]):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exit:
-            code = exit.code
-    print(json.dumps([code, out.getvalue(), err.getvalue()]), flush=True)
-"""
-
-
-def cli(hub: HubServer, tmp_path: Path, *commands: list[str]) -> list[tuple[int, str, str]]:
-    """Each ``ptfile`` command line's exit code, output and error output, run in one fresh
-    process whose huggingface_hub reads HF_ENDPOINT."""
+def cli(hub: HubServer, tmp_path: Path, *commands: list[str]) -> list[Ran]:
+    """Each ``ptfile`` command line's outcome, all run in one fresh process whose
+    huggingface_hub reads HF_ENDPOINT (:func:`commands.run_each`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_ENDPOINT=hub.endpoint, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1",
                HF_HOME=str(tmp_path / "hf-home"))
-    done = subprocess.run([sys.executable, "-c", _EACH, *map(json.dumps, commands)],
-                          capture_output=True, text=True, timeout=120, check=False, env=env)
-    assert done.returncode == 0, done.stderr
-    results = [tuple(json.loads(line)) for line in done.stdout.splitlines()]
-    assert len(results) == len(commands), done.stdout
-    return results  # type: ignore[return-value]
+    return run_each(*commands, env=env)
 
 
 def test_hf_load_equals_torch(hub: HubServer, repo: Path) -> None:
@@ -156,11 +134,11 @@ def test_hf_folder_listing_for_bulk(hub: HubServer) -> None:
 
 
 def test_hf_cli_scan_folder_and_inspect(hub: HubServer, tmp_path: Path) -> None:
-    (code, out, err), scanned, inspected = cli(
+    done, scanned, inspected = cli(
         hub, tmp_path, ["scan", "hf://user/tiny", "--json"], ["scan", "hf://user/tiny/model.pt"],
         ["inspect", "hf://user/tiny/model.pt", "--json"])
-    assert code == 1, err  # the hostile pickle is found
-    *files, summary = map(json.loads, out.splitlines())
+    assert done.returncode == 1, done.stderr  # the hostile pickle is found
+    *files, summary = map(json.loads, done.stdout.splitlines())
     assert summary["summary"] and summary["exit_code"] == 1
     records = {r["path"]: r for r in files}
     assert set(records) == {"hf://user/tiny/model.pt", "hf://user/tiny/sub/extra.bin",
@@ -168,9 +146,9 @@ def test_hf_cli_scan_folder_and_inspect(hub: HubServer, tmp_path: Path) -> None:
     assert [p for p, r in records.items() if r["exit_code"] == 1] == \
         ["hf://user/tiny/untrusted/evil.pt"]
 
-    assert scanned[0] == 0, scanned[2]
-    assert inspected[0] == 0, inspected[2]
-    assert len(json.loads(inspected[1])["tensors"]) == N_LAYERS
+    assert scanned.returncode == 0, scanned.stderr
+    assert inspected.returncode == 0, inspected.stderr
+    assert len(json.loads(inspected.stdout)["tensors"]) == N_LAYERS
 
 
 MISSING = {"hf://user/tiny/missing.pt": "not found",
@@ -179,8 +157,8 @@ MISSING = {"hf://user/tiny/missing.pt": "not found",
 
 
 @pytest.fixture(scope="module")
-def inspect_missing(hub: HubServer, tmp_path_factory: pytest.TempPathFactory
-                    ) -> dict[str, tuple[int, str, str]]:
+def inspect_missing(hub: HubServer,
+                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
     """``ptfile inspect URL`` for each missing URL, all in one process: by URL."""
     tmp = tmp_path_factory.mktemp("missing")
     return dict(zip(MISSING, cli(hub, tmp, *(["inspect", url] for url in MISSING))))
@@ -189,14 +167,13 @@ def inspect_missing(hub: HubServer, tmp_path_factory: pytest.TempPathFactory
 @pytest.mark.parametrize(("url", "why"), list(MISSING.items()),
                          ids=["file", "repository", "revision"])
 def test_hf_missing_is_exit_2_with_a_clear_message(
-        hub: HubServer, inspect_missing: dict[str, tuple[int, str, str]], url: str,
-        why: str) -> None:
+        hub: HubServer, inspect_missing: dict[str, Ran], url: str, why: str) -> None:
     with pytest.raises(ptfile.RemoteError, match=why) as info:
         ptfile.load(url)
     assert info.value.status == 404
-    code, _, err = inspect_missing[url]
-    assert code == 2
-    assert url in err and why in err and "Traceback" not in err
+    done = inspect_missing[url]
+    assert done.returncode == 2
+    assert url in done.stderr and why in done.stderr and "Traceback" not in done.stderr
 
 
 def test_missing_backends_name_the_package_and_the_extra() -> None:

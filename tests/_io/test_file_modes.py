@@ -5,7 +5,9 @@ exports, ``save_dcp``, ``ptfile convert`` one file, a sharded index and a DCP
 folder, bulk convert under ``--out-prefix``) makes files with the mode
 ``torch.save`` makes and folders with the mode ``dcp.save`` makes, and a file
 that replaces a 0664 (or 0600) one keeps that mode, as it does under torch.
-The umask is set in this process (and so inherited by the ``ptfile`` command).
+The umask is set in this process (and so inherited by the ``ptfile`` command, run in a
+child process: the command lines of one test in one child, see
+:func:`commands.run_each`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,8 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +26,8 @@ import torch
 import torch.distributed.checkpoint as torch_dcp
 
 import ptfile
+from commands import run_each
 from ptfile.export import dump, dump_npz
-
-PTFILE = str(Path(sys.executable).parent / "ptfile")  # the installed command
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o002], ids=lambda m: f"umask{m:03o}")
@@ -60,9 +59,10 @@ def torch_dcp_modes(folder: Path) -> dict[str, int]:
     return {"folder": mode(out), "file": mode(out / ".metadata")}
 
 
-def ptfile_cli(*args: str | Path) -> None:
-    done = subprocess.run([PTFILE, *map(str, args)], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
+def ptfile_cli(*commands: Sequence[str | Path]) -> None:
+    """Run each command line (in one child: :func:`commands.run_each`); each must succeed."""
+    for command, done in zip(commands, run_each(*commands)):
+        assert done.returncode == 0, (command, done.stderr)
 
 
 def tensors() -> dict[str, ptfile.Tensor]:
@@ -109,8 +109,7 @@ def test_the_convert_command_gives_torch_saves_modes(suffix: str, umask: int,
     new, old = tmp_path / f"new{suffix}", tmp_path / f"old{suffix}"
     old.write_bytes(b"old")
     old.chmod(0o664)
-    ptfile_cli("convert", src, new)
-    ptfile_cli("convert", src, old)
+    ptfile_cli(["convert", src, new], ["convert", src, old])
     assert mode(new) == torch_file_mode(tmp_path) == 0o666 & ~umask
     assert mode(old) == 0o664 and old.read_bytes() != b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
@@ -124,7 +123,7 @@ def test_sharded_index_conversion_gets_torch_saves_modes(umask: int, tmp_path: P
     (src / "pytorch_model.bin.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {"w": "pytorch_model-00001-of-00001.bin"}}))
     out = tmp_path / "out"
-    ptfile_cli("convert", src / "pytorch_model.bin.index.json", f"{out}/")
+    ptfile_cli(["convert", src / "pytorch_model.bin.index.json", f"{out}/"])
     want = torch_file_mode(tmp_path)
     assert {p.name: mode(p) for p in out.iterdir()} == {
         "model.safetensors.index.json": want, "model-00001-of-00001.safetensors": want}
@@ -153,8 +152,7 @@ def test_save_dcp_over_a_folder_keeps_its_mode(umask: int, tmp_path: Path) -> No
 def test_dcp_conversions_get_torch_saves_modes(umask: int, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ptfile.save_dcp({"w": np.ones(2, "f4")}, ckpt)
-    ptfile_cli("convert", ckpt, tmp_path / "one.pt")
-    ptfile_cli("convert", ckpt, f"{tmp_path / 'hf'}/")
+    ptfile_cli(["convert", ckpt, tmp_path / "one.pt"], ["convert", ckpt, f"{tmp_path / 'hf'}/"])
     want = torch_file_mode(tmp_path)
     assert mode(tmp_path / "one.pt") == want
     assert mode(tmp_path / "hf") == 0o777 & ~umask
@@ -167,7 +165,7 @@ def test_bulk_convert_under_a_prefix_gets_torch_saves_modes(umask: int, tmp_path
     torch.save({"w": torch.ones(2)}, tree / "top.pt")
     torch.save({"w": torch.ones(3)}, tree / "a" / "b" / "deep.pt")
     out = tmp_path / "out"
-    ptfile_cli("convert", tree, "--out-prefix", out, "--no-progress", "--workers", "1")
+    ptfile_cli(["convert", tree, "--out-prefix", out, "--no-progress", "--workers", "1"])
     want = torch_file_mode(tmp_path)
     made = {p.relative_to(out).as_posix(): mode(p) for p in out.rglob("*")}
     folder = 0o777 & ~umask
@@ -196,9 +194,10 @@ def test_an_output_in_a_new_folder_is_made_with_its_folders(umask: int, tmp_path
     for writer, write in API_WRITERS.items():
         outs.append(tmp_path / "api" / writer / f"out{SUFFIX[writer]}")
         write(outs[-1])
-    for suffix in SUFFIX.values():
-        outs.append(tmp_path / "cli" / suffix[1:] / "deeper" / f"model{suffix}")
-        ptfile_cli("convert", src, outs[-1])
+    cli_outs = [tmp_path / "cli" / suffix[1:] / "deeper" / f"model{suffix}"
+                for suffix in SUFFIX.values()]
+    ptfile_cli(*(["convert", src, out] for out in cli_outs))
+    outs += cli_outs
     for out in outs:
         expected = np.ones(2) if out.parent.name == "save" else np.arange(4.0)
         np.testing.assert_array_equal(read_w(out), expected)
@@ -218,9 +217,8 @@ def test_a_write_error_names_the_output_never_its_temporary(tmp_path: Path) -> N
     with pytest.raises(IsADirectoryError) as caught:
         ptfile.save({"w": np.ones(2, "f4")}, taken)
     assert caught.value.filename == str(taken) and ".tmp" not in str(caught.value)
-    for out, named in ((taken, taken), (blocker / "model.safetensors", blocker)):
-        done = subprocess.run([PTFILE, "convert", str(src), str(out)], capture_output=True,
-                              text=True, check=False)
+    cases = ((taken, taken), (blocker / "model.safetensors", blocker))
+    for (_, named), done in zip(cases, run_each(*(["convert", src, out] for out, _ in cases))):
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"ptfile convert: error: {named}: "), done.stderr
         assert ".tmp" not in done.stderr

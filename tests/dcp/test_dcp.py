@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import ptfile
-from dcp_cases import save_ranks
+from dcp_cases import save_ranks_each
 from oracle import assert_same
 
 
@@ -137,14 +137,13 @@ def test_empty_state_dict(tmp_path: Path) -> None:
 def test_sharded_across_ranks(tmp_path: Path) -> None:
     """3 ranks: uneven shards, a zero-size chunk, chunks on every rank; then the same values
     saved with use_collectives=False (one __<rank>.metadata each) merge to the same dict."""
-    save_ranks(tmp_path / "ckpt", 3, collectives=True)
+    save_ranks_each([(tmp_path / "ckpt", 3, True), (tmp_path / "solo", 3, False)])
     dcp_to_torch_save(tmp_path / "ckpt", tmp_path / "out.pt")
     got = ptfile.load_dcp(tmp_path / "ckpt")
     assert_same(got, torch.load(tmp_path / "out.pt", weights_only=False))
     sizes = [c.sizes for c in _metadata(tmp_path / "ckpt").state_dict_metadata["z"].chunks]
     assert torch.Size([0]) in sizes
     assert np.array_equal(got["s1"].numpy(), np.arange(42.0).reshape(7, 6).T)
-    save_ranks(tmp_path / "solo", 3, collectives=False)
     assert sorted(p.name for p in (tmp_path / "solo").glob("*.metadata")) == [
         f"__{r}.metadata" for r in range(3)]
     assert_same(ptfile.load_dcp(tmp_path / "solo"), torch.load(tmp_path / "out.pt",

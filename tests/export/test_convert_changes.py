@@ -73,6 +73,17 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def converted(source: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """``source`` converted once by the command to a ``.safetensors`` and an ``.npz``:
+    each output and its JSON summary, by suffix (for tests that only read them)."""
+    out = {}
+    for suffix in ("safetensors", "npz"):
+        path = source.parent / f"model.{suffix}"
+        out[suffix] = path, convert_json(source, path)
+    return out
+
+
 EMBED_BYTES = VOCAB * DIM * 2
 VALUES = {"step": 3, "lr": 0.1, "name": "bert", "best": float("inf"), "note": None,
           "config": {"hidden": DIM, "act": "gelu", "dims": [1, 2]},
@@ -90,9 +101,9 @@ def _group(summary: dict[str, Any], change: str, **how: str) -> list[str]:
     return names
 
 
-def test_safetensors_keeps_values_in_metadata(source: Path, tmp_path: Path) -> None:
-    out = tmp_path / "model.safetensors"
-    summary = convert_json(source, out)
+def test_safetensors_keeps_values_in_metadata(
+        converted: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    out, summary = converted["safetensors"]
     assert summary["dropped"] == [BLOB_DROPPED]
     assert summary["aliases"] == {"model.lm_head.weight": "model.embed.weight"}
     assert set(_group(summary, "json", to="__metadata__")) == set(VALUES)
@@ -111,9 +122,9 @@ def test_safetensors_keeps_values_in_metadata(source: Path, tmp_path: Path) -> N
     assert out.stat().st_size < 1.5 * EMBED_BYTES  # the tied weight once
 
 
-def test_safetensors_back_to_pt_restores_values_and_ties(source: Path, tmp_path: Path) -> None:
-    st, pt = tmp_path / "model.safetensors", tmp_path / "back.pt"
-    convert_json(source, st)
+def test_safetensors_back_to_pt_restores_values_and_ties(
+        converted: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path) -> None:
+    st, pt = converted["safetensors"][0], tmp_path / "back.pt"
     summary = convert_json(st, pt)
     assert summary["dropped"] == [] and summary["changed"] == []
     back, original = torch.load(pt, weights_only=True), _checkpoint()
@@ -141,9 +152,9 @@ def test_cli_text_names_what_changed_and_what_was_dropped(source: Path, tmp_path
         in result.stdout.splitlines()
 
 
-def test_npz_keeps_raw_bits_and_ties_once(source: Path, tmp_path: Path) -> None:
-    out = tmp_path / "model.npz"
-    summary = convert_json(source, out)
+def test_npz_keeps_raw_bits_and_ties_once(
+        converted: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    out, summary = converted["npz"]
     assert _group(summary, "raw-bits", **{"from": "bfloat16", "to": "uint16"}) == \
         ["model.embed.weight", "model.norm.weight", "model.norm.bias"]
     assert _group(summary, "raw-bits", **{"from": "float8_e4m3fn", "to": "uint8"}) == ["scale"]
@@ -259,8 +270,10 @@ def test_dcp_to_safetensors_lists_non_tensor_items(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["npz", "safetensors"])
-def test_bulk_records_carry_the_same_account(source: Path, tmp_path: Path, fmt: str) -> None:
-    single = convert_json(source, tmp_path / f"one.{fmt}")
+def test_bulk_records_carry_the_same_account(
+        source: Path, converted: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path,
+        fmt: str) -> None:
+    single = converted[fmt][1]  # the one-file conversion's account
     result = run("convert", source, "--out-prefix", tmp_path / "out", "--to", fmt,
                  "--no-progress")
     assert result.returncode == 0, result.stderr

@@ -37,8 +37,10 @@ from rangeserver import RangeServer  # the tests' loopback server
 
 pytestmark = pytest.mark.slow  # its tree is written by gloo ranks in child processes
 
-#: Run as a script: ``world`` gloo ranks on loopback save sharded DTensors through the
-#: HuggingFaceStorageWriter with ``save_distributed``, without and with consolidation.
+#: Run as a script: for each ``world`` of its arguments, ``world`` gloo ranks on loopback
+#: save sharded DTensors through the HuggingFaceStorageWriter with ``save_distributed``,
+#: without and with consolidation. The ranks fork from this one parent (as
+#: ``dcp_cases.save_ranks``): spawned, each would import torch again.
 _HF_RANKS = """
 import os, sys
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -63,8 +65,10 @@ def work(rank, world, out, store):
     os._exit(0)  # as tests/dcp/test_dcp_sharded.py: torch 2.13's teardown may abort
 
 if __name__ == "__main__":
-    out, world = sys.argv[1], int(sys.argv[2])
-    mp.spawn(work, args=(world, out, os.path.join(out, f"store{world}")), nprocs=world)
+    out = sys.argv[1]
+    for world in map(int, sys.argv[2:]):
+        mp.start_processes(work, args=(world, out, os.path.join(out, f"store{world}")),
+                           nprocs=world, start_method="fork")
 """
 
 #: The HuggingFace-writer folders (and the sharded model folder) the fixture writes.
@@ -90,12 +94,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         str(root / "hf_one"), fqn_to_index_mapping={"a.weight": 1, "a.bias": 1, "b": 2}))
     script = root.parent / "hf_ranks.py"
     script.write_text(_HF_RANKS)
-    for world in (1, 2):
-        done = subprocess.run([sys.executable, str(script), str(root), str(world)],
-                              check=False, capture_output=True, timeout=300, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        for f in root.glob(f"store{world}*"):
-            f.unlink()
+    done = subprocess.run([sys.executable, str(script), str(root), "1", "2"],
+                          check=False, capture_output=True, timeout=300, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for f in root.glob("store*"):
+        f.unlink()
     model = root / "hf_model"
     model.mkdir()
     shards = {"model-00001-of-00002.safetensors": ("a.weight", "a.bias"),

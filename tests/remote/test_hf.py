@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import ptfile
+from commands import Ran, run_each
 from hubserver import HubServer
 from oracle import assert_same
 
@@ -80,13 +81,13 @@ def hub(repo: Path) -> Iterator[HubServer]:
         assert all(r.handled for r in server.log), [r for r in server.log if not r.handled]
 
 
-def cli(hub: HubServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``ptfile ARGS`` in a fresh process whose huggingface_hub reads HF_ENDPOINT."""
+def cli(hub: HubServer, tmp_path: Path, *commands: list[str]) -> list[Ran]:
+    """Each ``ptfile`` command line's outcome, all run in one fresh process whose
+    huggingface_hub reads HF_ENDPOINT (:func:`commands.run_each`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_ENDPOINT=hub.endpoint, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1",
                HF_HOME=str(tmp_path / "hf-home"))
-    return subprocess.run([sys.executable, "-m", "ptfile", *args], capture_output=True,
-                          text=True, timeout=120, check=False, env=env)
+    return run_each(*commands, env=env)
 
 
 def test_hf_load_equals_torch(hub: HubServer, repo: Path) -> None:
@@ -133,7 +134,9 @@ def test_hf_folder_listing_for_bulk(hub: HubServer) -> None:
 
 
 def test_hf_cli_scan_folder_and_inspect(hub: HubServer, tmp_path: Path) -> None:
-    done = cli(hub, tmp_path, "scan", "hf://user/tiny", "--json")
+    done, scanned, inspected = cli(
+        hub, tmp_path, ["scan", "hf://user/tiny", "--json"], ["scan", "hf://user/tiny/model.pt"],
+        ["inspect", "hf://user/tiny/model.pt", "--json"])
     assert done.returncode == 1, done.stderr  # the hostile pickle is found
     *files, summary = map(json.loads, done.stdout.splitlines())
     assert summary["summary"] and summary["exit_code"] == 1
@@ -143,24 +146,32 @@ def test_hf_cli_scan_folder_and_inspect(hub: HubServer, tmp_path: Path) -> None:
     assert [p for p, r in records.items() if r["exit_code"] == 1] == \
         ["hf://user/tiny/untrusted/evil.pt"]
 
-    done = cli(hub, tmp_path, "scan", "hf://user/tiny/model.pt")
-    assert done.returncode == 0, done.stderr
-    done = cli(hub, tmp_path, "inspect", "hf://user/tiny/model.pt", "--json")
-    assert done.returncode == 0, done.stderr
-    assert len(json.loads(done.stdout)["tensors"]) == N_LAYERS
+    assert scanned.returncode == 0, scanned.stderr
+    assert inspected.returncode == 0, inspected.stderr
+    assert len(json.loads(inspected.stdout)["tensors"]) == N_LAYERS
 
 
-@pytest.mark.parametrize(("url", "why"), [
-    ("hf://user/tiny/missing.pt", "not found"),
-    ("hf://user/nothing/model.pt", "repository not found"),
-    ("hf://user/tiny@v9/model.pt", "revision not found"),
-], ids=["file", "repository", "revision"])
-def test_hf_missing_is_exit_2_with_a_clear_message(hub: HubServer, tmp_path: Path, url: str,
-                                                    why: str) -> None:
+MISSING = {"hf://user/tiny/missing.pt": "not found",
+           "hf://user/nothing/model.pt": "repository not found",
+           "hf://user/tiny@v9/model.pt": "revision not found"}
+
+
+@pytest.fixture(scope="module")
+def inspect_missing(hub: HubServer,
+                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """``ptfile inspect URL`` for each missing URL, all in one process: by URL."""
+    tmp = tmp_path_factory.mktemp("missing")
+    return dict(zip(MISSING, cli(hub, tmp, *(["inspect", url] for url in MISSING))))
+
+
+@pytest.mark.parametrize(("url", "why"), list(MISSING.items()),
+                         ids=["file", "repository", "revision"])
+def test_hf_missing_is_exit_2_with_a_clear_message(
+        hub: HubServer, inspect_missing: dict[str, Ran], url: str, why: str) -> None:
     with pytest.raises(ptfile.RemoteError, match=why) as info:
         ptfile.load(url)
     assert info.value.status == 404
-    done = cli(hub, tmp_path, "inspect", url)
+    done = inspect_missing[url]
     assert done.returncode == 2
     assert url in done.stderr and why in done.stderr and "Traceback" not in done.stderr
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ptfile
+from commands import Ran, run_each
 from folders import make_zoo
 from ptfile.formats.inputs import Input, InputKind, resolve_input
 from ptfile.model.tree import flatten
@@ -32,6 +33,16 @@ def _cli(*args: object, check: int | None = 0) -> subprocess.CompletedProcess[st
                           capture_output=True, text=True, timeout=120, check=False)
     if check is not None:
         assert done.returncode == check, done.stdout + done.stderr
+    return done
+
+
+def _cli_each(*commands: tuple[object, ...], checks: tuple[int, ...] = ()) -> list[Ran]:
+    """Each command line run in turn in one child (:func:`commands.run_each`); the exit
+    codes must be ``checks`` (0 each by default)."""
+    done = run_each(*([str(a) for a in c] for c in commands))
+    for command, ran, check in zip(commands, done, checks or (0,) * len(commands),
+                                   strict=True):
+        assert ran.returncode == check, (command, ran.stdout + ran.stderr)
     return done
 
 
@@ -133,7 +144,8 @@ def test_open_names_a_trainer_folders_tensors_by_role(zoo: dict[str, Any]) -> No
 
 def test_inspect_describes_the_set_as_a_whole(zoo: dict[str, Any]) -> None:
     folder = zoo["trainer"]
-    done = _cli("inspect", folder, "--json")
+    done, text_done, sharded = _cli_each(("inspect", folder, "--json"), ("inspect", folder),
+                                         ("inspect", zoo["st_sharded"]))
     record = json.loads(done.stdout)
     parts = {p["role"]: p for p in record["parts"]}
     optimizer = torch.load(folder / "optimizer.pt", weights_only=True)
@@ -142,16 +154,25 @@ def test_inspect_describes_the_set_as_a_whole(zoo: dict[str, Any]) -> None:
     assert parts["model"]["format"] == "safetensors shards"
     assert parts["trainer_state"]["format"] == "json"
     assert record["totals"]["tensors"] == sum(p["totals"]["tensors"] for p in parts.values())
-    text = _cli("inspect", folder).stdout
+    text = text_done.stdout
     assert text.startswith(f"{folder}: trainer checkpoint")
     assert "Parts (6)" in text and "training_args" in text
-    assert "safetensors shards checkpoint" in _cli("inspect", zoo["st_sharded"]).stdout
+    assert "safetensors shards checkpoint" in sharded.stdout
 
 
-@pytest.mark.parametrize("name", ["st_sharded", "bin_one", "bin_sharded", "trainer"])
-def test_verify_reads_every_part(zoo: dict[str, Any], name: str) -> None:
-    done = _cli("verify", zoo[name], "--json")
-    report = json.loads(done.stdout)
+VERIFIED = ("st_sharded", "bin_one", "bin_sharded", "trainer")
+
+
+@pytest.fixture(scope="module")
+def verified(zoo: dict[str, Any]) -> dict[str, Ran]:
+    """``ptfile verify FOLDER --json`` of each folder of :data:`VERIFIED`, in one child."""
+    return dict(zip(VERIFIED, _cli_each(*(("verify", zoo[name], "--json")
+                                          for name in VERIFIED)), strict=True))
+
+
+@pytest.mark.parametrize("name", VERIFIED)
+def test_verify_reads_every_part(verified: dict[str, Ran], name: str) -> None:
+    report = json.loads(verified[name].stdout)
     assert report["ok"] and report["tensors_checked"] > 0
 
 
@@ -172,15 +193,19 @@ def test_verify_names_the_damaged_shard(zoo: dict[str, Any], tmp_path: Path) -> 
 
 
 def test_diff_compares_a_model_in_one_file_and_in_shards(zoo: dict[str, Any]) -> None:
-    assert "identical" in _cli("diff", zoo["bin_one"], zoo["bin_sharded"]).stdout
-    assert "identical" in _cli("diff", zoo["trainer"], zoo["trainer"]).stdout
+    files, trainer = _cli_each(("diff", zoo["bin_one"], zoo["bin_sharded"]),
+                               ("diff", zoo["trainer"], zoo["trainer"]))
+    assert "identical" in files.stdout
+    assert "identical" in trainer.stdout
 
 
 def test_convert_bin_shards_to_one_file(zoo: dict[str, Any], tmp_path: Path) -> None:
     from safetensors.numpy import load_file
 
-    out = tmp_path / "one.safetensors"
-    summary = json.loads(_cli("convert", zoo["bin_sharded"], out, "--json").stdout)
+    out, back = tmp_path / "one.safetensors", tmp_path / "one.pt"
+    done, _ = _cli_each(("convert", zoo["bin_sharded"], out, "--json"),
+                        ("convert", zoo["bin_sharded"], back))
+    summary = json.loads(done.stdout)
     stored = load_file(out)
     state = zoo["state"]
     # every name is stored or declared as an alias of a stored one, values equal
@@ -188,8 +213,6 @@ def test_convert_bin_shards_to_one_file(zoo: dict[str, Any], tmp_path: Path) -> 
     for name, t in state.items():
         kept = summary["aliases"].get(name, name)
         assert np.array_equal(stored[kept], t.detach().numpy())
-    back = tmp_path / "one.pt"
-    _cli("convert", zoo["bin_sharded"], back)
     loaded = torch.load(back, weights_only=True)
     assert sorted(loaded) == sorted(state)
 
@@ -226,33 +249,29 @@ def test_convert_a_trainer_folder_writes_its_model(zoo: dict[str, Any], tmp_path
 def test_scan_reads_every_file_of_a_set(zoo: dict[str, Any], tmp_path: Path) -> None:
     import shutil
 
-    _cli("scan", zoo["bin_sharded"])
-    # a trainer folder: its rng_state (numpy) and training_args (transformers' classes)
-    # are allowed by their role, read as data as ptfile.load reads them
-    done = _cli("scan", zoo["trainer"], "--json")
+    # A trainer folder's rng_state (numpy) and training_args (transformers' classes) are
+    # allowed by their role, in those files only: numpy in the optimizer (moved), or another
+    # class beside the arguments (other), stays unknown; a payload in a part of a set
+    # (hostile) is found, whatever the rest holds. All scanned in one child.
+    moved, other, hostile = tmp_path / "moved", tmp_path / "other", tmp_path / "ck"
+    for folder in (moved, other, hostile):
+        shutil.copytree(zoo["trainer"], folder)
+    (moved / "optimizer.pt").write_bytes((moved / "rng_state.pth").read_bytes())
+    (other / "training_args.bin").write_bytes(b"\x80\x02ctransformers.models.auto\nThing\n"
+                                              b")\x81q\x00.")
+    (hostile / "scheduler.pt").write_bytes(b"\x80\x02cposix\nsystem\nX\x04\x00\x00\x00trueq"
+                                           b"\x00\x85R.")
+    _, done, _, other_done, hostile_done = _cli_each(
+        ("scan", zoo["bin_sharded"]), ("scan", zoo["trainer"], "--json"), ("scan", moved),
+        ("scan", other), ("scan", hostile, "--json"), checks=(0, 0, 3, 3, 1))
+    # the trainer's own files: read as data as ptfile.load reads them
     found = json.loads(done.stdout)
     findings = found["findings"] if isinstance(found, dict) else found[0]["findings"]
     by_role = [f for f in findings if f["location"].startswith("training_args.bin:")]
     assert by_role and all(f["verdict"] == "allowed" for f in by_role)
     assert any("Trainer's arguments" in f["message"] for f in by_role)
-    # ... in those files only: numpy in the optimizer, or another class beside the
-    # arguments, stays unknown
-    moved = tmp_path / "moved"
-    shutil.copytree(zoo["trainer"], moved)
-    (moved / "optimizer.pt").write_bytes((moved / "rng_state.pth").read_bytes())
-    _cli("scan", moved, check=3)
-    other = tmp_path / "other"
-    shutil.copytree(zoo["trainer"], other)
-    (other / "training_args.bin").write_bytes(b"\x80\x02ctransformers.models.auto\nThing\n"
-                                              b")\x81q\x00.")
-    assert "transformers.models.auto.Thing" in _cli("scan", other, check=3).stdout
-    # a payload in a part of a set is found, whatever the rest holds
-    hostile = tmp_path / "ck"
-    shutil.copytree(zoo["trainer"], hostile)
-    (hostile / "scheduler.pt").write_bytes(b"\x80\x02cposix\nsystem\nX\x04\x00\x00\x00trueq"
-                                           b"\x00\x85R.")
-    done = _cli("scan", hostile, "--json", check=1)
-    assert "posix" in done.stdout and "scheduler.pt" in done.stdout
+    assert "transformers.models.auto.Thing" in other_done.stdout
+    assert "posix" in hostile_done.stdout and "scheduler.pt" in hostile_done.stdout
 
 
 @pytest.fixture
@@ -322,16 +341,16 @@ def test_a_converted_folder_reads_back_whole(zoo: dict[str, Any], tmp_path: Path
         loaded = ck.load_tensors()  # with data: the tie is one tensor, as load gives it
         for alias, kept in summary["aliases"].items():
             assert loaded[alias] is loaded[kept]
-    assert "identical" in _cli("diff", zoo["bin_sharded"], out).stdout
-    back = tmp_path / "back.pt"
-    again = json.loads(_cli("convert", out, back, "--json").stdout)
+    back, single = tmp_path / "back.pt", tmp_path / "one.safetensors"
+    diffed, converted, _ = _cli_each(("diff", zoo["bin_sharded"], out),
+                                     ("convert", out, back, "--json"), ("convert", out, single))
+    assert "identical" in diffed.stdout
+    again = json.loads(converted.stdout)
     assert again["aliases"] == summary["aliases"]
     loaded = torch.load(back, weights_only=True)
     assert sorted(loaded) == sorted(state)
     for alias, kept in summary["aliases"].items():
         assert loaded[alias].untyped_storage().data_ptr() == \
             loaded[kept].untyped_storage().data_ptr()
-    single = tmp_path / "one.safetensors"
-    _cli("convert", out, single)
     with ptfile.open(single) as ck:
         assert sorted(ck) == sorted(state)

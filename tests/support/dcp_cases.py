@@ -61,8 +61,10 @@ def trained() -> dict[str, Any]:
     return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
 
-#: Run as a script: ``world`` gloo ranks on loopback save DTensors (sharded unevenly, with
-#: zero-size chunks, and replicated), a plain tensor and values.
+#: Run as a script: for each ``out world collectives`` triple of its arguments, ``world``
+#: gloo ranks on loopback save DTensors (sharded unevenly, with zero-size chunks, and
+#: replicated), a plain tensor and values. The ranks are forked from the one parent that
+#: imported torch (spawned, each would import torch again: about 1.5 s of CPU a rank).
 _RANKS = """
 import sys
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -85,13 +87,23 @@ def work(rank, world, out, store_path, collectives):
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    out, world, collectives = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-    mp.spawn(work, args=(world, out, out + ".store", collectives), nprocs=world)
+    for at in range(1, len(sys.argv), 3):
+        out, world, collectives = sys.argv[at], int(sys.argv[at + 1]), sys.argv[at + 2] == "1"
+        mp.start_processes(work, args=(world, out, out + ".store", collectives), nprocs=world,
+                           start_method="fork")
 """
 
 
 def save_ranks(directory: Path, world: int, collectives: bool) -> None:
-    script = directory.parent / "ranks.py"
+    """``world`` gloo ranks save the DTensor state into ``directory``."""
+    save_ranks_each([(directory, world, collectives)])
+
+
+def save_ranks_each(jobs: list[tuple[Path, int, bool]]) -> None:
+    """:func:`save_ranks` for each ``(directory, world, collectives)``, one after another
+    under one parent process (one torch import for all of them)."""
+    script = jobs[0][0].parent / "ranks.py"
     script.write_text(_RANKS)
-    subprocess.run([sys.executable, str(script), str(directory), str(world),
-                    "1" if collectives else "0"], check=True, capture_output=True, timeout=300)
+    args = [str(a) for d, w, c in jobs for a in (d, w, "1" if c else "0")]
+    subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True,
+                   timeout=300)

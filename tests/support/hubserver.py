@@ -94,6 +94,11 @@ def _entry(path: str, local: Path, expand: bool, commit: str) -> dict[str, Any]:
     return out
 
 
+#: How often the serving loop looks for shutdown(): at the default 0.5 s every
+#: server's exit waited half a second (one per test that starts one).
+POLL_SECONDS = 0.02
+
+
 class _Server(http.server.ThreadingHTTPServer):
     request_queue_size = 256  # concurrent range requests: see rangeserver.py
     daemon_threads = True
@@ -113,7 +118,8 @@ class HubServer:
         self.log: list[Request] = []
         self._lock = threading.Lock()
         self._httpd = _Server(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        args=(POLL_SECONDS,), daemon=True)
 
     @property
     def endpoint(self) -> str:
@@ -148,6 +154,9 @@ class HubServer:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # headers and body go out in separate writes: with Nagle's algorithm the
+            # body waits for the client's delayed ACK, 40 ms a request on loopback
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 return

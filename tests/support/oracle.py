@@ -91,16 +91,23 @@ def tensors_of(obj: Any) -> list[Any]:
 
 
 def assert_sharing(p: Any, t: Any) -> None:
-    """Tensors share a ptfile Storage exactly when they share a torch storage."""
+    """Tensors share a ptfile Storage exactly when they share a torch storage.
+
+    Every pair of tensors is compared, in one pass: two tensors share a storage exactly
+    when the first tensor of each one's group is the same, so the groups torch makes and
+    the groups ptfile makes are the same partition exactly when each tensor's first
+    sharer is the same index under both (a 5000-tensor file is 12.5 million pairs)."""
     pts, tts = tensors_of(p), tensors_of(t)
     assert len(pts) == len(tts)
-    for i in range(len(pts)):
-        for j in range(i + 1, len(pts)):
-            if not tts[i].untyped_storage().nbytes() or not tts[j].untyped_storage().nbytes():
-                continue  # empty storages all have data_ptr 0 (and torch.load splits them)
-            same_t = tts[i].untyped_storage().data_ptr() == tts[j].untyped_storage().data_ptr()
-            same_p = pts[i].storage is pts[j].storage
-            assert same_t == same_p, (i, j)
+    first_t: dict[int, int] = {}  # torch storage data_ptr -> first tensor index on it
+    first_p: dict[int, int] = {}  # id of the ptfile Storage -> first tensor index on it
+    for i, (pt, tt) in enumerate(zip(pts, tts)):
+        storage = tt.untyped_storage()
+        if not storage.nbytes():
+            continue  # empty storages all have data_ptr 0 (and torch.load splits them)
+        by_t = first_t.setdefault(storage.data_ptr(), i)
+        by_p = first_p.setdefault(id(pt.storage), i)
+        assert by_t == by_p, (min(by_t, by_p), i)  # a pair torch and ptfile disagree on
 
 
 def torch_bytes(obj: Any, **options: Any) -> bytes:

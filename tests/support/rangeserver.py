@@ -40,6 +40,11 @@ class Stats:
     ranges: list[tuple[str, str]] = field(default_factory=list)
 
 
+#: How often the serving loop looks for shutdown(): at the default 0.5 s every
+#: server's exit waited half a second (one per test that starts one).
+POLL_SECONDS = 0.02
+
+
 class _Server(http.server.ThreadingHTTPServer):
     # socketserver listens with a backlog of 5: a client opening many connections at once
     # (concurrent range requests) would see its SYNs dropped and retried for seconds.
@@ -58,6 +63,9 @@ class RangeServer:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # headers and body go out in separate writes: with Nagle's algorithm the
+            # body waits for the client's delayed ACK, 40 ms a request on loopback
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 return
@@ -128,7 +136,8 @@ class RangeServer:
 
         self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        args=(POLL_SECONDS,), daemon=True)
 
     def url(self, name: str) -> str:
         host, port = self._httpd.server_address[:2]

@@ -38,6 +38,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
+from rangeserver import LoopbackServer, QuietHandler
+
 REVISION = "main"
 LAST_MODIFIED = "2025-01-01T00:00:00.000Z"
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
@@ -94,16 +96,6 @@ def _entry(path: str, local: Path, expand: bool, commit: str) -> dict[str, Any]:
     return out
 
 
-#: How often the serving loop looks for shutdown(): at the default 0.5 s every
-#: server's exit waited half a second (one per test that starts one).
-POLL_SECONDS = 0.02
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    request_queue_size = 256  # concurrent range requests: see rangeserver.py
-    daemon_threads = True
-
-
 class HubServer:
     """``with HubServer({"user/tiny": folder}) as hub: hub.endpoint``."""
 
@@ -117,9 +109,8 @@ class HubServer:
         self.page_size = page_size
         self.log: list[Request] = []
         self._lock = threading.Lock()
-        self._httpd = _Server(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        args=(POLL_SECONDS,), daemon=True)
+        self._httpd = LoopbackServer(("127.0.0.1", 0), self._handler())
+        self._thread = self._httpd.serving_thread()
 
     @property
     def endpoint(self) -> str:
@@ -152,22 +143,14 @@ class HubServer:
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         hub = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # headers and body go out in separate writes: with Nagle's algorithm the
-            # body waits for the client's delayed ACK, 40 ms a request on loopback
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: object) -> None:
-                return
-
-            def do_GET(self) -> None:
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server names it
                 hub._route(self, "GET")
 
-            def do_HEAD(self) -> None:
+            def do_HEAD(self) -> None:  # noqa: N802 - http.server names it
                 hub._route(self, "HEAD")
 
-            def do_POST(self) -> None:
+            def do_POST(self) -> None:  # noqa: N802 - http.server names it
                 hub._route(self, "POST")
 
         return Handler

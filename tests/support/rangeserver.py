@@ -45,10 +45,30 @@ class Stats:
 POLL_SECONDS = 0.02
 
 
-class _Server(http.server.ThreadingHTTPServer):
+class LoopbackServer(http.server.ThreadingHTTPServer):
+    """The tests' loopback HTTP servers (this one and hubserver's): a thread a request."""
+
     # socketserver listens with a backlog of 5: a client opening many connections at once
     # (concurrent range requests) would see its SYNs dropped and retried for seconds.
     request_queue_size = 256
+    daemon_threads = True
+
+    def serving_thread(self) -> threading.Thread:
+        """The thread that serves until shutdown(), polling for it every POLL_SECONDS."""
+        return threading.Thread(target=self.serve_forever, args=(POLL_SECONDS,), daemon=True)
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive, no Nagle delay, no request log: the base of both servers'
+    handlers."""
+
+    protocol_version = "HTTP/1.1"
+    # headers and body go out in separate writes: with Nagle's algorithm the body waits
+    # for the client's delayed ACK, 40 ms a request on loopback
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args: object) -> None:
+        return
 
 
 class RangeServer:
@@ -61,15 +81,7 @@ class RangeServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # headers and body go out in separate writes: with Nagle's algorithm the
-            # body waits for the client's delayed ACK, 40 ms a request on loopback
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: object) -> None:
-                return
-
+        class Handler(QuietHandler):
             def _file(self) -> Path | None:
                 if self.path.lstrip("/").startswith(server.behaviour.forbidden):
                     self.send_response(403)
@@ -134,10 +146,8 @@ class RangeServer:
                 if cut:
                     self.close_connection = True
 
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        args=(POLL_SECONDS,), daemon=True)
+        self._httpd = LoopbackServer(("127.0.0.1", 0), Handler)
+        self._thread = self._httpd.serving_thread()
 
     def url(self, name: str) -> str:
         host, port = self._httpd.server_address[:2]

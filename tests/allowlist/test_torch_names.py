@@ -11,7 +11,6 @@ import collections
 import io
 import pickle
 import threading
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 import ptfile
+from hostile import with_data_pkl
 from oracle import assert_same
 
 
@@ -35,13 +35,9 @@ def torch_saved(obj: Any, path: Path, **kwargs: Any) -> Path:
     return path
 
 
-def with_data_pkl(path: Path, pkl: bytes, out: Path) -> Path:
-    """``path`` with its ``data.pkl`` replaced by ``pkl`` (written with Python's zipfile)."""
-    zin = zipfile.ZipFile(path)
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
-        for info in zin.infolist():
-            payload = pkl if info.filename.endswith("/data.pkl") else zin.read(info.filename)
-            zout.writestr(info.filename, payload)
+def file_with_data_pkl(path: Path, pkl: bytes, out: Path) -> Path:
+    """``path`` with its ``data.pkl`` replaced by ``pkl``, written to ``out``."""
+    out.write_bytes(with_data_pkl(path.read_bytes(), pkl))
     return out
 
 
@@ -54,8 +50,8 @@ def files(tmp_path: Path) -> dict[str, Path]:
         "clean": clean,
         "custom": torch_saved({"w": w, "c": Custom(), "d": collections.OrderedDict()},
                               tmp_path / "custom.pt"),
-        "system": with_data_pkl(clean, system, tmp_path / "system.pt"),
-        "posix": with_data_pkl(clean, system.replace(b"cos\n", b"cposix\n"),
+        "system": file_with_data_pkl(clean, system, tmp_path / "system.pt"),
+        "posix": file_with_data_pkl(clean, system.replace(b"cos\n", b"cposix\n"),
                                tmp_path / "posix.pt"),
     }
 

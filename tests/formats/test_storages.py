@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ptfile
+from hostile import with_data_pkl
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 FILES = ["tiny_tensor.pt", "tiny_state_dict.pt", "tiny_views.pt", "tiny_dtypes.pt",
@@ -113,13 +114,7 @@ def _two_pids(second: bytes) -> bytes:
     pickle = b"\x80\x02]q\x00(" + good + second + b"e."
     buf = io.BytesIO()
     ptfile.save({"w": np.ones(2, np.float32)}, buf)
-    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
-        for info in src.infolist():
-            data = pickle if info.filename.endswith("data.pkl") else src.read(info)
-            dst.writestr(info.filename, data)
-    return out.getvalue()
+    return with_data_pkl(buf.getvalue(), pickle)
 
 
 @pytest.mark.parametrize("second", [

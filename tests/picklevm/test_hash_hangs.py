@@ -15,12 +15,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import zipfile
 from dataclasses import dataclass
 
 import pytest
 
 import ptfile
+from hostile import with_data_pkl
 from ptfile.picklevm.hazards import hash_work
 
 SECONDS = 20
@@ -71,13 +71,7 @@ def in_torch_zip(stream: bytes) -> bytes:
 
     buf = io.BytesIO()
     torch.save({}, buf)
-    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
-        for info in src.infolist():
-            payload = stream if info.filename.endswith("/data.pkl") else src.read(info)
-            dst.writestr(info.filename, payload)
-    return out.getvalue()
+    return with_data_pkl(buf.getvalue(), stream)
 
 
 CASES = {"dict-key": as_dict_key, "set-item": as_set_item,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import collections
 import io
-import zipfile
 
 import pytest
 
 import ptfile
+from hostile import with_data_pkl
 from ptfile.scanning.verdicts import Verdict
 
 torch = pytest.importorskip("torch")
@@ -24,13 +24,7 @@ def _with_data_pkl(pickled: bytes) -> bytes:
     """A ``torch.save`` archive whose ``data.pkl`` is ``pickled``."""
     buf = io.BytesIO()
     torch.save({}, buf)
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as src, \
-            zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
-        for info in src.infolist():
-            data = pickled if info.filename.endswith("/data.pkl") else src.read(info)
-            dst.writestr(info.filename, data)
-    return out.getvalue()
+    return with_data_pkl(buf.getvalue(), pickled)
 
 
 def _glob(module: str, name: str) -> bytes:

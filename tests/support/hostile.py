@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import zipfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,6 +226,18 @@ def checkpoint(pkl: bytes, records: dict[str, bytes] | None = None) -> bytes:
         for name, data in (records or {}).items():
             writer.write_record(name, data)
         writer.write_record("version", b"3\n")
+    return out.getvalue()
+
+
+def with_data_pkl(archive: bytes, pkl: bytes) -> bytes:
+    """``archive`` (a ``torch.save``/``ptfile.save`` ZIP) with its ``data.pkl`` replaced by
+    ``pkl``, every other record kept, rewritten stored by Python's zipfile."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(archive)) as src, \
+            zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = pkl if info.filename.endswith("/data.pkl") else src.read(info)
+            dst.writestr(info.filename, data)
     return out.getvalue()
 
 

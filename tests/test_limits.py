@@ -11,10 +11,8 @@ facts of a format (or of numpy, CPython, torch) and the thresholds that choose
 from __future__ import annotations
 
 import ast
-import io
 import pickle
 import struct
-import tarfile
 import zlib
 from pathlib import Path
 from typing import Final
@@ -23,6 +21,7 @@ import pytest
 import torch
 
 import ptfile
+from hostile import tar
 from ptfile.allowlist.structural import state_dict
 
 SOURCE: Final = Path(__file__).resolve().parents[1] / "src" / "ptfile"
@@ -177,19 +176,9 @@ def test_max_trailing_probes() -> None:
     assert not result.is_dangerous
 
 
-def _tar(members: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as archive:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def test_max_tar_pickles() -> None:
     # a member torch never reads, holding five pickles in a row: each is searched
-    data = _tar({"sys_info": pickle.dumps({}, 2), "pickle": pickle.dumps({}, 2),
+    data = tar({"sys_info": pickle.dumps({}, 2), "pickle": pickle.dumps({}, 2),
                  "tensors": pickle.dumps(0, 2),
                  "storages": pickle.dumps(0, 2) + pickle.dumps([], 2),
                  "extra": pickle.dumps(1, 2) * 5})

@@ -14,7 +14,6 @@ import pickle
 import pickletools
 import subprocess
 import sys
-import tarfile
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 
 import ptfile
 from gate_oracle import c_unpickler, resolved
-from hostile import checkpoint, raw_zip
+from hostile import checkpoint, raw_zip, tar
 from ptfile.errors import ArchiveError, PtfileError
 from ptfile.scanning import Verdict
 
@@ -326,20 +325,10 @@ def test_ext_codes_are_unknown_not_dangerous(ext: bytes) -> None:
     assert [f.kind for f in result.findings if f.verdict is not Verdict.ALLOWED] == ["ext"]
 
 
-def tar_with(members: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def test_an_object_npy_in_a_tar_is_not_dangerous() -> None:
     buf = io.BytesIO()
     np.save(buf, np.array([1, "a", None], dtype=object), allow_pickle=True)
-    data = tar_with({"x.npy": buf.getvalue()})
+    data = tar({"x.npy": buf.getvalue()})
     with pytest.raises(pickle.UnpicklingError, match="invalid load key"):
         torch.load(io.BytesIO(data), weights_only=False)  # tarfile path fails; byte 0 is no pickle
     result = ptfile.scan(data)
@@ -348,5 +337,5 @@ def test_an_object_npy_in_a_tar_is_not_dangerous() -> None:
 
 
 def test_a_payload_in_a_member_torch_unpickles_stays_dangerous() -> None:
-    assert ptfile.scan(tar_with({"pickle": EVIL, "x.npy": EVIL})).is_dangerous
-    assert not ptfile.scan(tar_with({"x.npy": EVIL})).is_dangerous
+    assert ptfile.scan(tar({"pickle": EVIL, "x.npy": EVIL})).is_dangerous
+    assert not ptfile.scan(tar({"x.npy": EVIL})).is_dangerous

@@ -40,8 +40,9 @@ class _Hashing(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         self.digest.update(data)
-        self.size += len(memoryview(data).cast("B"))
-        return len(memoryview(data).cast("B"))
+        size = memoryview(data).nbytes
+        self.size += size
+        return size
 
     def tell(self) -> int:
         return self.size

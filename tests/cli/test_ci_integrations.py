@@ -221,6 +221,11 @@ def test_sarif_over_a_folder_is_one_log(files: dict[str, Path]) -> None:
     assert {r["ruleId"] for r in verbose["runs"][0]["results"]} == {"PTF900"}
 
 
+#: The commits the hook test makes need an identity, whatever git is set up with here.
+GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+          "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+
+
 def _hook_repo(dest: Path) -> str:
     """ROOT's working tree as ``pre-commit try-repo`` takes it (tracked and untracked files
     git does not ignore, as they are now) committed in a repository of its own; its commit.
@@ -237,10 +242,6 @@ def _hook_repo(dest: Path) -> str:
                        env={**os.environ, **GIT_ID})
     return subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"], check=True,
                           capture_output=True, text=True).stdout.strip()
-
-
-GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-          "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
 
 
 @pytest.mark.slow  # pre-commit builds its own environment
